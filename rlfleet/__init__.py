@@ -1,0 +1,1 @@
+"""rlfleet: deep reinforcement learning with clean algorithms and parallel actor-learner architectures."""
