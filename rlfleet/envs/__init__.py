@@ -1,1 +1,43 @@
-"""rlfleet.envs."""
+"""Environments: ``make_env``/``make_vector_env`` (Gymnasium, DQN Atari preprocessing, EnvPool) and wrappers.
+
+Vector envs from :func:`make_vector_env` use SAME_STEP autoreset: ``info["final_obs"]`` holds the real last
+observation of finished sub-envs and ``info["episode"]`` their raw returns; see :mod:`rlfleet.envs.make`.
+"""
+
+from rlfleet.envs.make import (
+    ATARI_OPTIONS,
+    CARTPOLE_NO_VELOCITY_ID,
+    VECTOR_MODES,
+    UnknownEnvError,
+    env_spec_info,
+    finished_episodes,
+    make_env,
+    make_vector_env,
+    resolve_env_spec,
+)
+from rlfleet.envs.wrappers import (
+    EnvPoolVectorEnv,
+    LiftEpisodeStatistics,
+    SeedOnFirstReset,
+    TerminalOnLifeLoss,
+    VelocityMaskedObservation,
+    sign_reward,
+)
+
+__all__ = [
+    "ATARI_OPTIONS",
+    "CARTPOLE_NO_VELOCITY_ID",
+    "VECTOR_MODES",
+    "EnvPoolVectorEnv",
+    "LiftEpisodeStatistics",
+    "SeedOnFirstReset",
+    "TerminalOnLifeLoss",
+    "UnknownEnvError",
+    "VelocityMaskedObservation",
+    "env_spec_info",
+    "finished_episodes",
+    "make_env",
+    "make_vector_env",
+    "resolve_env_spec",
+    "sign_reward",
+]

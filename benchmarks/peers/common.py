@@ -1,0 +1,141 @@
+"""Time-to-solve protocol shared by all runners: constants, CLI, evaluation bookkeeping, JSON result line.
+
+Standard library only: it is imported by the peer runners (inside the peers' venv), by
+``benchmarks/rlfleet_runner.py`` and by the driver ``benchmarks/time_to_solve.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any
+
+ENV_ID = "CartPole-v1"
+EVAL_EVERY_STEPS = 2_000
+EVAL_EPISODES = 10
+SOLVED_RETURN = 475.0
+DEFAULT_TIME_LIMIT_S = 300.0
+EVAL_SEED_OFFSET = 10_000
+"""The evaluation env of run ``seed`` is seeded with ``seed + EVAL_SEED_OFFSET``."""
+
+
+@dataclass
+class RunResult:
+    """One (framework, algo, seed) run, printed by a runner as a single JSON line on stdout."""
+
+    framework: str
+    version: str
+    algo: str
+    seed: int
+    solved: bool
+    solved_at_s: float | None
+    solved_at_step: int | None
+    env_steps: int
+    wall_time_s: float
+    cpu_time_s: float | None
+    """Process CPU seconds over the same span as ``wall_time_s``: far below it means the CPU was contended."""
+    eval_return_mean: float | None
+    stop_reason: str
+    """``solved``, ``time_limit`` or ``step_limit``."""
+    time_limit_s: float
+    step_limit: int | None
+    evals: list[tuple[int, float, float]] = field(default_factory=list)
+    """Every evaluation as ``(env_steps, seconds since the start of training, mean return)``."""
+    libraries: dict[str, str] = field(default_factory=dict)
+
+
+def arg_parser(framework: str, algos: list[str]) -> argparse.ArgumentParser:
+    """The CLI every runner shares: ``--algo``, ``--seed``, ``--time-limit``."""
+    parser = argparse.ArgumentParser(description=f"Time-to-solve {ENV_ID} for one {framework} run.")
+    parser.add_argument("--algo", required=True, choices=algos)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock seconds")
+    return parser
+
+
+def library_versions(*names: str) -> dict[str, str]:
+    """Installed versions of the given distributions (those not installed are left out)."""
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def emit(result: RunResult) -> None:
+    """Print the result as one JSON line on the process' real stdout (libraries' chatter goes to stderr)."""
+    sys.__stdout__.write(json.dumps(asdict(result)) + "\n")
+    sys.__stdout__.flush()
+
+
+class Tracker:
+    """Evaluation schedule and stop rule of the protocol, for runners that drive a peer's training loop.
+
+    Call :meth:`start` right before training starts; at each training-loop boundary ask :meth:`eval_due`,
+    and if it is, evaluate (the evaluation's time counts) and pass the mean return to :meth:`record`,
+    which says whether training must stop: solved, wall-clock limit or step limit reached.
+    """
+
+    def __init__(self, time_limit_s: float, step_limit: int) -> None:
+        self.time_limit_s = time_limit_s
+        self.step_limit = step_limit
+        self.next_eval_step = EVAL_EVERY_STEPS
+        self.evals: list[tuple[int, float, float]] = []
+        self.stop_reason: str | None = None
+        self._t0 = 0.0
+        self._cpu0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def eval_due(self, env_steps: int) -> bool:
+        return env_steps >= self.next_eval_step
+
+    def record(self, env_steps: int, mean_return: float) -> bool:
+        """Record an evaluation just finished at ``env_steps``; return True when training must stop."""
+        elapsed = self.elapsed()
+        self.evals.append((env_steps, round(elapsed, 4), float(mean_return)))
+        while self.next_eval_step <= env_steps:
+            self.next_eval_step += EVAL_EVERY_STEPS
+        if mean_return >= SOLVED_RETURN:
+            self.stop_reason = "solved"
+        elif elapsed >= self.time_limit_s:
+            self.stop_reason = "time_limit"
+        elif env_steps >= self.step_limit:
+            self.stop_reason = "step_limit"
+        return self.stop_reason is not None
+
+    def result(
+        self, *, framework: str, version: str, algo: str, seed: int, env_steps: int, libraries: dict[str, Any]
+    ) -> RunResult:
+        """The run's record, once training has stopped."""
+        solved = self.stop_reason == "solved"
+        last = self.evals[-1] if self.evals else None
+        return RunResult(
+            framework=framework,
+            version=version,
+            algo=algo,
+            seed=seed,
+            solved=solved,
+            solved_at_s=last[1] if solved and last else None,
+            solved_at_step=last[0] if solved and last else None,
+            env_steps=env_steps,
+            wall_time_s=round(self.elapsed(), 4),
+            cpu_time_s=round(time.process_time() - self._cpu0, 4),
+            eval_return_mean=last[2] if last else None,
+            stop_reason=self.stop_reason or "step_limit",
+            time_limit_s=self.time_limit_s,
+            step_limit=self.step_limit,
+            evals=self.evals,
+            libraries=libraries,
+        )

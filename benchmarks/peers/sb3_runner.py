@@ -1,0 +1,165 @@
+"""Time-to-solve CartPole-v1 for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
+
+Hyperparameters: the ``CartPole-v1`` entry of ``rl_zoo3/hyperparams/{algo}.yml`` as shipped inside the
+installed rl-zoo3 2.9.2 package (read at run time, not copied), pre-processed the way rl-zoo3's
+``ExperimentManager`` does it (``n_envs``, ``n_timesteps``, ``lin_<x>`` schedules, ``normalize``,
+``policy_kwargs`` strings, ``env_kwargs``). With rl-zoo3 2.9.2 these are:
+
+- ppo: n_envs=8, n_timesteps=1e5, policy=MlpPolicy, n_steps=32, batch_size=256, gae_lambda=0.8,
+  gamma=0.98, n_epochs=20, ent_coef=0.0, learning_rate=lin_0.001, clip_range=lin_0.2
+- a2c: n_envs=8, n_timesteps=5e5, policy=MlpPolicy, ent_coef=0.0 (everything else SB3's A2C defaults)
+- dqn: n_envs=1, n_timesteps=5e4, policy=MlpPolicy, learning_rate=2.3e-3, batch_size=64,
+  buffer_size=100000, learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
+  gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+  policy_kwargs="dict(net_arch=[256, 256])"
+- pg: SB3 has no vanilla policy gradient (REINFORCE); not run.
+
+As in rl-zoo3, training envs are ``make_vec_env(n_envs, seed=seed)`` (DummyVecEnv + Monitor) and the
+model gets ``seed=seed``; ``model.learn(total_timesteps=n_timesteps)`` keeps the schedules exactly as tuned,
+so ``n_timesteps`` is also the run's step limit.
+
+Protocol (benchmarks/README.md): ``torch.set_num_threads(1)``, CPU; a callback evaluates the greedy policy
+(``deterministic=True``) for 10 episodes on a separate CartPole-v1 env every 2,000 env steps, the evaluation
+time counting; the run stops at the first evaluation with mean return >= 475, or at the wall-clock limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+import yaml
+from common import (
+    ENV_ID,
+    EVAL_EPISODES,
+    EVAL_SEED_OFFSET,
+    Tracker,
+    arg_parser,
+    emit,
+    library_versions,
+)
+from rl_zoo3.utils import SimpleLinearSchedule
+from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.utils import ConstantSchedule
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
+
+ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN}
+SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
+PYTHON_STRING_KEYS = ("policy_kwargs", "replay_buffer_kwargs")
+UNSUPPORTED_KEYS = ("env_wrapper", "vec_env_wrapper", "frame_stack", "callback", "monitor_kwargs")
+
+
+def load_zoo_hyperparams(algo: str) -> dict[str, Any]:
+    """The ``CartPole-v1`` entry of the installed rl-zoo3's ``hyperparams/{algo}.yml``."""
+    with (resources.files("rl_zoo3") / "hyperparams" / f"{algo}.yml").open() as f:
+        return dict(yaml.safe_load(f)[ENV_ID])
+
+
+@dataclass
+class ZooConfig:
+    """A zoo entry split the way rl-zoo3 uses it: env creation, training length, model constructor kwargs."""
+
+    n_envs: int
+    n_timesteps: int
+    normalize_kwargs: dict[str, Any] | None
+    """VecNormalize kwargs, None when the entry does not normalize."""
+    env_kwargs: dict[str, Any]
+    model_kwargs: dict[str, Any]
+
+
+def preprocess(hyperparams: dict[str, Any]) -> ZooConfig:
+    """Split and convert a zoo entry.
+
+    Mirrors ``rl_zoo3.exp_manager.ExperimentManager._preprocess_hyperparams`` for the keys a classic-control
+    entry can hold; the wrapper/callback keys it also supports are refused rather than silently ignored.
+    """
+    hp = dict(hyperparams)
+    unsupported = [key for key in UNSUPPORTED_KEYS if key in hp]
+    if unsupported:
+        raise NotImplementedError(f"rl-zoo3 keys not handled by this runner: {unsupported}")
+    n_envs = int(hp.pop("n_envs", 1))
+    n_timesteps = int(hp.pop("n_timesteps"))
+    env_kwargs = dict(hp.pop("env_kwargs", {}))
+    for key in SCHEDULE_KEYS:
+        value = hp.get(key)
+        if isinstance(value, str):  # "lin_0.001": linear decay from 0.001 to 0 over training
+            hp[key] = SimpleLinearSchedule(float(value.split("_")[1]))
+        elif isinstance(value, int | float) and value >= 0:  # negative: "disabled", left as is
+            hp[key] = ConstantSchedule(float(value))
+    normalize = hp.pop("normalize", False)
+    normalize_kwargs: dict[str, Any] | None = None
+    if normalize:
+        if isinstance(normalize, str):
+            normalize_kwargs = eval(normalize)  # zoo format, e.g. "dict(norm_obs=True, norm_reward=False)"
+        else:
+            normalize_kwargs = dict(normalize) if isinstance(normalize, dict) else {}
+        if "gamma" in hp:
+            normalize_kwargs["gamma"] = hp["gamma"]
+    for key in PYTHON_STRING_KEYS:
+        if isinstance(hp.get(key), str):
+            hp[key] = eval(hp[key], {"dict": dict, "nn": torch.nn, "th": torch})
+    if isinstance(hp.get("train_freq"), list):
+        hp["train_freq"] = tuple(hp["train_freq"])
+    return ZooConfig(n_envs, n_timesteps, normalize_kwargs, env_kwargs, hp)
+
+
+class TimeToSolveCallback(BaseCallback):
+    """Greedy evaluation every 2,000 env steps on ``eval_env``; stops training when the tracker says so."""
+
+    def __init__(self, tracker: Tracker, eval_env: VecEnv) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.eval_env = eval_env
+
+    def _on_step(self) -> bool:
+        if not self.tracker.eval_due(self.num_timesteps):
+            return True
+        sync_envs_normalization(self.training_env, self.eval_env)
+        mean_return, _ = evaluate_policy(
+            self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True
+        )
+        return not self.tracker.record(self.num_timesteps, float(mean_return))
+
+
+def main() -> None:
+    args = arg_parser("sb3", list(ALGOS)).parse_args()
+    torch.set_num_threads(1)
+    config = preprocess(load_zoo_hyperparams(args.algo))
+
+    train_env: VecEnv = make_vec_env(
+        ENV_ID, n_envs=config.n_envs, seed=args.seed, env_kwargs=config.env_kwargs
+    )
+    eval_env: VecEnv = make_vec_env(ENV_ID, seed=args.seed + EVAL_SEED_OFFSET, env_kwargs=config.env_kwargs)
+    if config.normalize_kwargs is not None:
+        train_env = VecNormalize(train_env, **config.normalize_kwargs)
+        eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **config.normalize_kwargs)
+    model = ALGOS[args.algo](env=train_env, seed=args.seed, device="cpu", verbose=0, **config.model_kwargs)
+    tracker = Tracker(args.time_limit, step_limit=config.n_timesteps)
+    callback = TimeToSolveCallback(tracker, eval_env)
+
+    tracker.start()
+    model.learn(total_timesteps=config.n_timesteps, callback=callback)
+
+    emit(
+        tracker.result(
+            framework="sb3",
+            version=library_versions("stable-baselines3")["stable-baselines3"],
+            algo=args.algo,
+            seed=args.seed,
+            env_steps=model.num_timesteps,
+            libraries=library_versions("rl-zoo3", "torch", "gymnasium", "numpy"),
+        )
+    )
+
+
+if __name__ == "__main__":
+    with contextlib.redirect_stdout(sys.stderr):
+        main()

@@ -1,0 +1,105 @@
+"""Time-to-solve CartPole-v1 for one rlfleet run, through rlfleet's CLI in a subprocess.
+
+Runs ``rlfleet train ALGO --env CartPole-v1 --seed S --eval-every 2000 --eval-episodes 10 --stop-return 475
+--time-limit T --logdir DIR --name NAME`` with ``OMP_NUM_THREADS=1`` and no ``--set`` override (rlfleet's
+defaults are what is measured), reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
+``solved_at_step``, ``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the
+same JSON line as the peer runners. The timings are rlfleet's own: the CLI measures from the start of
+training, after imports and env/model construction, with the evaluations' time counting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from peers.common import (
+    ENV_ID,
+    EVAL_EPISODES,
+    EVAL_EVERY_STEPS,
+    SOLVED_RETURN,
+    RunResult,
+    arg_parser,
+    emit,
+    library_versions,
+)
+
+ALGOS = ["ppo", "a2c", "dqn", "pg"]
+
+
+def rlfleet_executable() -> str:
+    """The ``rlfleet`` console script next to this interpreter, else the one on PATH."""
+    beside = Path(sys.executable).with_name("rlfleet")
+    found = str(beside) if beside.exists() else shutil.which("rlfleet")
+    if found is None:
+        raise SystemExit("rlfleet CLI not found: install rlfleet (pip install -e .) in this interpreter's env")
+    return found
+
+
+def train(algo: str, seed: int, time_limit: float, logdir: Path) -> dict:
+    """Run one ``rlfleet train`` and return its ``result.json``; its own output goes to stderr."""
+    name = f"{algo}-seed{seed}"
+    command = [
+        rlfleet_executable(), "train", algo,
+        "--env", ENV_ID,
+        "--seed", str(seed),
+        "--eval-every", str(EVAL_EVERY_STEPS),
+        "--eval-episodes", str(EVAL_EPISODES),
+        "--stop-return", f"{SOLVED_RETURN:g}",
+        "--time-limit", f"{time_limit:g}",
+        "--logdir", str(logdir),
+        "--name", name,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    completed = subprocess.run(command, env=env, stdout=sys.stderr, stderr=sys.stderr, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"rlfleet train exited with status {completed.returncode}: {' '.join(command)}")
+    return json.loads((logdir / name / "result.json").read_text())
+
+
+def to_run_result(algo: str, seed: int, time_limit: float, result: dict) -> RunResult:
+    solved = bool(result["solved"])
+    if solved:
+        stop_reason = "solved"
+    elif result["wall_time_s"] >= time_limit:
+        stop_reason = "time_limit"
+    else:
+        stop_reason = "step_limit"
+    return RunResult(
+        framework="rlfleet",
+        version=library_versions("rlfleet")["rlfleet"],
+        algo=algo,
+        seed=seed,
+        solved=solved,
+        solved_at_s=result["solved_at_s"] if solved else None,
+        solved_at_step=result["solved_at_step"] if solved else None,
+        env_steps=int(result["env_steps"]),
+        wall_time_s=float(result["wall_time_s"]),
+        cpu_time_s=None,
+        eval_return_mean=result["eval_return_mean"],
+        stop_reason=stop_reason,
+        time_limit_s=time_limit,
+        step_limit=None,
+        libraries=library_versions("torch", "gymnasium", "numpy"),
+    )
+
+
+def main() -> None:
+    parser = arg_parser("rlfleet", ALGOS)
+    parser.add_argument("--logdir", type=Path, help="keep rlfleet's run folder here (default: a temp dir)")
+    args = parser.parse_args()
+    if args.logdir is not None:
+        result = train(args.algo, args.seed, args.time_limit, args.logdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rlfleet-tts-") as tmp:
+            result = train(args.algo, args.seed, args.time_limit, Path(tmp))
+    emit(to_run_result(args.algo, args.seed, args.time_limit, result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""One-step Q, one-step Sarsa and n-step Q (Mnih et al. 2016, Algorithms 1 and S2): value learning on short
+on-policy segments with a target network and no replay.
+
+Every env acts ε-greedily with its own final ε (drawn from {0.1, 0.01, 0.5} w.p. {0.4, 0.3, 0.3},
+annealed from 1); after a segment of `rollout_len` steps (the paper's t_max / I_AsyncUpdate) the
+accumulated loss Σ (y − Q(s, a))² is applied in one step, with
+
+    one-step Q:      y_t = r_t + γ max_a' Q⁻(s_{t+1}, a')
+    one-step Sarsa:  y_t = r_t + γ Q⁻(s_{t+1}, a_{t+1})          (a_{t+1} the action taken next)
+    n-step Q:        y_t = r_t + γ r_{t+1} + … + γ^{k} max_a' Q⁻(s_{t+k}, a')   (to the segment end)
+
+Terminations bootstrap 0, time-limit truncations bootstrap from the final observation. For Sarsa the
+action after the segment's last step is drawn from the same ε-greedy policy. The three variants are
+registered as `onestep_q`, `sarsa` and `nstep_q`; on the `hogwild` architecture they are the paper's
+asynchronous methods.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlfleet.algos.common import (
+    epsilon_greedy,
+    hard_update,
+    linear,
+    make_optimizer,
+    obs_tensor,
+    optimize,
+    require_discrete,
+    sample_final_epsilons,
+    set_lr,
+)
+from rlfleet.data.batch import Batch
+from rlfleet.data.returns import discounted_returns, td_targets
+from rlfleet.data.rollout import Segment
+from rlfleet.nets.models import QNetwork
+
+TARGETS = ("onestep_q", "sarsa", "nstep_q")
+
+
+@dataclass
+class Config:
+    """Hyperparameters of the A3C paper's value-based methods; the defaults solve CartPole-v1."""
+
+    target: str = "nstep_q"
+    """onestep_q, sarsa or nstep_q."""
+    n_envs: int = 8
+    """Parallel envs (each with its own final ε)."""
+    rollout_len: int = 5
+    """Steps per env between updates: t_max for n-step Q, I_AsyncUpdate for the one-step methods."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lr: float = 1e-3
+    """Learning rate."""
+    lr_anneal: bool = False
+    """Anneal the learning rate linearly to 0 over the run (the paper does)."""
+    optimizer: str = "adam"
+    """adam, rmsprop or sgd."""
+    target_update_every: int = 1_000
+    """Env steps between target-network copies (paper: 40,000 frames)."""
+    eps_start: float = 1.0
+    """Initial ε of every env."""
+    eps_final_choices: tuple[float, ...] = (0.1, 0.01, 0.5)
+    """Final ε values an env can draw (paper: 0.1, 0.01, 0.5)."""
+    eps_final_probs: tuple[float, ...] = (0.4, 0.3, 0.3)
+    """Probabilities of those values (paper: 0.4, 0.3, 0.3)."""
+    eps_anneal_steps: int = 10_000
+    """Env steps over which ε decays from eps_start to each env's final ε (paper: 4M frames)."""
+    max_grad_norm: float = 10.0
+    """Global gradient-norm clip; 0 disables it."""
+    hidden: tuple[int, ...] = (128, 128)
+    """Hidden layer sizes of the MLP encoder."""
+    activation: str = "relu"
+    """MLP activation."""
+    dueling: bool = False
+    """Dueling value/advantage head."""
+    encoder: str = "auto"
+    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    total_steps: int = 200_000
+    """Default training budget in env steps."""
+
+
+PRESETS = {
+    "atari": dict(
+        n_envs=16,
+        rollout_len=5,
+        lr=7e-4,
+        optimizer="rmsprop",
+        lr_anneal=True,
+        target_update_every=40_000,
+        eps_anneal_steps=4_000_000,
+        encoder="mnih2013",
+        total_steps=10_000_000,
+    ),
+}
+
+
+class NStepQ:
+    """Segment-based Q-learning / Sarsa with a target network and per-env ε."""
+
+    data = "rollout"
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+        if cfg.target not in TARGETS:
+            raise ValueError(f"unknown target {cfg.target!r}; choose one of {TARGETS}")
+        require_discrete(action_space, cfg.target)
+        self.cfg = cfg
+        self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
+        self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.optimizer = make_optimizer(cfg.optimizer, self.q.parameters(), cfg.lr)
+        self.params = list(self.q.parameters())
+        self.rng = np.random.default_rng(seed)
+        self.eps_final = sample_final_epsilons(cfg.n_envs, cfg.eps_final_choices, cfg.eps_final_probs, self.rng)
+        self.eps = np.full(cfg.n_envs, cfg.eps_start)
+        self.last_target_sync = 0
+
+    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+        with torch.inference_mode():
+            q = self.q(obs_tensor(obs))
+        return epsilon_greedy(q, self.eps if explore else 0.0, self.rng), {}, state
+
+    def _target_values(self, obs: np.ndarray, actions: np.ndarray | None = None) -> np.ndarray:
+        with torch.inference_mode():
+            q = self.q_target(obs_tensor(obs))
+        if actions is None:
+            return q.max(-1).values.numpy()
+        return q.gather(-1, torch.as_tensor(actions).long().unsqueeze(-1)).squeeze(-1).numpy()
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """Bootstrap value of observations (one per env): max_a Q⁻, or Q⁻ at an ε-greedy action for Sarsa."""
+        if self.cfg.target == "sarsa":
+            actions, _, _ = self.act(obs)
+            return self._target_values(obs, actions)
+        return self._target_values(obs)
+
+    def schedule(self, env_steps: int, total_steps: int) -> None:
+        c = self.cfg
+        frac = min(1.0, env_steps / c.eps_anneal_steps) if c.eps_anneal_steps > 0 else 1.0
+        self.eps = c.eps_start + (self.eps_final - c.eps_start) * frac
+        if c.lr_anneal:
+            set_lr(self.optimizer, linear(c.lr, 0.0, total_steps, env_steps))
+        if env_steps - self.last_target_sync >= c.target_update_every:
+            hard_update(self.q_target, self.q)
+            self.last_target_sync = env_steps
+
+    def process(self, segment: Segment) -> Batch:
+        d, c = segment.data, self.cfg
+        if c.target == "nstep_q":
+            y = discounted_returns(d.rew, d.terminated, d.truncated, segment.last_value, c.gamma, d.bootstrap)
+        else:
+            flat_obs = d.obs.reshape(-1, *d.obs.shape[2:])
+            actions = d.act.reshape(-1) if c.target == "sarsa" else None
+            values = self._target_values(flat_obs, actions).reshape(d.rew.shape)
+            y = td_targets(d.rew, values, d.terminated, d.truncated, segment.last_value, c.gamma, d.bootstrap)
+        return Batch(obs=d.obs, act=d.act, target=y).flatten_leading(2)
+
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        b = batch.to_torch()
+        q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
+        loss = (b.target - q).pow(2).mean()
+        return loss, {"loss": loss.item(), "q": q.mean().item(), "epsilon": float(np.mean(self.eps))}
+
+    def update(self, segment: Segment) -> dict[str, float]:
+        loss, metrics = self.loss(self.process(segment))
+        metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "q": self.q.state_dict(),
+            "q_target": self.q_target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "eps_final": torch.as_tensor(self.eps_final),
+            "last_target_sync": self.last_target_sync,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.q.load_state_dict(state["q"])
+        self.q_target.load_state_dict(state["q_target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]
+        self.eps_final = state["eps_final"].numpy()
+        self.last_target_sync = int(state["last_target_sync"])

@@ -1,0 +1,139 @@
+"""PG: REINFORCE (Williams 1992) with returns-to-go and an optional learned baseline.
+
+Per segment: discounted returns-to-go G_t inside each episode, optionally standardised, then
+`epochs` passes of minibatch SGD on −E[log π(a|s) · (G − b(s))]. Without a baseline, the steps of an
+episode still running at the segment end have no complete return yet and are left out of the loss
+(the episode's later steps, in the next segment, are used). With `baseline=True` a value network is
+trained on G and bootstraps unfinished episodes and time-limit truncations instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlfleet.algos.common import make_optimizer, minibatch_epochs, obs_tensor, require_discrete
+from rlfleet.data.batch import Batch
+from rlfleet.data.returns import discounted_returns, episode_complete_mask
+from rlfleet.data.rollout import Segment
+from rlfleet.nets.models import ActorCritic
+
+
+@dataclass
+class Config:
+    """REINFORCE hyperparameters; the defaults solve CartPole-v1."""
+
+    n_envs: int = 8
+    """Parallel envs stepped in lockstep by one process."""
+    rollout_len: int = 128
+    """Steps per env per update; episodes unfinished at the segment end are dropped without a baseline."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lr: float = 5e-3
+    """Learning rate (Adam)."""
+    epochs: int = 1
+    """Passes over each segment."""
+    minibatch_size: int = 0
+    """Samples per gradient step; 0 uses the whole segment as one batch."""
+    normalize_returns: bool = True
+    """Standardise the returns (or advantages, with a baseline) per segment."""
+    baseline: bool = False
+    """Learn a state-value baseline (and bootstrap unfinished episodes from it)."""
+    vf_coef: float = 0.5
+    """Weight of the baseline's value loss."""
+    max_grad_norm: float = 0.0
+    """Global gradient-norm clip; 0 disables it."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the MLP encoder."""
+    activation: str = "tanh"
+    """MLP activation: tanh, relu or elu."""
+    encoder: str = "auto"
+    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    total_steps: int = 200_000
+    """Default training budget in env steps."""
+
+
+PRESETS = {"atari": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, total_steps=10_000_000)}
+
+
+class PG:
+    """Policy gradient with Monte-Carlo returns."""
+
+    data = "rollout"
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+        n_actions = require_discrete(action_space, "pg")
+        self.cfg = cfg
+        image = len(obs_space.shape or ()) == 3
+        self.model = ActorCritic(
+            obs_space, n_actions, cfg.encoder, cfg.hidden, cfg.activation, shared=image, critic=cfg.baseline
+        )
+        self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr)
+        self.params = list(self.model.parameters())
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+        with torch.inference_mode():
+            dist, _ = self.model(obs_tensor(obs))
+            action = dist.sample() if explore else dist.probs.argmax(-1)
+        return action.numpy(), {}, state
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model.value(obs_tensor(obs)).numpy()
+
+    def schedule(self, env_steps: int, total_steps: int) -> None:
+        pass
+
+    def process(self, segment: Segment) -> Batch:
+        d = segment.data
+        ret = discounted_returns(
+            d.rew,
+            d.terminated,
+            d.truncated,
+            segment.last_value,
+            self.cfg.gamma,
+            d.bootstrap if self.cfg.baseline else None,
+        )
+        batch = Batch(obs=d.obs, act=d.act, ret=ret)
+        if not self.cfg.baseline:
+            keep = episode_complete_mask(d.terminated, d.truncated).astype(bool)
+            return Batch(obs=d.obs[keep], act=d.act[keep], ret=ret[keep])
+        return batch.flatten_leading(2)
+
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        b = batch.to_torch()
+        dist, value = self.model(b.obs)
+        adv = b.ret if value is None else b.ret - value.detach()
+        if self.cfg.normalize_returns and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -(dist.log_prob(b.act) * adv).mean()
+        metrics = {"policy_loss": policy_loss.item(), "entropy": dist.entropy().mean().item()}
+        loss = policy_loss
+        if value is not None:
+            value_loss = (b.ret - value).pow(2).mean()
+            loss = loss + self.cfg.vf_coef * value_loss
+            metrics["value_loss"] = value_loss.item()
+        return loss, metrics
+
+    def update(self, segment: Segment) -> dict[str, float]:
+        batch = self.process(segment)
+        if len(batch) == 0:
+            return {}
+        size = self.cfg.minibatch_size or len(batch)
+        return minibatch_epochs(self, batch, self.cfg.epochs, size, self.rng)
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]

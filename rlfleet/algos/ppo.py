@@ -1,0 +1,176 @@
+"""PPO: proximal policy optimisation with the clipped surrogate (Schulman et al. 2017).
+
+Per segment: GAE(λ) advantages with the values recorded while acting, then `epochs` passes of
+minibatch SGD on
+
+    L = −E[min(ρ A, clip(ρ, 1 ± ε) A)] + vf_coef · E[(R − V)²] − ent_coef · E[H],   ρ = π/π_old,
+
+with optional per-minibatch advantage normalisation and value clipping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlfleet.algos.common import (
+    linear,
+    make_optimizer,
+    minibatch_epochs,
+    obs_tensor,
+    require_discrete,
+    set_lr,
+)
+from rlfleet.data.batch import Batch
+from rlfleet.data.returns import gae
+from rlfleet.data.rollout import Segment
+from rlfleet.nets.models import ActorCritic
+
+
+@dataclass
+class Config:
+    """PPO hyperparameters; the defaults solve CartPole-v1."""
+
+    n_envs: int = 8
+    """Parallel envs stepped in lockstep by one process."""
+    rollout_len: int = 32
+    """Steps per env per update."""
+    gamma: float = 0.98
+    """Discount factor."""
+    gae_lambda: float = 0.8
+    """GAE λ."""
+    lr: float = 1e-3
+    """Learning rate (Adam)."""
+    lr_anneal: bool = True
+    """Anneal the learning rate linearly to 0 over the run's total steps."""
+    epochs: int = 10
+    """Passes over each segment."""
+    minibatch_size: int = 64
+    """Samples per gradient step."""
+    clip: float = 0.2
+    """Surrogate clipping ε."""
+    value_clip: float = 0.0
+    """Clip the value update to ± this around the old value (0 disables)."""
+    ent_coef: float = 0.0
+    """Entropy bonus."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip; 0 disables it."""
+    normalize_advantage: bool = True
+    """Standardise advantages per minibatch."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the MLP encoder."""
+    activation: str = "tanh"
+    """MLP activation: tanh, relu or elu."""
+    encoder: str = "auto"
+    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    total_steps: int = 100_000
+    """Default training budget in env steps."""
+
+
+PRESETS = {
+    "atari": dict(
+        n_envs=8,
+        rollout_len=128,
+        gamma=0.99,
+        gae_lambda=0.95,
+        lr=2.5e-4,
+        epochs=4,
+        minibatch_size=256,
+        clip=0.1,
+        value_clip=0.1,
+        ent_coef=0.01,
+        total_steps=10_000_000,
+    ),
+}
+
+
+class PPO:
+    """Clipped-surrogate PPO with a categorical policy."""
+
+    data = "rollout"
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+        n_actions = require_discrete(action_space, "ppo")
+        self.cfg = cfg
+        image = len(obs_space.shape or ()) == 3
+        self.model = ActorCritic(obs_space, n_actions, cfg.encoder, cfg.hidden, cfg.activation, shared=image)
+        self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr)
+        self.params = list(self.model.parameters())
+        self.rng = np.random.default_rng(seed)
+        self.clip = cfg.clip
+
+    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+        with torch.inference_mode():
+            dist, value = self.model(obs_tensor(obs))
+            action = dist.sample() if explore else dist.probs.argmax(-1)
+            logp = dist.log_prob(action)
+        return action.numpy(), {"value": value.numpy(), "logp": logp.numpy()}, state
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model.value(obs_tensor(obs)).numpy()
+
+    def schedule(self, env_steps: int, total_steps: int) -> None:
+        if self.cfg.lr_anneal:
+            set_lr(self.optimizer, linear(self.cfg.lr, 0.0, total_steps, env_steps))
+
+    def process(self, segment: Segment) -> Batch:
+        d = segment.data
+        adv, ret = gae(
+            d.rew,
+            d.value,
+            d.terminated,
+            d.truncated,
+            segment.last_value,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+            d.bootstrap,
+        )
+        return Batch(obs=d.obs, act=d.act, logp=d.logp, value=d.value, adv=adv, ret=ret).flatten_leading(2)
+
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        b = batch.to_torch()
+        dist, value = self.model(b.obs)
+        adv = b.adv
+        if self.cfg.normalize_advantage and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        ratio = (dist.log_prob(b.act) - b.logp).exp()
+        surrogate = torch.min(ratio * adv, ratio.clamp(1 - self.clip, 1 + self.clip) * adv)
+        policy_loss = -surrogate.mean()
+        if self.cfg.value_clip > 0:
+            clipped = b.value + (value - b.value).clamp(-self.cfg.value_clip, self.cfg.value_clip)
+            value_loss = torch.max((b.ret - value).pow(2), (b.ret - clipped).pow(2)).mean()
+        else:
+            value_loss = (b.ret - value).pow(2).mean()
+        entropy = dist.entropy().mean()
+        loss = policy_loss + self.cfg.vf_coef * value_loss - self.cfg.ent_coef * entropy
+        with torch.no_grad():
+            clip_frac = ((ratio - 1).abs() > self.clip).float().mean().item()
+        metrics = {
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy.item(),
+            "clip_fraction": clip_frac,
+        }
+        return loss, metrics
+
+    def update(self, segment: Segment) -> dict[str, float]:
+        batch = self.process(segment)
+        return minibatch_epochs(self, batch, self.cfg.epochs, self.cfg.minibatch_size, self.rng)
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,146 @@
+"""The `rlfleet` command: train, eval, plot, list."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+USAGE_ERROR = 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlfleet.run.config import ConfigError, parse_overrides
+    from rlfleet.run.train import train
+
+    options = dict(
+        steps=args.steps,
+        time_limit=args.time_limit,
+        progress=not args.no_progress,
+    )
+    if args.resume:
+        result = train(resume=args.resume, **{k: v for k, v in options.items() if v is not None})
+    else:
+        if not args.algo or not args.env:
+            raise ConfigError("train needs ALGO and --env ID (or --resume RUN_DIR)")
+        result = train(
+            args.algo,
+            args.env,
+            seed=args.seed,
+            n_envs=args.n_envs,
+            preset=args.preset,
+            overrides=parse_overrides(args.set or []),
+            logdir=args.logdir,
+            name=args.name,
+            eval_every=args.eval_every,
+            eval_episodes=args.eval_episodes,
+            stop_return=args.stop_return,
+            checkpoint_every=args.checkpoint_every,
+            vector_mode=args.vector_mode,
+            **options,
+        )
+    r = result.result
+    status = f"solved at step {r['solved_at_step']} ({r['solved_at_s']:.1f} s)" if r["solved"] else "not solved"
+    print(
+        f"{r['algo']} on {r['env']}: eval return {r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} "
+        f"after {r['env_steps']} steps, {status}; stopped by {r['stopped_by']}\nrun folder: {result.run_dir}"
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rlfleet.run.evaluate import evaluate_checkpoint
+
+    out = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed, video_dir=args.video)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from rlfleet.run.plot import plot_runs
+
+    print(plot_runs([Path(r) for r in args.runs], Path(args.output)))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from rlfleet.algos import REGISTRY, resolve
+
+    print("algorithms (rlfleet train ALGO):")
+    for name in sorted(REGISTRY):
+        cls, config_cls, presets, _ = resolve(name)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        preset_names = ", ".join(sorted(presets)) or "-"
+        print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; presets: {preset_names}")
+    print("\narchitectures: single (one process, vectorised envs)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlfleet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train an agent")
+    t.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
+    t.add_argument("--env", help="Gymnasium env id, e.g. CartPole-v1 or ALE/Pong-v5")
+    t.add_argument("--steps", type=int, help="env steps to train (default: the algorithm's total_steps)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--n-envs", type=int, help="parallel training envs")
+    t.add_argument("--preset", help="named defaults of the algorithm (see `rlfleet list`)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field")
+    t.add_argument("--logdir", default="runs", help="folder of run folders (default: runs)")
+    t.add_argument("--name", help="run folder name")
+    t.add_argument("--eval-every", type=int, help="env steps between greedy evaluations")
+    t.add_argument("--eval-episodes", type=int, default=10)
+    t.add_argument("--stop-return", type=float, help="stop when evaluation reaches this (default: env threshold)")
+    t.add_argument("--time-limit", type=float, help="wall-clock seconds to train at most")
+    t.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints")
+    t.add_argument("--vector-mode", default="auto", choices=["auto", "sync", "async", "envpool"])
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint greedily")
+    e.add_argument("checkpoint", help="checkpoint file or run folder")
+    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument("--video", metavar="DIR", help="record videos of the episodes into DIR")
+    e.set_defaults(func=_eval)
+
+    p = sub.add_parser("plot", help="plot learning curves of run folders")
+    p.add_argument("runs", nargs="+", help="run folders")
+    p.add_argument("-o", "--output", default="curves.png")
+    p.set_defaults(func=_plot)
+
+    ls = sub.add_parser("list", help="list algorithms, presets and architectures")
+    ls.set_defaults(func=_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rlfleet.algos import UnknownAlgorithmError
+    from rlfleet.algos.common import UnsupportedSpaceError
+    from rlfleet.envs import UnknownEnvError
+    from rlfleet.run.checkpoint import CheckpointError
+    from rlfleet.run.config import ConfigError
+
+    try:
+        return args.func(args)
+    except (
+        UnknownAlgorithmError,
+        UnknownEnvError,
+        UnsupportedSpaceError,
+        ConfigError,
+        CheckpointError,
+    ) as exc:
+        print(f"rlfleet: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except FileNotFoundError as exc:
+        print(f"rlfleet: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

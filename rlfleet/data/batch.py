@@ -1,0 +1,206 @@
+"""Batch: a keyword container of equally long arrays or tensors, indexed and split along the first dim."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+Leaf = np.ndarray | torch.Tensor
+Value = Union[Leaf, "Batch"]  # noqa: UP007 (forward reference)
+
+
+def _as_value(value: Any) -> Value:
+    """Turn a dict into a nested Batch; keep arrays, tensors and Batches; make anything else an array."""
+    if isinstance(value, Batch | np.ndarray | torch.Tensor):
+        return value
+    if isinstance(value, Mapping):
+        return Batch(value)
+    return np.asarray(value)
+
+
+def _to_tensor(leaf: Leaf, device: torch.device | str, float_dtype: torch.dtype | None) -> torch.Tensor:
+    if isinstance(leaf, np.ndarray):
+        if not leaf.flags.writeable or any(s < 0 for s in leaf.strides):
+            leaf = np.array(leaf)  # torch cannot share read-only or negatively strided memory
+        leaf = torch.from_numpy(leaf)
+    if float_dtype is not None and leaf.is_floating_point():
+        leaf = leaf.to(float_dtype)
+    return leaf.to(device)
+
+
+def _to_numpy(leaf: Leaf) -> np.ndarray:
+    return leaf.detach().cpu().numpy() if isinstance(leaf, torch.Tensor) else leaf
+
+
+class Batch:
+    """Named arrays (NumPy or torch) sharing their first dimension; dict values become nested Batches.
+
+    ``b.obs`` and ``b["obs"]`` read a value; ``b[idx]`` with an int, slice, int array or bool array
+    indexes every leaf and returns a new Batch. Iterating a Batch yields its keys, like a dict.
+    """
+
+    def __init__(self, data: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
+        object.__setattr__(self, "_data", {})
+        for key, value in {**(data or {}), **kwargs}.items():
+            self[key] = value
+
+    # ---- dict-like access ---------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Value:
+        if name.startswith("__") or name == "_data":  # keeps copy/pickle from recursing
+            raise AttributeError(name)
+        try:
+            return self._data[name]
+        except KeyError:
+            raise AttributeError(f"Batch has no key {name!r}; keys are {list(self._data)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if hasattr(type(self), name):
+            raise ValueError(f"{name!r} is a Batch method; set it as a key instead: batch[{name!r}] = ...")
+        self[name] = value
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, str):
+            return self._data[index]
+        return self.apply(lambda leaf: leaf[_index_for(leaf, index)])
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"Batch keys must be strings, got {type(key).__name__}; index rows with b[idx]")
+        self._data[key] = _as_value(value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def keys(self) -> KeysView[str]:
+        return self._data.keys()
+
+    def values(self) -> ValuesView[Value]:
+        return self._data.values()
+
+    def items(self) -> ItemsView[str, Value]:
+        return self._data.items()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict of the leaves (no copy)."""
+        return {k: v.to_dict() if isinstance(v, Batch) else v for k, v in self._data.items()}
+
+    # ---- length and shape ---------------------------------------------------------------------
+    def _leaf_lengths(self, prefix: str = "") -> dict[str, int]:
+        lengths: dict[str, int] = {}
+        for key, value in self._data.items():
+            if isinstance(value, Batch):
+                lengths.update(value._leaf_lengths(f"{prefix}{key}."))
+            elif value.ndim == 0:
+                raise ValueError(f"Batch key {prefix}{key!r} is a scalar and has no length; give it a batch dim")
+            else:
+                lengths[prefix + key] = int(value.shape[0])
+        return lengths
+
+    def __len__(self) -> int:
+        lengths = self._leaf_lengths()
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"Batch leaves disagree on their first dimension: {lengths}")
+        return next(iter(lengths.values()), 0)
+
+    def __repr__(self) -> str:
+        lines = []
+        for key, value in self._data.items():
+            if isinstance(value, Batch):
+                text = repr(value).replace("\n", "\n    ")
+            else:
+                dtype = str(value.dtype).removeprefix("torch.")
+                kind = "tensor" if isinstance(value, torch.Tensor) else "array"
+                text = f"{kind}({dtype}, shape={list(value.shape)})"
+            lines.append(f"    {key}: {text},")
+        return "Batch(\n" + "\n".join(lines) + "\n)" if lines else "Batch()"
+
+    # ---- transforms ---------------------------------------------------------------------------
+    def apply(self, fn: Callable[[Leaf], Any]) -> Batch:
+        """New Batch with ``fn`` applied to every leaf (nesting kept)."""
+        out = Batch()
+        for key, value in self._data.items():
+            out._data[key] = value.apply(fn) if isinstance(value, Batch) else _as_value(fn(value))
+        return out
+
+    def flatten_leading(self, n: int = 2) -> Batch:
+        """Merge the first ``n`` dims of every leaf: ``[T, N, ...] -> [T * N, ...]``."""
+        if n < 1:
+            raise ValueError(f"flatten_leading needs n >= 1, got {n}")
+
+        def flatten(leaf: Leaf) -> Leaf:
+            if leaf.ndim < n:
+                raise ValueError(f"cannot merge the first {n} dims of a leaf of shape {tuple(leaf.shape)}")
+            return leaf.reshape(int(np.prod(leaf.shape[:n])), *leaf.shape[n:])
+
+        return self.apply(flatten)
+
+    def to_torch(self, device: torch.device | str = "cpu", float_dtype: torch.dtype | None = torch.float32) -> Batch:
+        """Every leaf as a tensor on ``device``, sharing memory with NumPy leaves where possible.
+
+        Floating leaves are cast to ``float_dtype`` (``None`` keeps them); integer and bool leaves keep
+        their dtype.
+        """
+        return self.apply(lambda leaf: _to_tensor(leaf, device, float_dtype))
+
+    def to_numpy(self) -> Batch:
+        """Every leaf as a NumPy array (zero-copy for CPU tensors)."""
+        return self.apply(_to_numpy)
+
+    def split(self, size: int, shuffle: bool = True, rng: np.random.Generator | None = None) -> Iterator[Batch]:
+        """Minibatches of at most ``size`` rows that together cover every row once."""
+        if size < 1:
+            raise ValueError(f"split size must be >= 1, got {size}")
+        n = len(self)
+        if not shuffle:
+            for start in range(0, n, size):
+                yield self[start : start + size]
+            return
+        order = (rng if rng is not None else np.random.default_rng()).permutation(n)
+        for start in range(0, n, size):
+            yield self[order[start : start + size]]
+
+    # ---- combining ----------------------------------------------------------------------------
+    @staticmethod
+    def cat(batches: Sequence[Batch]) -> Batch:
+        """Concatenate batches with the same keys along the first dimension."""
+        return _combine(batches, np.concatenate, torch.cat, axis=0)
+
+    @staticmethod
+    def stack(batches: Sequence[Batch], axis: int = 0) -> Batch:
+        """Stack batches with the same keys along a new dimension ``axis``."""
+        return _combine(batches, np.stack, torch.stack, axis=axis)
+
+
+def _index_for(leaf: Leaf, index: Any) -> Any:
+    """Index a torch leaf with a NumPy index array by turning it into a tensor."""
+    if isinstance(leaf, torch.Tensor) and isinstance(index, np.ndarray):
+        return torch.as_tensor(index, device=leaf.device)
+    return index
+
+
+def _combine(batches: Sequence[Batch], np_fn: Callable, torch_fn: Callable, axis: int) -> Batch:
+    if len(batches) == 0:
+        raise ValueError("need at least one Batch to combine")
+    keys = list(batches[0].keys())
+    for b in batches[1:]:
+        if set(b.keys()) != set(keys):
+            raise ValueError(f"cannot combine Batches with different keys: {keys} vs {list(b.keys())}")
+    out = Batch()
+    for key in keys:
+        parts = [b[key] for b in batches]
+        if isinstance(parts[0], Batch):
+            out[key] = _combine(parts, np_fn, torch_fn, axis)
+        elif isinstance(parts[0], torch.Tensor):
+            out[key] = torch_fn([torch.as_tensor(p) for p in parts], dim=axis)
+        else:
+            out[key] = np_fn([_to_numpy(p) for p in parts], axis=axis)
+    return out

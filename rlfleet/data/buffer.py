@@ -1,0 +1,417 @@
+"""Replay buffers, uniform and prioritized, over parallel env streams with n-step returns and frame stacks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfleet.data.batch import Batch
+from rlfleet.data.segment_tree import MinTree, SumTree
+
+Obs = np.ndarray | dict[str, np.ndarray]
+_FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
+
+
+def _map_obs(fn: Callable[[Any], Any], obs: Any) -> Any:
+    """Apply ``fn`` to an observation array, or to each array of a dict observation."""
+    if isinstance(obs, Mapping):
+        return {key: fn(value) for key, value in obs.items()}
+    return fn(obs)
+
+
+def _map_obs_pair(fn: Callable[[Any, Any], Any], obs: Any, next_obs: Any) -> Any:
+    """Apply ``fn(obs_array, next_obs_array)`` per array, or per key of dict observations."""
+    if isinstance(obs, Mapping):
+        return {key: fn(obs[key], next_obs[key]) for key in obs}
+    return fn(obs, next_obs)
+
+
+def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        return [(f"{name}[{key!r}]", value[key]) for key in sorted(value)]
+    return [(name, value)]
+
+
+class ReplayBuffer:
+    """Uniform replay over ``n_envs`` parallel env streams, stored as ``[capacity // n_envs, n_envs, ...]``.
+
+    Every ``add`` writes one row: one transition per env. Env ``e`` owns column ``e``, so n-step sums and
+    frame stacks look only along one env's own stream. A transition's flat index is ``row * n_envs + env``.
+
+    ``sample`` returns a Batch with ``obs, act, rew, next_obs, terminated, discount, weight, index`` where the
+    one-step-or-n-step target is ``rew + discount * (1 - terminated) * V(next_obs)``. ``rew``, ``terminated``
+    (0.0 / 1.0), ``discount`` and ``weight`` are float32, ``index`` int64; ``obs`` and ``act`` keep the dtype
+    of the first data added (e.g. uint8 frames stay uint8).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        n_envs: int = 1,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        frame_stack: int = 1,
+        seed: int | None = None,
+    ) -> None:
+        if n_envs < 1:
+            raise ValueError(f"n_envs must be >= 1, got {n_envs}")
+        if capacity < n_envs:
+            raise ValueError(f"capacity ({capacity}) must be >= n_envs ({n_envs}): each env needs a row")
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+        if frame_stack < 1:
+            raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
+        self.n_envs = int(n_envs)
+        self.rows = int(capacity) // self.n_envs
+        self.capacity = self.rows * self.n_envs  # rounded down to a multiple of n_envs
+        self.n_step = int(n_step)
+        self.gamma = float(gamma)
+        self.frame_stack = int(frame_stack)
+        self._rng = np.random.default_rng(seed)
+        self._ptr = 0  # next row to write
+        self._size = 0  # number of written rows; written rows are always rows [0, _size)
+        self._storage: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return self._size * self.n_envs
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(len={len(self)}, capacity={self.capacity}, n_envs={self.n_envs}, "
+            f"n_step={self.n_step}, gamma={self.gamma}, frame_stack={self.frame_stack})"
+        )
+
+    # ---- writing ------------------------------------------------------------------------------
+    def add(
+        self,
+        obs: Obs,
+        act: np.ndarray,
+        rew: np.ndarray,
+        next_obs: Obs,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> np.ndarray:
+        """Store one vector-env step (every argument has leading dim ``n_envs``); returns the indices written.
+
+        ``next_obs`` is the true next observation (the final observation when the episode ended there).
+        """
+        data = {
+            "obs": _map_obs(np.asarray, obs),
+            "act": np.asarray(act),
+            "rew": np.asarray(rew, dtype=np.float32),
+            "next_obs": _map_obs(np.asarray, next_obs),
+            "terminated": np.asarray(terminated, dtype=bool),
+            "truncated": np.asarray(truncated, dtype=bool),
+        }
+        if isinstance(data["obs"], dict) != isinstance(data["next_obs"], dict) or (
+            isinstance(data["obs"], dict) and data["obs"].keys() != data["next_obs"].keys()
+        ):
+            raise ValueError("obs and next_obs must both be arrays or both dicts with the same keys")
+        for field in _FIELDS:
+            for name, value in _leaves(field, data[field]):
+                if value.ndim == 0 or value.shape[0] != self.n_envs:
+                    raise ValueError(
+                        f"{name} has shape {value.shape}; its leading dim must be n_envs={self.n_envs} "
+                        "(one transition per env)"
+                    )
+        for field in ("rew", "terminated", "truncated"):
+            if data[field].ndim != 1:
+                raise ValueError(f"{field} must have shape ({self.n_envs},), got {data[field].shape}")
+        if self._storage is None:
+            self._storage = {
+                field: _map_obs(lambda v: np.zeros((self.rows, *v.shape), dtype=v.dtype), data[field])
+                for field in _FIELDS
+            }
+        self._check_matches_storage(data)
+        for field in _FIELDS:
+            for (_, dst), (_, src) in zip(
+                _leaves(field, self._storage[field]), _leaves(field, data[field]), strict=True
+            ):
+                dst[self._ptr] = src
+        indices = self._ptr * self.n_envs + np.arange(self.n_envs, dtype=np.int64)
+        self._ptr = (self._ptr + 1) % self.rows
+        self._size = min(self._size + 1, self.rows)
+        return indices
+
+    def _check_matches_storage(self, data: dict[str, Any]) -> None:
+        """Check everything before writing, so a bad call never leaves a half-written row."""
+        assert self._storage is not None
+        for field in _FIELDS:
+            stored, new = self._storage[field], data[field]
+            if isinstance(stored, dict) != isinstance(new, dict) or (
+                isinstance(stored, dict) and stored.keys() != new.keys()
+            ):
+                raise ValueError(f"{field} does not match the structure (array or dict keys) of earlier data")
+            for (name, dst), (_, src) in zip(_leaves(field, stored), _leaves(field, new), strict=True):
+                if dst.shape[1:] != src.shape:
+                    raise ValueError(f"{name} has shape {src.shape}; earlier data had {dst.shape[1:]}")
+
+    # ---- reading ------------------------------------------------------------------------------
+    def _all_indices(self) -> np.ndarray:
+        """Flat indices of every stored transition, oldest row first, envs in order within a row."""
+        rows = (self._ptr - self._size + np.arange(self._size)) % self.rows
+        return (rows[:, None] * self.n_envs + np.arange(self.n_envs)).reshape(-1)
+
+    def _draw_indices(self, batch_size: int) -> np.ndarray:
+        return self._rng.integers(0, len(self), size=batch_size, dtype=np.int64)
+
+    def sample(self, batch_size: int) -> Batch:
+        """``batch_size`` transitions drawn uniformly (with replacement); ``sample(0)``: all, oldest first."""
+        indices = self._indices_for(batch_size)
+        batch = self._gather(indices)
+        batch["weight"] = np.ones(len(indices), dtype=np.float32)
+        batch["index"] = indices
+        return batch
+
+    def _indices_for(self, batch_size: int) -> np.ndarray:
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0 (0 = everything), got {batch_size}")
+        if len(self) == 0:
+            raise ValueError("cannot sample from an empty buffer; add transitions first")
+        return self._all_indices() if batch_size == 0 else self._draw_indices(batch_size)
+
+    def _done(self, rows: np.ndarray, env: np.ndarray) -> np.ndarray:
+        assert self._storage is not None
+        return self._storage["terminated"][rows, env] | self._storage["truncated"][rows, env]
+
+    def _stack_rows(self, rows: np.ndarray, env: np.ndarray, age: np.ndarray) -> np.ndarray:
+        """Rows ``[B, frame_stack]`` (oldest first) of the frames to stack for the obs at ``rows``.
+
+        Looks back along the same env stream; at an episode start (a done transition just before) or at the
+        oldest stored row, the earliest usable frame is repeated.
+        """
+        back = np.arange(1, self.frame_stack)
+        back_rows = (rows[:, None] - back) % self.rows  # [B, k - 1]
+        usable = (back <= age[:, None]) & ~self._done(back_rows, env[:, None])
+        n_usable = np.cumprod(usable, axis=1).sum(axis=1)  # how far back the same episode reaches
+        offsets = np.minimum(np.arange(self.frame_stack - 1, -1, -1), n_usable[:, None])
+        return (rows[:, None] - offsets) % self.rows
+
+    def _gather(self, indices: np.ndarray) -> Batch:
+        """The n-step, frame-stacked transitions starting at the flat ``indices``."""
+        storage = self._storage
+        assert storage is not None
+        rows, env = np.divmod(indices, self.n_envs)
+        age = (rows - (self._ptr - self._size)) % self.rows  # 0 = oldest stored row
+
+        # n-step: sum rewards until the first done transition or the newest written row
+        steps = np.arange(self.n_step)
+        step_rows = (rows[:, None] + steps) % self.rows  # [B, n]
+        written = steps < (self._size - age)[:, None]
+        done = self._done(step_rows, env[:, None])  # read past the newest row only where masked out below
+        used = written & ((np.cumsum(done, axis=1) - done) == 0)
+        n_used = used.sum(axis=1)
+        rewards = np.where(used, storage["rew"][step_rows, env[:, None]], 0.0)
+        rew = (rewards * self.gamma ** steps.astype(np.float64)).sum(axis=1)
+        last = step_rows[np.arange(len(indices)), n_used - 1]
+
+        if self.frame_stack == 1:
+            obs = _map_obs(lambda a: a[rows, env], storage["obs"])
+            next_obs = _map_obs(lambda a: a[last, env], storage["next_obs"])
+        else:
+            obs_rows = self._stack_rows(rows, env, age)
+            next_rows = self._stack_rows(last, env, age + n_used - 1)[:, 1:]
+            obs = _map_obs(lambda a: a[obs_rows, env[:, None]], storage["obs"])
+            # the next stack is the obs stack of the last used transition shifted by one, plus its next frame
+            next_obs = _map_obs_pair(
+                lambda a, n: np.concatenate([a[next_rows, env[:, None]], n[last, env][:, None]], axis=1),
+                storage["obs"],
+                storage["next_obs"],
+            )
+        return Batch(
+            obs=obs,
+            act=storage["act"][rows, env],
+            rew=rew.astype(np.float32),
+            next_obs=next_obs,
+            terminated=storage["terminated"][last, env].astype(np.float32),
+            discount=(self.gamma**n_used).astype(np.float32),
+        )
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain dict (ints, dicts, torch tensors) loadable with ``torch.load(..., weights_only=True)``.
+
+        The tensors share memory with the buffer (like ``nn.Module.state_dict``); only written rows are kept.
+        Includes the sampling RNG state, so a loaded buffer continues the same sample sequence.
+        """
+        storage = None
+        if self._storage is not None:
+            storage = {
+                field: _map_obs(lambda a: torch.from_numpy(a[: self._size]), self._storage[field]) for field in _FIELDS
+            }
+        return {
+            "capacity": self.capacity,
+            "n_envs": self.n_envs,
+            "ptr": self._ptr,
+            "size": self._size,
+            "storage": storage,
+            "rng_state": self._rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore contents, write position and RNG state; ``capacity`` and ``n_envs`` must match."""
+        if state["capacity"] != self.capacity or state["n_envs"] != self.n_envs:
+            raise ValueError(
+                f"state is for capacity={state['capacity']}, n_envs={state['n_envs']}; this buffer has "
+                f"capacity={self.capacity}, n_envs={self.n_envs}: build the buffer with the same sizes"
+            )
+        size = int(state["size"])
+
+        def restore(t: torch.Tensor) -> np.ndarray:
+            written = t.numpy()
+            full = np.zeros((self.rows, *written.shape[1:]), dtype=written.dtype)
+            full[:size] = written
+            return full
+
+        stored = state["storage"]
+        self._storage = None if stored is None else {f: _map_obs(restore, stored[f]) for f in _FIELDS}
+        self._ptr = int(state["ptr"])
+        self._size = size
+        self._rng.bit_generator.state = state["rng_state"]
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al. 2016) with stratified sampling and importance weights.
+
+    A transition with priority ``p`` is drawn with probability ``p**alpha / sum(p**alpha)``. Priorities are
+    ``|td| + eps``; new transitions get the largest priority seen so far (1.0 at first) unless ``add`` is
+    given explicit ones. ``weight = (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta`` (float32, max 1).
+    With ``beta_anneal_steps > 0`` beta moves linearly from ``beta`` to ``beta_final`` over that many
+    ``sample`` calls.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        n_envs: int = 1,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        beta_final: float = 1.0,
+        beta_anneal_steps: int = 0,
+        eps: float = 1e-6,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        frame_stack: int = 1,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(capacity, n_envs, n_step=n_step, gamma=gamma, frame_stack=frame_stack, seed=seed)
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if beta < 0 or beta_final < 0:
+            raise ValueError(f"beta and beta_final must be >= 0, got {beta} and {beta_final}")
+        if beta_anneal_steps < 0:
+            raise ValueError(f"beta_anneal_steps must be >= 0 (0 = constant beta), got {beta_anneal_steps}")
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0 so every transition can be drawn, got {eps}")
+        self.alpha = float(alpha)
+        self.eps = float(eps)
+        self._beta_start = float(beta)
+        self._beta_final = float(beta_final)
+        self._beta_anneal_steps = int(beta_anneal_steps)
+        self._sample_calls = 0
+        self._max_priority = 1.0
+        self._sum_tree = SumTree(self.capacity)
+        self._min_tree = MinTree(self.capacity)
+
+    @property
+    def beta(self) -> float:
+        """The beta the next ``sample`` call will use."""
+        if self._beta_anneal_steps == 0:
+            return self._beta_start
+        frac = min(self._sample_calls / self._beta_anneal_steps, 1.0)
+        return self._beta_start + frac * (self._beta_final - self._beta_start)
+
+    def set_beta(self, beta: float) -> None:
+        """Fix beta from now on (stops the built-in annealing, for callers that run their own schedule)."""
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        self._beta_start = float(beta)
+        self._beta_anneal_steps = 0
+
+    def _set_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        scaled = priorities**self.alpha
+        self._sum_tree.update(indices, scaled)
+        self._min_tree.update(indices, scaled)
+
+    def _checked_priorities(self, priorities: np.ndarray, n: int) -> np.ndarray:
+        p = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)
+        if p.shape != (n,):
+            raise ValueError(f"got {p.size} priorities for {n} transitions; give one per transition")
+        if not np.isfinite(p).all():
+            raise ValueError("priorities must be finite (check the TD errors for NaN/inf)")
+        return p + self.eps
+
+    def add(
+        self,
+        obs: Obs,
+        act: np.ndarray,
+        rew: np.ndarray,
+        next_obs: Obs,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        priority: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """As ``ReplayBuffer.add``; ``priority`` (``[n_envs]``, e.g. actor-side |td|) replaces the max."""
+        indices = super().add(obs, act, rew, next_obs, terminated, truncated)
+        if priority is None:
+            p = np.full(self.n_envs, self._max_priority)
+        else:
+            p = self._checked_priorities(priority, self.n_envs)
+            self._max_priority = max(self._max_priority, float(p.max()))
+        self._set_priorities(indices, p)
+        return indices
+
+    def _draw_indices(self, batch_size: int) -> np.ndarray:
+        """One draw per equal slice of the total priority mass (stratified)."""
+        segment = self._sum_tree.total() / batch_size
+        prefix = (np.arange(batch_size) + self._rng.random(batch_size)) * segment
+        return self._sum_tree.find_prefixsum(prefix)
+
+    def sample(self, batch_size: int) -> Batch:
+        """``batch_size`` transitions drawn in proportion to ``priority**alpha``, with importance weights."""
+        beta = self.beta
+        self._sample_calls += 1
+        indices = self._indices_for(batch_size)
+        batch = self._gather(indices)
+        ratio = self._sum_tree[indices] / self._min_tree.min()  # P(i) / min_j P(j)
+        batch["weight"] = (ratio ** (-beta)).astype(np.float32)
+        batch["index"] = indices
+        return batch
+
+    def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> None:
+        """Set priorities ``|priorities| + eps`` of the transitions at flat ``index`` (``batch.index``)."""
+        idx = np.asarray(index, dtype=np.int64).reshape(-1)
+        p = self._checked_priorities(priorities, idx.size)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise ValueError(f"indices must be stored transitions in [0, {len(self)}); pass batch.index")
+        if idx.size:
+            self._max_priority = max(self._max_priority, float(p.max()))
+            self._set_priorities(idx, p)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(
+            sum_tree=torch.from_numpy(self._sum_tree.state()),
+            min_tree=torch.from_numpy(self._min_tree.state()),
+            max_priority=self._max_priority,
+            beta_start=self._beta_start,
+            beta_final=self._beta_final,
+            beta_anneal_steps=self._beta_anneal_steps,
+            sample_calls=self._sample_calls,
+        )
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._sum_tree.load_state(state["sum_tree"].numpy())
+        self._min_tree.load_state(state["min_tree"].numpy())
+        self._max_priority = float(state["max_priority"])
+        self._beta_start = float(state["beta_start"])
+        self._beta_final = float(state["beta_final"])
+        self._beta_anneal_steps = int(state["beta_anneal_steps"])
+        self._sample_calls = int(state["sample_calls"])

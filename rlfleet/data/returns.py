@@ -1,0 +1,110 @@
+"""Vectorised returns over `[T, N]` rollouts: discounted (forward-view n-step) returns and GAE(λ).
+
+This is the one place where `terminated` and `truncated` are combined. The rules:
+
+- terminated at step t: the episode really ended, nothing is bootstrapped (next value 0);
+- truncated at step t (time limit, not a real end): bootstrap from the value of the episode's final
+  observation, passed in as `bootstrap[t]`;
+- neither, and t is the last step of the segment: bootstrap from `last_value` (value of the observation
+  that follows the segment);
+- otherwise the next step of the same env continues the sum.
+
+If both flags are set, termination wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def next_state_values(
+    values: np.ndarray | None,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    bootstrap: np.ndarray | None,
+    last_value: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Value of the state after each step, and the `continues` mask (1 where the next step is the same episode).
+
+    `values[t]` is V(obs[t]) for the segment's own observations (None when only the done/bootstrap/last
+    values are needed); the result at t is the value of what follows step t under the rules above.
+    """
+    term = terminated.astype(bool)
+    trunc = truncated.astype(bool) & ~term
+    done = term | trunc
+    next_v = np.zeros(terminated.shape, dtype=np.float32)
+    if values is not None:
+        next_v[:-1] = values[1:]
+    next_v[-1] = last_value
+    boot = np.zeros_like(next_v) if bootstrap is None else bootstrap
+    next_v = np.where(term, 0.0, np.where(trunc, boot, next_v)).astype(np.float32)
+    return next_v, (~done).astype(np.float32)
+
+
+def discounted_returns(
+    rew: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    last_value: np.ndarray,
+    gamma: float,
+    bootstrap: np.ndarray | None = None,
+) -> np.ndarray:
+    """Forward-view returns R_t = r_t + γ R_{t+1} up to the segment end (the A3C paper's n-step target).
+
+    Each state gets the longest n-step return available inside the segment. Arrays are `[T, N]`;
+    `last_value` is `[N]`; `bootstrap[t]` is the value of the final observation where `truncated[t]`.
+    """
+    next_v, cont = next_state_values(None, terminated, truncated, bootstrap, last_value)
+    ret = np.empty(rew.shape, dtype=np.float32)
+    running = np.asarray(last_value, dtype=np.float32)
+    for t in range(rew.shape[0] - 1, -1, -1):
+        running = rew[t] + gamma * (cont[t] * running + (1.0 - cont[t]) * next_v[t])
+        ret[t] = running
+    return ret
+
+
+def gae(
+    rew: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    last_value: np.ndarray,
+    gamma: float,
+    lam: float,
+    bootstrap: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation; returns `(advantages, returns)` with returns = advantages + values."""
+    next_v, cont = next_state_values(values, terminated, truncated, bootstrap, last_value)
+    delta = rew + gamma * next_v - values
+    adv = np.empty(rew.shape, dtype=np.float32)
+    running = np.zeros(rew.shape[1:], dtype=np.float32)
+    for t in range(rew.shape[0] - 1, -1, -1):
+        running = delta[t] + gamma * lam * cont[t] * running
+        adv[t] = running
+    return adv, (adv + values).astype(np.float32)
+
+
+def episode_complete_mask(terminated: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+    """1 where the step's episode ends inside the segment (at or after it), 0 on each env's unfinished tail.
+
+    REINFORCE without a critic has no value to bootstrap an unfinished episode from; its loss uses
+    only the steps whose returns-to-go are complete.
+    """
+    done = (terminated.astype(bool) | truncated.astype(bool)).astype(np.int64)
+    # cumulative count of episode ends from t to the segment end (reverse cumsum); > 0 means an end follows
+    ends_after = np.flip(np.cumsum(np.flip(done, 0), 0), 0)
+    return (ends_after > 0).astype(np.float32)
+
+
+def td_targets(
+    rew: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    last_value: np.ndarray,
+    gamma: float,
+    bootstrap: np.ndarray | None = None,
+) -> np.ndarray:
+    """One-step targets y_t = r_t + γ V(s_{t+1}) over a segment, where `values[t]` = V(obs[t])."""
+    next_v, _ = next_state_values(values, terminated, truncated, bootstrap, last_value)
+    return (rew + gamma * next_v).astype(np.float32)

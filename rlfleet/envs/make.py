@@ -1,0 +1,510 @@
+"""Environment construction: single envs (with DQN Atari preprocessing) and SAME_STEP vector envs.
+
+Public entry points: :func:`make_env`, :func:`make_vector_env`, :func:`env_spec_info`,
+:func:`resolve_env_spec` and :func:`finished_episodes`.
+
+Vector-env contract (every backend: ``"sync"``, ``"async"``, ``"envpool"``)
+--------------------------------------------------------------------------
+* Autoreset is ``gymnasium.vector.AutoresetMode.SAME_STEP``: when sub-env ``i`` terminates or truncates
+  during ``step``, it is reset inside that same ``step``. The returned ``obs[i]`` is already the first
+  observation of the next episode; the true last observation of the finished episode is in
+  ``info["final_obs"][i]`` (an object array, ``None`` for sub-envs that did not finish) with the bool mask
+  ``info["_final_obs"]``. ``rewards[i]``, ``terminated[i]`` and ``truncated[i]`` belong to the finished
+  episode. A training loop therefore bootstraps a *truncated* transition from ``info["final_obs"][i]``
+  (never from ``obs[i]``) and does not bootstrap a *terminated* one. The keys are only present on steps
+  where at least one sub-env finished.
+* Finished-episode statistics are the **raw** (unclipped) game return and length, at
+  ``info["episode"]`` = ``{"r": returns, "l": lengths, "t": seconds}`` (arrays of length ``n_envs``)
+  with mask ``info["_episode"]``. Gymnasium itself puts them under ``info["final_info"]["episode"]`` in
+  SAME_STEP mode; :class:`~rlfleet.envs.wrappers.LiftEpisodeStatistics` copies them to the top level.
+  :func:`finished_episodes` turns either layout into ``[(env_index, return, length), ...]``.
+* Sub-env ``i`` is seeded with ``seed + i`` (first reset and action space); the batched action space is
+  seeded with ``seed``. ``vec.reset(seed=s)`` re-seeds sub-env ``i`` with ``s + i``.
+* With Atari ``terminal_on_life_loss=True`` a life loss is reported as ``terminated`` (with a
+  ``final_obs``) but the game continues after the autoreset; ``info["episode"]`` only appears when the
+  whole game ends, so it is always the real game score.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import multiprocessing
+import pickle
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.wrappers import (
+    AtariPreprocessing,
+    FrameStackObservation,
+    RecordEpisodeStatistics,
+    TimeLimit,
+    TransformReward,
+)
+
+from rlfleet.envs.wrappers import (
+    EnvPoolVectorEnv,
+    LiftEpisodeStatistics,
+    SeedOnFirstReset,
+    TerminalOnLifeLoss,
+    sign_reward,
+)
+
+__all__ = [
+    "ATARI_OPTIONS",
+    "CARTPOLE_NO_VELOCITY_ID",
+    "VECTOR_MODES",
+    "UnknownEnvError",
+    "env_spec_info",
+    "finished_episodes",
+    "make_env",
+    "make_vector_env",
+    "resolve_env_spec",
+]
+
+EnvSource = str | Callable[[], gym.Env]
+
+CARTPOLE_NO_VELOCITY_ID = "rlfleet/CartPoleNoVel-v1"
+VECTOR_MODES: tuple[str, ...] = ("auto", "sync", "async", "envpool")
+ATARI_OPTIONS: tuple[str, ...] = (
+    "frame_stack",
+    "terminal_on_life_loss",
+    "noop_max",
+    "repeat_action_probability",
+    "full_action_space",
+    "clip_rewards",
+    "max_episode_steps",
+)
+ATARI_FRAME_SKIP = 4
+ATARI_SCREEN_SIZE = 84
+ATARI_INSTALL_HINT = 'pip install "rlfleet[atari]"'
+ENVPOOL_INSTALL_HINT = 'pip install "rlfleet[envpool]"'
+
+
+class UnknownEnvError(ValueError):
+    """Raised when an environment id is not in Gymnasium's registry; the message suggests close matches."""
+
+
+@dataclass(frozen=True)
+class AtariOptions:
+    """Validated Atari preprocessing options (see :func:`make_env`)."""
+
+    frame_stack: int = 4
+    terminal_on_life_loss: bool = False
+    noop_max: int = 30
+    repeat_action_probability: float | None = None
+    full_action_space: bool = False
+    clip_rewards: bool | None = None
+    max_episode_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.frame_stack, int) or self.frame_stack < 1:
+            raise ValueError(f"frame_stack must be an int >= 1, got {self.frame_stack!r}")
+        if not isinstance(self.noop_max, int) or self.noop_max < 0:
+            raise ValueError(f"noop_max must be an int >= 0, got {self.noop_max!r}")
+        if self.repeat_action_probability is not None and not 0.0 <= self.repeat_action_probability <= 1.0:
+            raise ValueError(
+                f"repeat_action_probability must be in [0, 1] (or None for the id's default), "
+                f"got {self.repeat_action_probability!r}"
+            )
+        if self.max_episode_steps is not None and (
+            not isinstance(self.max_episode_steps, int) or self.max_episode_steps < 1
+        ):
+            raise ValueError(f"max_episode_steps must be an int >= 1 or None, got {self.max_episode_steps!r}")
+
+
+def _atari_options(env_id: str, env_kwargs: dict[str, Any]) -> AtariOptions:
+    unknown = sorted(set(env_kwargs) - set(ATARI_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for Atari env {env_id!r}; valid options: {ATARI_OPTIONS}")
+    return AtariOptions(**env_kwargs)
+
+
+def _register_rlfleet_envs() -> None:
+    """Register rlfleet's own ids (idempotent; called lazily, never at import time)."""
+    if CARTPOLE_NO_VELOCITY_ID not in gym.registry:
+        gym.register(
+            id=CARTPOLE_NO_VELOCITY_ID,
+            entry_point="rlfleet.envs.wrappers:make_cartpole_no_velocity",
+            max_episode_steps=500,
+            reward_threshold=475.0,
+        )
+
+
+def _import_ale() -> bool:
+    """Import ale-py so that its ``ALE/...`` and ``...-v4`` ids are registered; False if not installed."""
+    try:
+        import ale_py
+    except ImportError:
+        return False
+    gym.register_envs(ale_py)
+    return True
+
+
+def resolve_env_spec(env_id: str) -> EnvSpec:
+    """Return the registered ``EnvSpec`` of ``env_id``, registering ALE and rlfleet ids on demand.
+
+    Raises:
+        UnknownEnvError: ``env_id`` is not registered; the message lists close matches.
+        ImportError: an ``ALE/...`` id was asked for but ale-py is not installed.
+    """
+    if not isinstance(env_id, str) or not env_id:
+        raise TypeError(f"env id must be a non-empty string, got {env_id!r}")
+    _register_rlfleet_envs()
+    if env_id in gym.registry:
+        return gym.spec(env_id)
+    ale_available = _import_ale()
+    if env_id.startswith("ALE/") and not ale_available:
+        raise ImportError(f"{env_id!r} is an Atari env and needs ale-py, which is not installed: {ATARI_INSTALL_HINT}")
+    if env_id in gym.registry:
+        return gym.spec(env_id)
+    matches = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.6)
+    message = f"unknown environment id {env_id!r}"
+    message += f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else "."
+    if not ale_available:
+        message += f" (Atari ids are only registered when ale-py is installed: {ATARI_INSTALL_HINT})"
+    raise UnknownEnvError(message)
+
+
+def _entry_point_name(spec: EnvSpec) -> str:
+    entry_point = spec.entry_point
+    if isinstance(entry_point, str):
+        return entry_point
+    return f"{getattr(entry_point, '__module__', '')}:{getattr(entry_point, '__qualname__', '')}"
+
+
+def _is_atari_spec(spec: EnvSpec) -> bool:
+    return _entry_point_name(spec).startswith("ale_py")
+
+
+def _is_mujoco_spec(spec: EnvSpec) -> bool:
+    return _entry_point_name(spec).startswith("gymnasium.envs.mujoco")
+
+
+def _has_wrapper(env: gym.Env, wrapper_type: type[gym.Wrapper]) -> bool:
+    layer: gym.Env = env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer, wrapper_type):
+            return True
+        layer = layer.env
+    return False
+
+
+def _make_atari(spec: EnvSpec, options: AtariOptions, *, training: bool, render_mode: str | None) -> gym.Env:
+    """Build the DQN-preprocessed Atari env from Gymnasium's wrappers (see :func:`make_env`)."""
+    ale_kwargs: dict[str, Any] = {
+        "frameskip": 1,
+        "full_action_space": options.full_action_space,
+        "render_mode": render_mode,
+    }
+    if options.repeat_action_probability is not None:
+        ale_kwargs["repeat_action_probability"] = options.repeat_action_probability
+    env = gym.make(spec.id, **ale_kwargs)
+    env = AtariPreprocessing(
+        env,
+        noop_max=options.noop_max,
+        frame_skip=ATARI_FRAME_SKIP,
+        screen_size=ATARI_SCREEN_SIZE,
+        terminal_on_life_loss=False,  # handled by TerminalOnLifeLoss, which does not restart the game
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+    if options.max_episode_steps is not None:
+        env = TimeLimit(env, max_episode_steps=options.max_episode_steps)  # counts agent steps
+    env = RecordEpisodeStatistics(env)  # sees raw rewards and whole games
+    env = FrameStackObservation(env, stack_size=options.frame_stack)
+    if training and options.terminal_on_life_loss:
+        env = TerminalOnLifeLoss(env)
+    clip_rewards = training if options.clip_rewards is None else options.clip_rewards
+    if training and clip_rewards:
+        env = TransformReward(env, sign_reward)
+    return env
+
+
+def make_env(
+    env: EnvSource,
+    *,
+    seed: int | None = None,
+    training: bool = True,
+    render_mode: str | None = None,
+    **env_kwargs: Any,
+) -> gym.Env:
+    """Build one environment, wrapped in ``RecordEpisodeStatistics``.
+
+    Args:
+        env: a Gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``, ``"PongNoFrameskip-v4"``,
+            ``"rlfleet/CartPoleNoVel-v1"``) or a zero-argument callable returning a ``gymnasium.Env``
+            (then ``env_kwargs`` and ``render_mode`` must be left out; put them in the callable).
+        seed: seeds the env's first ``reset()`` and its action/observation spaces (``None``: unseeded).
+        training: for Atari, a training env clips rewards to their sign and may end episodes on life
+            loss; an evaluation env (``False``) always gives raw rewards and whole games, and the
+            training-only options ``clip_rewards``/``terminal_on_life_loss`` are ignored.
+        render_mode: passed to ``gymnasium.make``.
+        **env_kwargs: for Atari ids, the options in ``ATARI_OPTIONS``:
+            ``frame_stack`` (4), ``terminal_on_life_loss`` (False), ``noop_max`` (30),
+            ``repeat_action_probability`` (None: the id's own default, 0.25 for ``-v5`` ids, 0 for
+            ``-v4``), ``full_action_space`` (False), ``clip_rewards`` (None: same as ``training``),
+            ``max_episode_steps`` (None: the ALE's 108k-frame cap, i.e. 27k agent steps; counted in agent
+            steps). For other ids they go to ``gymnasium.make`` (e.g. ``max_episode_steps``).
+
+    Atari pipeline (Gymnasium wrappers, innermost first): ALE env with ``frameskip=1`` ->
+    ``AtariPreprocessing`` (up to ``noop_max`` no-ops on reset, frame skip 4 with a max-pool over the last
+    two frames, 84x84 grayscale, uint8) -> optional ``TimeLimit`` -> ``RecordEpisodeStatistics`` ->
+    ``FrameStackObservation`` (observation ``(frame_stack, 84, 84)`` uint8) -> optional
+    :class:`~rlfleet.envs.wrappers.TerminalOnLifeLoss` -> optional sign reward clipping.
+
+    How a loop gets the real episode return: ``RecordEpisodeStatistics`` sits inside the reward clipping
+    and the life-loss wrapper, so ``info["episode"]["r"]`` on the step that ends a game is the raw game
+    score even though the rewards returned by ``step`` are clipped. In a vector env from
+    :func:`make_vector_env` it is at ``info["episode"]`` (mask ``info["_episode"]``); see the module
+    docstring, or use :func:`finished_episodes`.
+
+    Raises:
+        UnknownEnvError: unknown id (the message suggests close matches).
+        ImportError: an ``ALE/...`` id without ale-py installed.
+        ValueError: unknown or invalid options.
+    """
+    if isinstance(env, str):
+        spec = resolve_env_spec(env)
+        if _is_atari_spec(spec):
+            built = _make_atari(spec, _atari_options(env, env_kwargs), training=training, render_mode=render_mode)
+        else:
+            atari_only = sorted(set(env_kwargs) & (set(ATARI_OPTIONS) - {"max_episode_steps"}))
+            if atari_only:
+                raise ValueError(f"option(s) {atari_only} only apply to Atari envs, not {env!r}")
+            built = RecordEpisodeStatistics(gym.make(spec.id, render_mode=render_mode, **env_kwargs))
+    elif callable(env):
+        if env_kwargs or render_mode is not None:
+            given = sorted(env_kwargs) + (["render_mode"] if render_mode is not None else [])
+            raise ValueError(f"options {given} cannot be applied to a callable env; configure it inside the callable")
+        built = env()
+        if not isinstance(built, gym.Env):
+            raise TypeError(f"the env callable must return a gymnasium.Env, got {type(built).__name__}")
+        if not _has_wrapper(built, RecordEpisodeStatistics):
+            built = RecordEpisodeStatistics(built)
+    else:
+        raise TypeError(f"env must be a Gymnasium id or a zero-argument callable, got {type(env).__name__}")
+    if seed is not None:
+        built = SeedOnFirstReset(built, seed)
+    return built
+
+
+def _resolve_mode(env: EnvSource, n_envs: int, mode: str) -> str:
+    if mode != "auto":
+        return mode
+    if n_envs > 1 and isinstance(env, str):
+        spec = resolve_env_spec(env)
+        if _is_atari_spec(spec) or _is_mujoco_spec(spec):
+            return "async"
+    return "sync"
+
+
+def make_vector_env(
+    env: EnvSource,
+    n_envs: int,
+    *,
+    seed: int | None = None,
+    mode: str = "auto",
+    training: bool = True,
+    context: str | None = "spawn",
+    **env_kwargs: Any,
+) -> VectorEnv:
+    """Build ``n_envs`` copies of an env as a SAME_STEP vector env (contract in the module docstring).
+
+    Args:
+        env: a Gymnasium id or a zero-argument callable (for ``"async"`` it must be picklable: a
+            module-level function or a ``functools.partial`` of one).
+        n_envs: number of sub-envs (>= 1).
+        seed: sub-env ``i`` is seeded with ``seed + i``; the batched action space with ``seed``.
+        mode: ``"sync"`` (one process), ``"async"`` (one subprocess per sub-env, shared memory),
+            ``"envpool"`` (EnvPool's C++ pool, ids only) or ``"auto"``: async for Atari/MuJoCo ids with
+            ``n_envs > 1``, otherwise sync (callables always sync).
+        training: see :func:`make_env`.
+        context: multiprocessing start method for ``"async"`` (default ``"spawn"``, safe with torch
+            and threads in the parent).
+        **env_kwargs: passed to :func:`make_env` (``render_mode`` and the Atari options included).
+
+    Returns:
+        A ``VectorEnv``; for sync/async a :class:`~rlfleet.envs.wrappers.LiftEpisodeStatistics` around
+        Gymnasium's vector env (use ``.unwrapped`` for the raw one; ``envs``/``call``/``get_attr`` are
+        forwarded), for envpool an :class:`~rlfleet.envs.wrappers.EnvPoolVectorEnv`.
+    """
+    if not isinstance(n_envs, int) or n_envs < 1:
+        raise ValueError(f"n_envs must be an int >= 1, got {n_envs!r}")
+    if mode not in VECTOR_MODES:
+        raise ValueError(f"unknown vector env mode {mode!r}; valid modes: {VECTOR_MODES}")
+    if seed is not None and not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if isinstance(env, str):
+        spec = resolve_env_spec(env)
+        if _is_atari_spec(spec):
+            _atari_options(env, {k: v for k, v in env_kwargs.items() if k != "render_mode"})
+    resolved_mode = _resolve_mode(env, n_envs, mode)
+    if resolved_mode == "envpool":
+        return _make_envpool_vector_env(env, n_envs, seed=seed, training=training, env_kwargs=env_kwargs)
+
+    env_fns = [
+        functools.partial(make_env, env, seed=None if seed is None else int(seed) + i, training=training, **env_kwargs)
+        for i in range(n_envs)
+    ]
+    vector_env: VectorEnv
+    if resolved_mode == "sync":
+        vector_env = SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    else:
+        if context is not None and context not in multiprocessing.get_all_start_methods():
+            valid_contexts = multiprocessing.get_all_start_methods()
+            raise ValueError(f"unknown multiprocessing context {context!r}; valid: {valid_contexts}")
+        if not isinstance(env, str):
+            try:
+                pickle.dumps(env)
+            except Exception as error:  # pickling failures raise several exception types
+                raise ValueError(
+                    'mode="async" needs a picklable env callable (a module-level function or a '
+                    f"functools.partial of one), got {env!r}: {error}"
+                ) from error
+        vector_env = AsyncVectorEnv(
+            env_fns, shared_memory=True, context=context, autoreset_mode=AutoresetMode.SAME_STEP
+        )
+    if seed is not None:
+        vector_env.action_space.seed(int(seed))
+    return LiftEpisodeStatistics(vector_env)
+
+
+def _envpool_atari_task(env_id: str, available: set[str]) -> str:
+    """Map ``ALE/Pong-v5`` / ``PongNoFrameskip-v4`` to EnvPool's ``Pong-v5``."""
+    name = env_id.removeprefix("ALE/").split("-v")[0]
+    name = re.sub(r"(NoFrameskip|Deterministic|-ram)$", "", name)
+    task = f"{name}-v5"
+    if task not in available:
+        raise ValueError(f"EnvPool has no Atari task for {env_id!r} (looked for {task!r})")
+    return task
+
+
+def _build_envpool(task_id: str, num_envs: int, pool_kwargs: dict[str, Any], seeds: list[int] | None) -> Any:
+    import warnings
+
+    import envpool
+
+    if seeds is None:
+        first = int(np.random.default_rng().integers(0, 2**31 - 1 - num_envs))
+        seeds = [first + i for i in range(num_envs)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # EnvPool's float64 -> float32 Box bounds notices
+        pool = envpool.make_gymnasium(task_id, num_envs=num_envs, batch_size=num_envs, seed=seeds, **pool_kwargs)
+        _ = pool.observation_space, pool.action_space  # built (and cached) lazily, with the warnings
+    return pool
+
+
+def _make_envpool_vector_env(
+    env: EnvSource, n_envs: int, *, seed: int | None, training: bool, env_kwargs: dict[str, Any]
+) -> EnvPoolVectorEnv:
+    try:
+        import envpool
+    except ImportError as error:
+        raise ImportError(
+            f'mode="envpool" needs EnvPool, which is not installed: {ENVPOOL_INSTALL_HINT} (or use mode="sync"/"async")'
+        ) from error
+    if not isinstance(env, str):
+        raise ValueError(f'mode="envpool" needs a Gymnasium id, not a callable ({env!r})')
+    if env_kwargs.get("render_mode") is not None:
+        raise ValueError('mode="envpool" does not support render_mode; use mode="sync"')
+    env_kwargs = {k: v for k, v in env_kwargs.items() if k != "render_mode"}
+    spec = resolve_env_spec(env)
+    available = set(envpool.list_all_envs())
+    clip_rewards = terminal_on_life_loss = False
+    if _is_atari_spec(spec):
+        options = _atari_options(env, env_kwargs)
+        task_id = _envpool_atari_task(env, available)
+        repeat_action_probability = options.repeat_action_probability
+        if repeat_action_probability is None:
+            repeat_action_probability = float(spec.kwargs.get("repeat_action_probability", 0.0))
+        max_frames = int(spec.kwargs.get("max_num_frames_per_episode", 108_000))
+        pool_kwargs: dict[str, Any] = {
+            "stack_num": options.frame_stack,
+            "noop_max": options.noop_max,
+            "frame_skip": ATARI_FRAME_SKIP,
+            "img_height": ATARI_SCREEN_SIZE,
+            "img_width": ATARI_SCREEN_SIZE,
+            "gray_scale": True,
+            "episodic_life": False,  # the adapter does life-loss terminals without restarting the game
+            "reward_clip": False,  # the adapter clips, so episode statistics keep raw scores
+            "use_fire_reset": False,  # match Gymnasium's AtariPreprocessing
+            "repeat_action_probability": repeat_action_probability,
+            "full_action_space": options.full_action_space,
+            "max_episode_steps": options.max_episode_steps or max_frames // ATARI_FRAME_SKIP,
+        }
+        if training:
+            clip_rewards = training if options.clip_rewards is None else options.clip_rewards
+            terminal_on_life_loss = options.terminal_on_life_loss
+    else:
+        if spec.id not in available:
+            matches = difflib.get_close_matches(spec.id, sorted(available), n=5, cutoff=0.6)
+            raise ValueError(f"EnvPool has no task {spec.id!r}; close EnvPool tasks: {matches}")
+        task_id, pool_kwargs = spec.id, dict(env_kwargs)
+    return EnvPoolVectorEnv(
+        functools.partial(_build_envpool, task_id, n_envs, pool_kwargs),
+        n_envs,
+        seed=None if seed is None else int(seed),
+        clip_rewards=clip_rewards,
+        terminal_on_life_loss=terminal_on_life_loss,
+        env_id=spec.id,
+    )
+
+
+def _time_limit_steps(env: gym.Env) -> int | None:
+    layer: gym.Env = env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer, TimeLimit):
+            return int(layer._max_episode_steps)
+        layer = layer.env
+    return None
+
+
+def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
+    """Describe an env cheaply (builds one with :func:`make_env`, reads it, closes it).
+
+    Returns:
+        ``{"id", "reward_threshold" (None if unknown), "max_episode_steps" (agent steps, None if
+        unbounded), "is_atari", "observation_space", "action_space"}``; spaces are those seen by an agent
+        (for Atari: the preprocessed, frame-stacked ones).
+    """
+    built = make_env(env, **env_kwargs)
+    try:
+        spec = resolve_env_spec(env) if isinstance(env, str) else built.unwrapped.spec
+        is_atari = hasattr(built.unwrapped, "ale")
+        max_episode_steps = _time_limit_steps(built)
+        if max_episode_steps is None and spec is not None:
+            max_episode_steps = spec.max_episode_steps
+            if max_episode_steps is None and is_atari and "max_num_frames_per_episode" in spec.kwargs:
+                max_episode_steps = int(spec.kwargs["max_num_frames_per_episode"]) // ATARI_FRAME_SKIP
+        return {
+            "id": spec.id if spec is not None else None,
+            "reward_threshold": spec.reward_threshold if spec is not None else None,
+            "max_episode_steps": max_episode_steps,
+            "is_atari": is_atari,
+            "observation_space": built.observation_space,
+            "action_space": built.action_space,
+        }
+    finally:
+        built.close()
+
+
+def finished_episodes(info: dict[str, Any]) -> list[tuple[int, float, int]]:
+    """Return ``[(env_index, raw_return, length), ...]`` for the episodes that ended in a vector step.
+
+    Reads ``info["episode"]``/``info["_episode"]``, or Gymnasium's SAME_STEP layout
+    ``info["final_info"]["episode"]`` when the former is absent; ``[]`` when no episode ended.
+    """
+    source = info
+    if "episode" not in source:
+        source = info.get("final_info") or {}
+    if "episode" not in source:
+        return []
+    episode, mask = source["episode"], np.asarray(source["_episode"], dtype=np.bool_)
+    return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(mask)]

@@ -1,0 +1,64 @@
+"""Checkpoints: state dicts written atomically with `torch.save`, read back with `weights_only=True`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, or not an rlfleet checkpoint."""
+
+
+def to_safe(obj: Any) -> Any:
+    """Convert NumPy arrays/scalars (recursively) to tensors and plain numbers, which weights_only loading allows."""
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj))}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: to_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_safe(v) for v in obj)
+    return obj
+
+
+def from_safe(obj: Any) -> Any:
+    """Inverse of `to_safe`."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__ndarray__"}:
+            return obj["__ndarray__"].numpy()
+        return {k: from_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(from_safe(v) for v in obj)
+    return obj
+
+
+def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write `payload` to `path` atomically (temp file + rename), so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(to_safe({"format": "rlfleet-checkpoint-v1", **payload}), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint written by `save_checkpoint`; clear `CheckpointError` for anything else."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoints" / "latest.pt"
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt or foreign files
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.__class__.__name__}: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != "rlfleet-checkpoint-v1":
+        raise CheckpointError(f"{path} is not an rlfleet checkpoint")
+    return from_safe(payload)

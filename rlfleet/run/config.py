@@ -1,0 +1,118 @@
+"""Run configuration and how an algorithm's config is resolved: defaults < preset < `--set key=value`."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlfleet.algos import config_fields, resolve
+
+
+class ConfigError(ValueError):
+    """A bad hyperparameter, preset or run option."""
+
+
+@dataclass
+class RunConfig:
+    """Everything about a run that is not the algorithm's own hyperparameters."""
+
+    algo: str
+    """Registered algorithm name (see `rlfleet list`)."""
+    env: str
+    """Gymnasium env id (`CartPole-v1`, `ALE/Pong-v5`, ...)."""
+    steps: int | None = None
+    """Env steps to train for; None takes the algorithm's `total_steps`."""
+    seed: int = 0
+    """Seed for envs, networks and sampling."""
+    n_envs: int | None = None
+    """Parallel training envs; None takes the algorithm's `n_envs`."""
+    preset: str | None = None
+    """Named set of defaults from the algorithm's PRESETS; Atari envs pick `atari` automatically."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Algorithm config fields to set (`--set key=value`)."""
+    logdir: str = "runs"
+    """Folder that holds run folders."""
+    name: str | None = None
+    """Run folder name; default `<algo>-<env>-s<seed>-<timestamp>`."""
+    eval_every: int | None = None
+    """Env steps between greedy evaluations; default max(2,000, steps / 50)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (run side by side on separate envs)."""
+    stop_return: float | None = None
+    """Stop once an evaluation's mean return reaches this; default the env's reward_threshold."""
+    time_limit: float | None = None
+    """Wall-clock seconds after which training stops (checkpoint saved)."""
+    checkpoint_every: int | None = None
+    """Env steps between checkpoints; default 10 evaluations' worth."""
+    vector_mode: str = "auto"
+    """Vector env: auto, sync, async or envpool."""
+    torch_threads: int = 1
+    """torch.set_num_threads for the training process (small nets run fastest on one thread)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+def _parse_value(text: str, annotation: Any, key: str) -> Any:
+    """Turn `--set` text into the field's type."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"tuple": tuple, "int": int, "float": float, "str": str, "bool": bool})  # noqa: S307
+    origin = typing.get_origin(annotation)
+    try:
+        if annotation is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if annotation is int:
+            return int(float(text)) if "e" in text.lower() else int(text)
+        if annotation is float:
+            return float(text)
+        if origin is tuple:
+            inner = typing.get_args(annotation)[0]
+            parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
+            return tuple(inner(p.strip()) for p in parts)
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if text.lower() == "none":
+                return None
+            return _parse_value(text, args[0], key)
+    except ValueError:
+        raise ConfigError(f"bad value {text!r} for {key} (expected {annotation})") from None
+    return text
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], is_atari: bool = False):
+    """The algorithm's Config with preset and overrides applied (string values are parsed by field type)."""
+    _, config_cls, presets, variant = resolve(algo)
+    if preset is None and is_atari and "atari" in presets:
+        preset = "atari"
+    if preset is not None and preset not in presets:
+        choices = ", ".join(sorted(presets)) or "none"
+        raise ConfigError(f"unknown preset {preset!r} for {algo}; choose one of: {choices}")
+    fields = config_fields(config_cls)
+    values: dict[str, Any] = {**variant, **(presets.get(preset, {}) if preset else {})}
+    hints = typing.get_type_hints(config_cls)
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ConfigError(f"unknown config key {key!r} for {algo}; valid keys: {', '.join(sorted(fields))}")
+        values[key] = _parse_value(value, hints[key], key) if isinstance(value, str) else value
+    cfg = config_cls(**values)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{algo} config {f.name}={value} must not be negative")
+    return cfg, preset

@@ -1,0 +1,95 @@
+"""Snapshots of a synchronous vector env's state, so a resumed run continues exactly where it stopped.
+
+The state of classic-control style envs (and of Gymnasium's wrappers and SyncVectorEnv) is plain data
+held in attributes: numbers, NumPy arrays, random generators, small deques. `snapshot` walks every
+sub-env's wrapper chain and records those attributes; `restore` writes them back into freshly built
+envs. Envs whose state lives elsewhere (a C emulator, a subprocess) are not captured: `snapshot`
+returns None and a resumed run starts new episodes there instead.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _capture(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, _PLAIN):
+        return True, value
+    if isinstance(value, np.generic):
+        return True, value.item()
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return True, value.copy()
+    if isinstance(value, np.random.Generator):
+        return True, {"__generator__": value.bit_generator.state}
+    if isinstance(value, deque | list | tuple):
+        items = [_capture(v) for v in value]
+        if all(ok for ok, _ in items):
+            kind = "deque" if isinstance(value, deque) else type(value).__name__
+            return True, {
+                "__seq__": kind,
+                "items": [v for _, v in items],
+                "maxlen": getattr(value, "maxlen", None),
+            }
+    return False, None
+
+
+def _release(value: Any, current: Any) -> Any:
+    if isinstance(value, dict) and "__generator__" in value:
+        gen = current if isinstance(current, np.random.Generator) else np.random.default_rng()
+        gen.bit_generator.state = value["__generator__"]
+        return gen
+    if isinstance(value, dict) and "__seq__" in value:
+        items = [_release(v, None) for v in value["items"]]
+        if value["__seq__"] == "deque":
+            return deque(items, maxlen=value["maxlen"])
+        return tuple(items) if value["__seq__"] == "tuple" else items
+    return value
+
+
+def _layers(env: gym.Env) -> list[Any]:
+    layers = [env]
+    while hasattr(layers[-1], "env"):
+        layers.append(layers[-1].env)
+    return layers
+
+
+def _layer_state(obj: Any) -> dict[str, Any]:
+    state = {}
+    for key, value in vars(obj).items():
+        ok, captured = _capture(value)
+        if ok:
+            state[key] = captured
+    return state
+
+
+def snapshot(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
+    """Plain-data state of a SyncVectorEnv and all its sub-envs, or None if it can't be captured."""
+    if not isinstance(envs, gym.vector.SyncVectorEnv):
+        return None
+    if any(hasattr(layer, "ale") for env in envs.envs for layer in _layers(env)):
+        return None
+    return {
+        "vector": _layer_state(envs),
+        "envs": [[_layer_state(layer) for layer in _layers(env)] for env in envs.envs],
+    }
+
+
+def restore(envs: gym.vector.VectorEnv, state: dict[str, Any] | None) -> bool:
+    """Write a snapshot back into envs built the same way; False if there was nothing to restore."""
+    if state is None or not isinstance(envs, gym.vector.SyncVectorEnv):
+        return False
+    if len(state["envs"]) != len(envs.envs):
+        raise ValueError(f"snapshot has {len(state['envs'])} envs, the vector env has {len(envs.envs)}")
+    targets = [(envs, state["vector"])]
+    for env, layer_states in zip(envs.envs, state["envs"], strict=True):
+        targets += list(zip(_layers(env), layer_states, strict=True))
+    for obj, layer_state in targets:
+        for key, value in layer_state.items():
+            setattr(obj, key, _release(value, getattr(obj, key, None)))
+    return True

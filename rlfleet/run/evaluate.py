@@ -1,0 +1,84 @@
+"""Greedy evaluation on separate envs: K episodes run side by side, one per env, unclipped returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def evaluate(algo, envs, n_episodes: int, seed: int) -> np.ndarray:
+    """Run exactly one episode in each of `n_episodes` envs with the greedy policy; returns their returns.
+
+    `envs` is a vector env with at least `n_episodes` sub-envs (built with `training=False`, so returns
+    are the real, unclipped ones). Finished envs keep stepping (autoreset) but are no longer counted.
+    """
+    if envs.num_envs < n_episodes:
+        raise ValueError(f"evaluation needs {n_episodes} envs, got a vector env of {envs.num_envs}")
+    obs, _ = envs.reset(seed=seed)
+    n = envs.num_envs
+    returns = np.zeros(n, dtype=np.float64)
+    finished = np.zeros(n, dtype=bool)
+    state = None
+    while not finished[:n_episodes].all():
+        act, _, state = algo.act(obs, state, explore=False)
+        obs, rew, terminated, truncated, _ = envs.step(act)
+        returns += np.where(finished, 0.0, rew)
+        finished |= terminated | truncated
+    return returns[:n_episodes]
+
+
+def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
+    from PIL import Image
+
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path, episodes: int = 10, seed: int = 12345, video_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """Rebuild the agent of a checkpoint, run `episodes` greedy episodes, optionally save each as a GIF."""
+    from rlfleet.algos import resolve
+    from rlfleet.envs import env_spec_info, make_env, make_vector_env
+    from rlfleet.run.checkpoint import load_checkpoint
+
+    payload = load_checkpoint(checkpoint)
+    run = payload["run_config"]
+    algo_cls, config_cls, _, _ = resolve(run["algo"])
+    info = env_spec_info(run["env"])
+    algo = algo_cls(config_cls(**payload["algo_config"]), info["observation_space"], info["action_space"])
+    algo.load_state_dict(payload["algo"])
+    if video_dir is None:
+        envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False)
+        try:
+            returns = evaluate(algo, envs, episodes, seed)
+        finally:
+            envs.close()
+    else:
+        video_dir = Path(video_dir)
+        video_dir.mkdir(parents=True, exist_ok=True)
+        returns = np.zeros(episodes)
+        for i in range(episodes):
+            env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array")
+            obs, _ = env.reset(seed=seed + i)
+            frames, done, state = [env.render()], False, None
+            while not done:
+                act, _, state = algo.act(np.asarray(obs)[None], state, explore=False)
+                obs, rew, terminated, truncated, _ = env.step(act[0])
+                returns[i] += float(rew)
+                frames.append(env.render())
+                done = terminated or truncated
+            env.close()
+            _save_gif(frames, video_dir / f"episode-{i}.gif")
+    return {
+        "checkpoint": str(checkpoint),
+        "algo": run["algo"],
+        "env": run["env"],
+        "episodes": episodes,
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "returns": [float(r) for r in returns],
+        "video_dir": str(video_dir) if video_dir else None,
+    }

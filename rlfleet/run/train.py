@@ -1,0 +1,359 @@
+"""`train()`: one run from config to result — envs, algorithm, the on- or off-policy loop, evaluation,
+logging, checkpoints (save, resume, Ctrl-C), `result.json` and `curves.png`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfleet.algos import resolve
+from rlfleet.data.rollout import RolloutStorage
+from rlfleet.envs import env_spec_info, make_vector_env
+from rlfleet.run import env_state
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rlfleet.run.collector import Collector
+from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
+from rlfleet.run.evaluate import evaluate
+from rlfleet.run.logger import RunLogger
+from rlfleet.run.plot import plot_runs
+
+LOG_EVERY = 1_000  # env steps between training-metric log lines
+
+
+@dataclass
+class RunResult:
+    """What `train` returns; the same fields are in `<run_dir>/result.json`."""
+
+    run_dir: Path
+    result: dict[str, Any]
+    algo: Any = field(repr=False, default=None)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.result[key]
+
+
+class _StopRequest:
+    """Turns the first Ctrl-C into a polite stop (checkpoint, clean exit); a second one interrupts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _run_name(cfg: RunConfig) -> str:
+    env = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.env)
+    return f"{cfg.algo}-{env}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+class Trainer:
+    """Owns the pieces of one run and the loop shared by both data kinds.
+
+    An iteration is: collect (a rollout segment, or `train_freq` steps into replay) and learn from it;
+    then schedules, logging, evaluation, checkpoints and stop checks, all at iteration boundaries so
+    that a resumed run repeats the uninterrupted one exactly.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
+        info = env_spec_info(cfg.env)
+        algo_cls, _, _, _ = resolve(cfg.algo)
+        self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["is_atari"])
+        if cfg.n_envs is not None:
+            if cfg.n_envs < 1:
+                raise ConfigError(f"--n-envs must be >= 1, got {cfg.n_envs}")
+            self.algo_cfg.n_envs = cfg.n_envs
+        self.cfg = cfg
+        self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
+        if self.total_steps <= 0:
+            raise ConfigError(f"--steps must be positive, got {self.total_steps}")
+        self.eval_every = cfg.eval_every or max(2_000, self.total_steps // 50)
+        self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
+        self.stop_return = cfg.stop_return if cfg.stop_return is not None else info["reward_threshold"]
+        if cfg.eval_episodes < 1:
+            raise ConfigError(f"--eval-episodes must be >= 1, got {cfg.eval_episodes}")
+        torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(cfg.seed)
+        # build the algorithm before touching the disk: a wrong action space fails here, cleanly
+        self.algo = algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=cfg.seed)
+        self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
+        if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise ConfigError(
+                f"run folder {self.run_dir} already exists; use --resume {self.run_dir} or another --name"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.callbacks = callbacks or []
+        n_envs = self.algo_cfg.n_envs
+        self.envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+        self.eval_envs = make_vector_env(
+            cfg.env,
+            cfg.eval_episodes,
+            seed=cfg.seed + 10_000,
+            mode="sync" if not info["is_atari"] else cfg.vector_mode,
+            training=False,
+        )
+        self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
+        self.buffer = None
+        self.storage = None
+        if self.algo.data == "replay":
+            self.buffer = self.algo.make_buffer(n_envs, self.total_steps, seed=cfg.seed)
+        else:
+            self.storage = RolloutStorage(self.algo_cfg.rollout_len, n_envs)
+        self.state = {
+            "updates": 0,
+            "next_eval": self.eval_every,
+            "next_checkpoint": self.checkpoint_every,
+            "next_log": LOG_EVERY,
+            "evals": 0,
+            "best_eval": -float("inf"),
+            "solved_at_step": None,
+            "solved_at_s": None,
+            "elapsed": 0.0,
+            "last_eval": None,
+        }
+        if resume_from is not None:
+            self._restore(resume_from)
+        self._write_config()
+
+    # ----------------------------------------------------------------------------------------- state
+    def _write_config(self) -> None:
+        config = {
+            "run": dataclasses.asdict(self.cfg),
+            "algo": dataclasses.asdict(self.algo_cfg),
+            "preset": self.preset,
+            "total_steps": self.total_steps,
+            "eval_every": self.eval_every,
+            "stop_return": self.stop_return,
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = {
+            "run_config": dataclasses.asdict(self.cfg),
+            "algo_config": dataclasses.asdict(self.algo_cfg),
+            "algo": self.algo.state_dict(),
+            "env_steps": self.collector.env_steps,
+            "state": dict(self.state),
+        }
+        if with_data:
+            payload["torch_rng"] = torch.get_rng_state()
+            payload["collector"] = {
+                "obs": self.collector.obs,
+                "episodes": self.collector.episodes,
+                "returns": list(self.collector.returns),
+                "lengths": list(self.collector.lengths),
+            }
+            payload["envs"] = env_state.snapshot(self.envs)
+            if self.buffer is not None:
+                payload["buffer"] = self.buffer.state_dict()
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.algo.load_state_dict(payload["algo"])
+        self.state.update(payload["state"])
+        c = self.collector
+        c.env_steps = int(payload["env_steps"])
+        if "collector" in payload:
+            col = payload["collector"]
+            c.episodes = int(col["episodes"])
+            c.returns.extend(col["returns"])
+            c.lengths.extend(col["lengths"])
+            if env_state.restore(self.envs, payload.get("envs")):
+                c.obs = col["obs"]
+        if "torch_rng" in payload:
+            torch.set_rng_state(payload["torch_rng"])
+        if self.buffer is not None and "buffer" in payload:
+            self.buffer.load_state_dict(payload["buffer"])
+
+    def save(self, name: str = "latest") -> Path:
+        return save_checkpoint(self.run_dir / "checkpoints" / f"{name}.pt", self._payload(with_data=name == "latest"))
+
+    # ----------------------------------------------------------------------------------------- loop
+    def _learn_rollout(self) -> dict[str, float]:
+        segment = self.collector.collect_rollout(self.storage)
+        return self.algo.update(segment)
+
+    def _learn_replay(self) -> dict[str, float]:
+        cfg = self.algo_cfg
+        self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
+        if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
+            return {}
+        metrics: dict[str, float] = {}
+        for _ in range(cfg.gradient_steps):
+            batch = self.buffer.sample(cfg.batch_size)
+            out = self.algo.update(batch)
+            priorities = out.pop("priorities", None)
+            if priorities is not None and hasattr(self.buffer, "update_priorities"):
+                self.buffer.update_priorities(batch.index, priorities)
+            metrics = out
+        return metrics
+
+    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
+        self.state["evals"] += 1
+        returns = evaluate(
+            self.algo, self.eval_envs, self.cfg.eval_episodes, self.cfg.seed + 10_000 * self.state["evals"]
+        )
+        mean, std = float(returns.mean()), float(returns.std())
+        step = self.collector.env_steps
+        self.state["last_eval"] = {"step": step, "mean": mean, "std": std}
+        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std}, elapsed)
+        if mean > self.state["best_eval"]:
+            self.state["best_eval"] = mean
+            self.save("best")
+        if self.stop_return is not None and mean >= self.stop_return and self.state["solved_at_step"] is None:
+            self.state["solved_at_step"] = step
+            self.state["solved_at_s"] = elapsed
+        return mean
+
+    def run(self) -> RunResult:
+        learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay
+        c = self.collector
+        logger = RunLogger(self.run_dir, self.total_steps, c.env_steps, self.cfg.progress)
+        start = time.perf_counter() - self.state["elapsed"]
+        last_time, last_steps = time.perf_counter(), c.env_steps
+        stopped_by = "steps"
+        try:
+            with _StopRequest() as stop:
+                while c.env_steps < self.total_steps:
+                    self.algo.schedule(c.env_steps, self.total_steps)
+                    metrics = learn()
+                    self.state["updates"] += 1
+                    now = time.perf_counter()
+                    elapsed = now - start
+                    self.state["elapsed"] = elapsed
+                    new_returns = c.pop_new_returns()
+                    if new_returns:
+                        logger.log(c.env_steps, {"charts/episodic_return": float(np.mean(new_returns))}, elapsed)
+                    if c.env_steps >= self.state["next_log"]:
+                        self.state["next_log"] += LOG_EVERY * max(
+                            1, (c.env_steps - self.state["next_log"]) // LOG_EVERY + 1
+                        )
+                        sps = (c.env_steps - last_steps) / max(now - last_time, 1e-9)
+                        last_time, last_steps = now, c.env_steps
+                        logger.log(
+                            c.env_steps,
+                            {"charts/SPS": sps, **{f"losses/{k}": v for k, v in metrics.items()}},
+                            elapsed,
+                        )
+                    solved = False
+                    if c.env_steps >= self.state["next_eval"]:
+                        while self.state["next_eval"] <= c.env_steps:
+                            self.state["next_eval"] += self.eval_every
+                        mean = self._evaluate(logger, time.perf_counter() - start)
+                        solved = self.stop_return is not None and mean >= self.stop_return
+                    recent = float(np.mean(c.returns)) if c.returns else float("nan")
+                    last_eval = self.state["last_eval"]["mean"] if self.state["last_eval"] else float("nan")
+                    logger.progress(c.env_steps, ret=recent, eval=last_eval)
+                    if c.env_steps >= self.state["next_checkpoint"]:
+                        self.state["next_checkpoint"] += self.checkpoint_every
+                        self.state["elapsed"] = time.perf_counter() - start
+                        self.save()
+                    if solved:
+                        stopped_by = "solved"
+                        break
+                    if stop.requested or any(cb({"env_steps": c.env_steps, "trainer": self}) for cb in self.callbacks):
+                        stopped_by = "interrupted"
+                        break
+                    if self.cfg.time_limit is not None and time.perf_counter() - start >= self.cfg.time_limit:
+                        stopped_by = "time_limit"
+                        break
+            self.state["elapsed"] = time.perf_counter() - start
+            self.save()
+            if stopped_by != "interrupted" and (
+                self.state["last_eval"] is None or self.state["last_eval"]["step"] != c.env_steps
+            ):
+                self._evaluate(logger, time.perf_counter() - start)
+        finally:
+            logger.close()
+            self.envs.close()
+            self.eval_envs.close()
+        result = self._result(stopped_by, time.perf_counter() - start)
+        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+        try:
+            plot_runs([self.run_dir], self.run_dir / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
+        except Exception as exc:  # a plot must never lose a finished run
+            print(f"warning: could not draw curves.png: {exc}")
+        return RunResult(self.run_dir, result, self.algo)
+
+    def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
+        last = self.state["last_eval"] or {"mean": float("nan"), "std": float("nan")}
+        return {
+            "algo": self.cfg.algo,
+            "env": self.cfg.env,
+            "seed": self.cfg.seed,
+            "solved": self.state["solved_at_step"] is not None,
+            "solved_at_step": self.state["solved_at_step"],
+            "solved_at_s": self.state["solved_at_s"],
+            "stop_return": self.stop_return,
+            "eval_return_mean": last["mean"],
+            "eval_return_std": last["std"],
+            "best_eval_return": self.state["best_eval"] if self.state["evals"] else None,
+            "env_steps": self.collector.env_steps,
+            "wall_time_s": wall,
+            "stopped_by": stopped_by,
+            "episodes": self.collector.episodes,
+            "updates": self.state["updates"],
+            "checkpoint": str(self.run_dir / "checkpoints" / "latest.pt"),
+        }
+
+
+def train(
+    algo: str | None = None,
+    env: str | None = None,
+    *,
+    resume: str | Path | None = None,
+    callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    **options: Any,
+) -> RunResult:
+    """Train `algo` on `env` (or resume a run folder); options are `RunConfig` fields.
+
+    >>> result = rlfleet.train("ppo", "CartPole-v1", seed=1)
+    >>> result["solved"], result.run_dir
+    """
+    if resume is not None:
+        payload = load_checkpoint(resume)
+        run_dir = Path(resume) if Path(resume).is_dir() else Path(resume).parent.parent
+        saved = payload["run_config"]
+        saved.update({k: v for k, v in options.items() if k in ("steps", "time_limit", "progress")})
+        cfg = RunConfig(**saved)
+        return Trainer(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
+    if algo is None or env is None:
+        raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = set(options) - known
+    if unknown:
+        raise ConfigError(f"unknown run option(s) {sorted(unknown)}; valid: {sorted(known - {'algo', 'env'})}")
+    return Trainer(RunConfig(algo=algo, env=env, **options), callbacks=callbacks).run()
+
+
+__all__ = ["train", "Trainer", "RunResult", "RunConfig", "CheckpointError"]
