@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import make_optimizer, obs_tensor, optimize, require_discrete, set_lr
+from rlfleet.algos.common import make_optimizer, optimize, policy_step, require_discrete, set_lr, state_values
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
@@ -29,13 +29,13 @@ class Config:
 
     n_envs: int = 8
     """Parallel envs stepped in lockstep by one process."""
-    rollout_len: int = 8
+    rollout_len: int = 16
     """Steps per env per update (the paper's t_max)."""
     gamma: float = 0.99
     """Discount factor."""
-    gae_lambda: float = 1.0
+    gae_lambda: float = 0.9
     """GAE λ; 1.0 gives plain n-step returns as in the A3C paper."""
-    lr: float = 2e-3
+    lr: float = 3e-3
     """Learning rate."""
     lr_anneal: bool = False
     """Anneal the learning rate linearly to 0 over the run's total steps (as the A3C paper does)."""
@@ -47,7 +47,7 @@ class Config:
     """Weight of the value loss."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip; 0 disables it."""
-    normalize_advantage: bool = False
+    normalize_advantage: bool = True
     """Standardise advantages per segment."""
     hidden: tuple[int, ...] = (64, 64)
     """Hidden layer sizes of the MLP encoder."""
@@ -70,7 +70,7 @@ PRESETS = {
         lr_anneal=True,
         total_steps=10_000_000,
     ),
-    "paper": dict(rollout_len=5, ent_coef=0.01, lr_anneal=True, optimizer="rmsprop"),
+    "paper": dict(rollout_len=5, gae_lambda=1.0, lr=7e-4, ent_coef=0.01, lr_anneal=True, normalize_advantage=False),
 }
 
 
@@ -86,16 +86,14 @@ class A2C:
         self.model = ActorCritic(obs_space, n_actions, cfg.encoder, cfg.hidden, cfg.activation, shared=image)
         self.optimizer = make_optimizer(cfg.optimizer, self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
+        self.rng = np.random.default_rng(seed)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        with torch.inference_mode():
-            dist, value = self.model(obs_tensor(obs))
-            action = dist.sample() if explore else dist.probs.argmax(-1)
-        return action.numpy(), {"value": value.numpy()}, state
+        action, _, value = policy_step(self.model, obs, explore, self.rng)
+        return action, {"value": value}, state
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model.value(obs_tensor(obs)).numpy()
+        return state_values(self.model, obs)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         if self.cfg.lr_anneal:
@@ -138,8 +136,13 @@ class A2C:
         return metrics
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]

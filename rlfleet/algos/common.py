@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfleet.nets.fast import log_softmax, sample_categorical
+
 
 class UnsupportedSpaceError(ValueError):
     """An algorithm was given an action or observation space it cannot handle."""
@@ -74,9 +76,9 @@ def linear(start: float, end: float, duration: int, t: int) -> float:
     return start + (end - start) * min(1.0, t / duration)
 
 
-def epsilon_greedy(q: torch.Tensor, eps: np.ndarray | float, rng: np.random.Generator) -> np.ndarray:
+def epsilon_greedy(q: np.ndarray, eps: np.ndarray | float, rng: np.random.Generator) -> np.ndarray:
     """Greedy actions from `[B, A]` values, each replaced by a uniform one with probability eps (per row)."""
-    actions = q.argmax(dim=-1).numpy()
+    actions = q.argmax(-1)
     batch, n_actions = q.shape
     explore = rng.random(batch) < eps
     if explore.any():
@@ -91,6 +93,44 @@ def sample_final_epsilons(
     if len(choices) != len(probs) or not np.isclose(sum(probs), 1.0):
         raise ValueError(f"epsilon choices {choices} and probabilities {probs} must match and sum to 1")
     return rng.choice(np.asarray(choices, dtype=np.float64), size=n, p=np.asarray(probs, dtype=np.float64))
+
+
+def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator):
+    """Act with an ActorCritic: (actions, log-probabilities, values or None), NumPy in and out.
+
+    MLP policies run in NumPy (see `rlfleet.nets.fast`); others in PyTorch. Exploring samples the
+    policy, otherwise the most probable action is taken.
+    """
+    fast = model.numpy_forward(obs)
+    if fast is not None:
+        logits, value = fast
+    else:
+        with torch.inference_mode():
+            dist, value_t = model(obs_tensor(obs))
+            logits = dist.logits.numpy()
+            value = None if value_t is None else value_t.numpy()
+    if explore:
+        return (*sample_categorical(logits, rng), value)
+    actions = logits.argmax(-1)
+    return actions, log_softmax(logits)[np.arange(len(actions)), actions], value
+
+
+def state_values(model, obs: np.ndarray) -> np.ndarray:
+    """V(obs) of an ActorCritic as a NumPy array (zeros without a critic)."""
+    fast = model.numpy_forward(obs)
+    if fast is not None:
+        return fast[1] if fast[1] is not None else np.zeros(len(fast[0]), dtype=np.float32)
+    with torch.inference_mode():
+        return model.value(obs_tensor(obs)).numpy()
+
+
+def q_values(model, obs: np.ndarray) -> np.ndarray:
+    """Q(obs, ·) of a QNetwork as a NumPy array."""
+    fast = model.numpy_forward(obs)
+    if fast is not None:
+        return fast
+    with torch.inference_mode():
+        return model(obs_tensor(obs)).numpy()
 
 
 def hard_update(target: nn.Module, source: nn.Module) -> None:

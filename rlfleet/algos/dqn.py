@@ -24,8 +24,8 @@ from rlfleet.algos.common import (
     hard_update,
     linear,
     make_optimizer,
-    obs_tensor,
     optimize,
+    q_values,
     require_discrete,
 )
 from rlfleet.data.batch import Batch
@@ -134,10 +134,8 @@ class DQN:
         )
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        with torch.inference_mode():
-            q = self.q(obs_tensor(obs))
         eps = self.eps if explore else 0.0
-        return epsilon_greedy(q, eps, self.rng), {}, state
+        return epsilon_greedy(q_values(self.q, obs), eps, self.rng), {}, state
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         self.eps = linear(self.cfg.eps_start, self.cfg.eps_final, self.cfg.eps_anneal_steps, env_steps)

@@ -29,8 +29,8 @@ from rlfleet.algos.common import (
     hard_update,
     linear,
     make_optimizer,
-    obs_tensor,
     optimize,
+    q_values,
     require_discrete,
     sample_final_epsilons,
     set_lr,
@@ -120,16 +120,13 @@ class NStepQ:
         self.last_target_sync = 0
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        with torch.inference_mode():
-            q = self.q(obs_tensor(obs))
-        return epsilon_greedy(q, self.eps if explore else 0.0, self.rng), {}, state
+        return epsilon_greedy(q_values(self.q, obs), self.eps if explore else 0.0, self.rng), {}, state
 
     def _target_values(self, obs: np.ndarray, actions: np.ndarray | None = None) -> np.ndarray:
-        with torch.inference_mode():
-            q = self.q_target(obs_tensor(obs))
+        q = q_values(self.q_target, obs)
         if actions is None:
-            return q.max(-1).values.numpy()
-        return q.gather(-1, torch.as_tensor(actions).long().unsqueeze(-1)).squeeze(-1).numpy()
+            return q.max(-1)
+        return q[np.arange(len(q)), actions]
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """Bootstrap value of observations (one per env): max_a Q⁻, or Q⁻ at an ε-greedy action for Sarsa."""

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import make_optimizer, minibatch_epochs, obs_tensor, require_discrete
+from rlfleet.algos.common import make_optimizer, minibatch_epochs, policy_step, require_discrete, state_values
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
@@ -28,15 +28,15 @@ class Config:
 
     n_envs: int = 8
     """Parallel envs stepped in lockstep by one process."""
-    rollout_len: int = 128
+    rollout_len: int = 32
     """Steps per env per update; episodes unfinished at the segment end are dropped without a baseline."""
-    gamma: float = 0.99
+    gamma: float = 0.95
     """Discount factor."""
-    lr: float = 5e-3
+    lr: float = 1e-3
     """Learning rate (Adam)."""
-    epochs: int = 1
+    epochs: int = 2
     """Passes over each segment."""
-    minibatch_size: int = 0
+    minibatch_size: int = 64
     """Samples per gradient step; 0 uses the whole segment as one batch."""
     normalize_returns: bool = True
     """Standardise the returns (or advantages, with a baseline) per segment."""
@@ -76,14 +76,11 @@ class PG:
         self.rng = np.random.default_rng(seed)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        with torch.inference_mode():
-            dist, _ = self.model(obs_tensor(obs))
-            action = dist.sample() if explore else dist.probs.argmax(-1)
-        return action.numpy(), {}, state
+        action, _, _ = policy_step(self.model, obs, explore, self.rng)
+        return action, {}, state
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model.value(obs_tensor(obs)).numpy()
+        return state_values(self.model, obs)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         pass

@@ -20,9 +20,10 @@ from rlfleet.algos.common import (
     linear,
     make_optimizer,
     minibatch_epochs,
-    obs_tensor,
+    policy_step,
     require_discrete,
     set_lr,
+    state_values,
 )
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
@@ -105,15 +106,11 @@ class PPO:
         self.clip = cfg.clip
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        with torch.inference_mode():
-            dist, value = self.model(obs_tensor(obs))
-            action = dist.sample() if explore else dist.probs.argmax(-1)
-            logp = dist.log_prob(action)
-        return action.numpy(), {"value": value.numpy(), "logp": logp.numpy()}, state
+        action, logp, value = policy_step(self.model, obs, explore, self.rng)
+        return action, {"value": value, "logp": logp.astype(np.float32)}, state
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model.value(obs_tensor(obs)).numpy()
+        return state_values(self.model, obs)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         if self.cfg.lr_anneal:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical
 
 from rlfleet.nets.encoders import make_encoder
+from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import CategoricalHead, DuelingQHead, QHead, ValueHead
 
 
@@ -45,6 +47,19 @@ class ActorCritic(nn.Module):
         critic_features = features if self.critic_body is None else self.critic_body(obs)
         return dist, self.value_head(critic_features)
 
+    def numpy_forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """(logits, values) computed in NumPy for MLP bodies (fast acting), or None for other encoders."""
+        if not hasattr(self, "_np"):
+            branches = [(self.actor_body, self.policy.linear)]
+            if self.value_head is not None:
+                critic_body = self.critic_body if self.critic_body is not None else self.actor_body
+                branches.append((critic_body, self.value_head.linear))
+            self._np = compile_numpy(*branches)
+        if self._np is None:
+            return None
+        out = self._np(obs)
+        return out[0], (out[1][:, 0] if len(out) > 1 else None)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.value_head is None:
             return torch.zeros(obs.shape[0])
@@ -71,3 +86,18 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(obs))
+
+    def numpy_forward(self, obs: np.ndarray) -> np.ndarray | None:
+        """Q(s, ·) computed in NumPy for MLP bodies (fast acting), or None for other encoders."""
+        if not hasattr(self, "_np"):
+            if isinstance(self.head, DuelingQHead):
+                self._np = compile_numpy((self.body, self.head.value), (self.body, self.head.advantage))
+            else:
+                self._np = compile_numpy((self.body, self.head.linear))
+        if self._np is None:
+            return None
+        out = self._np(obs)
+        if len(out) == 1:
+            return out[0]
+        value, adv = out
+        return value + adv - adv.mean(-1, keepdims=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +58,16 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # foreign pickles make torch warn over several lines; we reject them anyway
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for corrupt or foreign files
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc.__class__.__name__}: {exc}") from None
+        # one line: torch's own messages run over many lines (and suggest weights_only=False, unsafe here)
+        detail = "" if isinstance(exc, pickle.UnpicklingError) else (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: corrupt, or not written by rlfleet ({exc.__class__.__name__}"
+            + (f": {detail})" if detail else ")")
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != "rlfleet-checkpoint-v1":
         raise CheckpointError(f"{path} is not an rlfleet checkpoint")
     return from_safe(payload)

@@ -81,7 +81,8 @@ def _parse_value(text: str, annotation: Any, key: str) -> Any:
                 return None
             return _parse_value(text, args[0], key)
     except ValueError:
-        raise ConfigError(f"bad value {text!r} for {key} (expected {annotation})") from None
+        expected = annotation.__name__ if isinstance(annotation, type) else annotation
+        raise ConfigError(f"bad value {text!r} for {key} (expected {expected})") from None
     return text
 
 
@@ -93,6 +94,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key.strip()] = value.strip()
     return out
+
+
+# counts that no algorithm can run with at 0 (they size envs, buffers, segments and update loops)
+AT_LEAST_ONE = ("n_envs", "rollout_len", "batch_size", "epochs", "buffer_size", "train_freq", "gradient_steps")
 
 
 def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], is_atari: bool = False):
@@ -115,4 +120,6 @@ def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], 
         value = getattr(cfg, f.name)
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise ConfigError(f"{algo} config {f.name}={value} must not be negative")
+        if f.name in AT_LEAST_ONE and value < 1:
+            raise ConfigError(f"{algo} config {f.name}={value} must be at least 1")
     return cfg, preset

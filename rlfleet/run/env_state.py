@@ -68,8 +68,16 @@ def _layer_state(obj: Any) -> dict[str, Any]:
     return state
 
 
+def _base_vector_env(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    """The vector env under any vector wrappers (e.g. `make_vector_env`'s LiftEpisodeStatistics)."""
+    while isinstance(envs, gym.vector.VectorWrapper):
+        envs = envs.env
+    return envs
+
+
 def snapshot(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
     """Plain-data state of a SyncVectorEnv and all its sub-envs, or None if it can't be captured."""
+    envs = _base_vector_env(envs)
     if not isinstance(envs, gym.vector.SyncVectorEnv):
         return None
     if any(hasattr(layer, "ale") for env in envs.envs for layer in _layers(env)):
@@ -82,6 +90,7 @@ def snapshot(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
 
 def restore(envs: gym.vector.VectorEnv, state: dict[str, Any] | None) -> bool:
     """Write a snapshot back into envs built the same way; False if there was nothing to restore."""
+    envs = _base_vector_env(envs)
     if state is None or not isinstance(envs, gym.vector.SyncVectorEnv):
         return False
     if len(state["envs"]) != len(envs.envs):

@@ -3,6 +3,7 @@ logging, checkpoints (save, resume, Ctrl-C), `result.json` and `curves.png`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
+from rlfleet.algos.common import UnsupportedSpaceError
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.run import env_state
@@ -66,6 +68,20 @@ class _StopRequest:
             signal.signal(signal.SIGINT, self._previous)
 
 
+@contextlib.contextmanager
+def _workers_ignore_sigint():
+    """Start env worker processes with Ctrl-C ignored (a terminal sends SIGINT to the whole process group):
+    only the trainer reacts to it, stops politely and then closes its workers itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the processes started here
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run_name(cfg: RunConfig) -> str:
     env = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.env)
     return f"{cfg.algo}-{env}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -97,6 +113,10 @@ class Trainer:
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
         if self.total_steps <= 0:
             raise ConfigError(f"--steps must be positive, got {self.total_steps}")
+        for name in ("eval_every", "checkpoint_every"):
+            value = getattr(cfg, name)
+            if value is not None and value < 0:  # a negative interval would never move past the current step
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {value}")
         self.eval_every = cfg.eval_every or max(2_000, self.total_steps // 50)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         self.stop_return = cfg.stop_return if cfg.stop_return is not None else info["reward_threshold"]
@@ -105,7 +125,12 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
-        self.algo = algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=cfg.seed)
+        try:
+            self.algo = algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=cfg.seed)
+        except UnsupportedSpaceError:
+            raise
+        except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
+            raise ConfigError(f"bad {cfg.algo} config: {exc}") from None
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(
@@ -114,14 +139,15 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.callbacks = callbacks or []
         n_envs = self.algo_cfg.n_envs
-        self.envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
-        self.eval_envs = make_vector_env(
-            cfg.env,
-            cfg.eval_episodes,
-            seed=cfg.seed + 10_000,
-            mode="sync" if not info["is_atari"] else cfg.vector_mode,
-            training=False,
-        )
+        with _workers_ignore_sigint():
+            self.envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+            self.eval_envs = make_vector_env(
+                cfg.env,
+                cfg.eval_episodes,
+                seed=cfg.seed + 10_000,
+                mode="sync" if not info["is_atari"] else cfg.vector_mode,
+                training=False,
+            )
         self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
         self.buffer = None
         self.storage = None

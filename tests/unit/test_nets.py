@@ -1,0 +1,60 @@
+"""Networks: encoder shapes, the NumPy fast path against PyTorch (and after updates), sampling statistics."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.nets import Mnih2013CNN, NatureCNN
+from rlfleet.nets.fast import log_softmax, sample_categorical
+from rlfleet.nets.models import ActorCritic, QNetwork
+
+BOX = gym.spaces.Box(-1, 1, (4,), np.float32)
+
+
+@pytest.mark.parametrize("cls, out", [(Mnih2013CNN, 256), (NatureCNN, 512)])
+def test_atari_cnns(cls, out):
+    net = cls(4)
+    frames = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    assert net(frames).shape == (3, out)
+
+
+@pytest.mark.parametrize("critic", [True, False])
+def test_actor_critic_numpy_matches_torch_and_follows_updates(critic):
+    model = ActorCritic(BOX, 3, critic=critic)
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(3):
+        logits, value = model.numpy_forward(obs)
+        dist, value_t = model(torch.as_tensor(obs))
+        np.testing.assert_allclose(log_softmax(logits), dist.logits.detach().numpy(), atol=1e-5)
+        if critic:
+            np.testing.assert_allclose(value, value_t.detach().numpy(), atol=1e-5)
+        else:
+            assert value is None
+        loss = dist.logits.sum() + (value_t.sum() if critic else 0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  # the NumPy path must see the new weights next time
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_q_network_numpy_matches_torch(dueling):
+    q = QNetwork(BOX, 3, dueling=dueling)
+    obs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_allclose(q.numpy_forward(obs), q(torch.as_tensor(obs)).detach().numpy(), atol=1e-5)
+    q.load_state_dict({k: v + 0.01 for k, v in q.state_dict().items()})
+    np.testing.assert_allclose(q.numpy_forward(obs), q(torch.as_tensor(obs)).detach().numpy(), atol=1e-5)
+
+
+def test_cnn_models_fall_back_to_torch():
+    image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    assert ActorCritic(image, 6, shared=True).numpy_forward(np.zeros((1, 4, 84, 84), np.uint8)) is None
+
+
+def test_sample_categorical_frequencies_and_logp():
+    rng = np.random.default_rng(0)
+    logits = np.log(np.array([[0.1, 0.3, 0.6]] * 200_000, dtype=np.float32))
+    actions, logp = sample_categorical(logits, rng)
+    np.testing.assert_allclose(np.bincount(actions) / len(actions), [0.1, 0.3, 0.6], atol=0.005)
+    np.testing.assert_allclose(logp, np.log([0.1, 0.3, 0.6])[actions], atol=1e-5)
