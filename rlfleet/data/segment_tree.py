@@ -47,12 +47,15 @@ class _SegmentTree:
         self._check_values(vals)
         if idx.size == 0:
             return
-        # keep the last occurrence of each index: first occurrence in the reversed arrays
-        unique_idx, first_in_reversed = np.unique(idx[::-1], return_index=True)
-        nodes = unique_idx + self._size
-        self._tree[nodes] = vals[::-1][first_in_reversed]
+        if idx.size > 1 and np.unique(idx).size < idx.size:
+            # keep the last occurrence of each index: first occurrence in the reversed arrays
+            idx, first_in_reversed = np.unique(idx[::-1], return_index=True)
+            vals = vals[::-1][first_in_reversed]
+        nodes = idx + self._size
+        self._tree[nodes] = vals
         for _ in range(self._depth):
-            nodes = np.unique(nodes >> 1)
+            # a parent reached twice is recomputed twice from the same children: same value, no dedup needed
+            nodes = nodes >> 1
             self._tree[nodes] = self._reduce(self._tree[2 * nodes], self._tree[2 * nodes + 1])
 
     def state(self) -> np.ndarray:
