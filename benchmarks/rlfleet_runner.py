@@ -54,6 +54,7 @@ def train(algo: str, seed: int, time_limit: float, logdir: Path) -> dict:
         "--time-limit", f"{time_limit:g}",
         "--logdir", str(logdir),
         "--name", name,
+        "--no-progress",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     completed = subprocess.run(command, env=env, stdout=sys.stderr, stderr=sys.stderr, check=False)

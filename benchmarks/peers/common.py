@@ -17,10 +17,12 @@ from typing import Any
 ENV_ID = "CartPole-v1"
 EVAL_EVERY_STEPS = 2_000
 EVAL_EPISODES = 10
+"""Evaluation episodes, run side by side: one episode in each env of a vector env of ``EVAL_EPISODES``
+separate CartPole-v1 envs (as rlfleet's evaluator does), batching the policy's forward passes."""
 SOLVED_RETURN = 475.0
 DEFAULT_TIME_LIMIT_S = 300.0
 EVAL_SEED_OFFSET = 10_000
-"""The evaluation env of run ``seed`` is seeded with ``seed + EVAL_SEED_OFFSET``."""
+"""The peer runners seed the evaluation vector env of run ``seed`` with ``seed + EVAL_SEED_OFFSET``."""
 
 
 @dataclass

@@ -19,8 +19,9 @@ model gets ``seed=seed``; ``model.learn(total_timesteps=n_timesteps)`` keeps the
 so ``n_timesteps`` is also the run's step limit.
 
 Protocol (benchmarks/README.md): ``torch.set_num_threads(1)``, CPU; a callback evaluates the greedy policy
-(``deterministic=True``) for 10 episodes on a separate CartPole-v1 env every 2,000 env steps, the evaluation
-time counting; the run stops at the first evaluation with mean return >= 475, or at the wall-clock limit.
+(``deterministic=True``) every 2,000 env steps: 10 episodes side by side, one in each of 10 separate CartPole-v1
+envs, the evaluation time counting; the run stops at the first evaluation with mean return >= 475, or at the
+wall-clock limit.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class ZooConfig:
     model_kwargs: dict[str, Any]
 
 
+def eval_zoo_string(expression: str) -> Any:
+    """Evaluate a Python expression of a zoo entry (``"dict(net_arch=[256, 256])"``), as rl-zoo3 does."""
+    return eval(expression, {"dict": dict, "nn": torch.nn, "th": torch})
+
+
 def preprocess(hyperparams: dict[str, Any]) -> ZooConfig:
     """Split and convert a zoo entry.
 
@@ -98,21 +104,24 @@ def preprocess(hyperparams: dict[str, Any]) -> ZooConfig:
     normalize_kwargs: dict[str, Any] | None = None
     if normalize:
         if isinstance(normalize, str):
-            normalize_kwargs = eval(normalize)  # zoo format, e.g. "dict(norm_obs=True, norm_reward=False)"
+            normalize_kwargs = eval_zoo_string(normalize)  # e.g. "dict(norm_obs=True, norm_reward=False)"
         else:
             normalize_kwargs = dict(normalize) if isinstance(normalize, dict) else {}
         if "gamma" in hp:
             normalize_kwargs["gamma"] = hp["gamma"]
     for key in PYTHON_STRING_KEYS:
         if isinstance(hp.get(key), str):
-            hp[key] = eval(hp[key], {"dict": dict, "nn": torch.nn, "th": torch})
+            hp[key] = eval_zoo_string(hp[key])
     if isinstance(hp.get("train_freq"), list):
         hp["train_freq"] = tuple(hp["train_freq"])
     return ZooConfig(n_envs, n_timesteps, normalize_kwargs, env_kwargs, hp)
 
 
 class TimeToSolveCallback(BaseCallback):
-    """Greedy evaluation every 2,000 env steps on ``eval_env``; stops training when the tracker says so."""
+    """Greedy evaluation every 2,000 env steps on ``eval_env``; stops training when the tracker says so.
+
+    ``eval_env`` has one env per evaluation episode, so ``evaluate_policy`` runs one episode in each.
+    """
 
     def __init__(self, tracker: Tracker, eval_env: VecEnv) -> None:
         super().__init__()
@@ -123,9 +132,7 @@ class TimeToSolveCallback(BaseCallback):
         if not self.tracker.eval_due(self.num_timesteps):
             return True
         sync_envs_normalization(self.training_env, self.eval_env)
-        mean_return, _ = evaluate_policy(
-            self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True
-        )
+        mean_return, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
         return not self.tracker.record(self.num_timesteps, float(mean_return))
 
 
@@ -134,10 +141,10 @@ def main() -> None:
     torch.set_num_threads(1)
     config = preprocess(load_zoo_hyperparams(args.algo))
 
-    train_env: VecEnv = make_vec_env(
-        ENV_ID, n_envs=config.n_envs, seed=args.seed, env_kwargs=config.env_kwargs
+    train_env: VecEnv = make_vec_env(ENV_ID, n_envs=config.n_envs, seed=args.seed, env_kwargs=config.env_kwargs)
+    eval_env: VecEnv = make_vec_env(
+        ENV_ID, n_envs=EVAL_EPISODES, seed=args.seed + EVAL_SEED_OFFSET, env_kwargs=config.env_kwargs
     )
-    eval_env: VecEnv = make_vec_env(ENV_ID, seed=args.seed + EVAL_SEED_OFFSET, env_kwargs=config.env_kwargs)
     if config.normalize_kwargs is not None:
         train_env = VecNormalize(train_env, **config.normalize_kwargs)
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **config.normalize_kwargs)

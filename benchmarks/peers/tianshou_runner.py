@@ -32,16 +32,18 @@ tests (np.random.seed, torch.manual_seed, train_envs.seed). The step limit is ea
 What differs from the tests, all for the shared protocol (benchmarks/README.md): ``torch.set_num_threads(1)``
 and CPU; the tests' 100-episode test collector, their 195 reward threshold and ``test_in_train`` are replaced
 by a greedy evaluation (``deterministic_eval=True`` for the actor policies, no exploration noise for DQN) of
-10 episodes on a separate CartPole-v1 env, run at the first training-step boundary at or past every 2,000
-env steps, whose time counts; the run stops at the first evaluation with mean return >= 475 or at the
-wall-clock limit. Training is driven by Tianshou's own trainer (``algorithm.create_trainer`` then
-``reset`` and ``execute_epoch``) with one training step per epoch, so that evaluations can happen at
-2,000-step boundaries; epochs have no other effect on these algorithms.
+10 episodes side by side, one in each of 10 separate CartPole-v1 envs, run at the first training-step
+boundary at or past every 2,000 env steps, whose time counts; the run stops at the first evaluation with mean
+return >= 475 or at the wall-clock limit. Training is driven by Tianshou's own trainer
+(``algorithm.create_trainer`` then ``reset`` and ``execute_epoch``), with epochs sized so that the
+evaluations, run between epochs, fall on schedule (see ``epoch_num_steps``); epochs have no other effect on
+these algorithms.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ import torch
 from common import (
     ENV_ID,
     EVAL_EPISODES,
+    EVAL_EVERY_STEPS,
     EVAL_SEED_OFFSET,
     Tracker,
     arg_parser,
@@ -105,6 +108,20 @@ def env_spaces() -> tuple[tuple[int, ...], gym.spaces.Discrete]:
     return env.observation_space.shape, env.action_space
 
 
+def epoch_num_steps(collection_steps: int | None, prefill_steps: int = 0) -> int:
+    """Env steps per trainer epoch, so that the protocol's evaluations (run between epochs) are on schedule.
+
+    With fixed-size collections: the largest count whose epoch ends fall on every multiple of 2,000 env
+    steps, prefill included (fewest epochs: each costs some trainer bookkeeping). With whole-episode
+    collections, of unpredictable length: 1, i.e. one collection per epoch.
+    """
+    if collection_steps is None:
+        return 1
+    steps = math.gcd(EVAL_EVERY_STEPS, prefill_steps % EVAL_EVERY_STEPS)  # gcd(n, 0) == n
+    assert steps % collection_steps == 0, "collections must not straddle an evaluation point"
+    return steps
+
+
 def on_policy_params(
     collector: Collector[CollectStats],
     *,
@@ -115,7 +132,7 @@ def on_policy_params(
 ) -> OnPolicyTrainerParams:
     return OnPolicyTrainerParams(
         training_collector=collector,
-        epoch_num_steps=1,
+        epoch_num_steps=epoch_num_steps(env_steps),
         max_epochs=sys.maxsize,
         collection_step_num_env_steps=env_steps,
         collection_step_num_episodes=episodes,
@@ -204,9 +221,7 @@ def build_pg(seed: int) -> Setup:
         action_space=action_space,
         deterministic_eval=True,
     )
-    algorithm = Reinforce(
-        policy=policy, optim=AdamOptimizerFactory(lr=1e-3), gamma=0.95, return_standardization=True
-    )
+    algorithm = Reinforce(policy=policy, optim=AdamOptimizerFactory(lr=1e-3), gamma=0.95, return_standardization=True)
     for m in net.modules():
         if isinstance(m, torch.nn.Linear):
             torch.nn.init.orthogonal_(m.weight, gain=np.sqrt(2))
@@ -234,9 +249,7 @@ def build_dqn(seed: int) -> Setup:
     obs_shape, action_space = env_spaces()
     train_envs = make_envs(10, seed)
     net = Net(state_shape=obs_shape, action_shape=int(action_space.n), hidden_sizes=[128, 128, 128, 128])
-    policy = DiscreteQLearningPolicy(
-        model=net, action_space=action_space, eps_training=0.1, eps_inference=0.05
-    )
+    policy = DiscreteQLearningPolicy(model=net, action_space=action_space, eps_training=0.1, eps_inference=0.05)
     algorithm = DQN(
         policy=policy,
         optim=AdamOptimizerFactory(lr=1e-3),
@@ -245,9 +258,10 @@ def build_dqn(seed: int) -> Setup:
         target_update_freq=320,
     )
     collector = training_collector(algorithm, train_envs, exploration_noise=True)
+    prefill_steps = 64 * len(train_envs)
     params = OffPolicyTrainerParams(
         training_collector=collector,
-        epoch_num_steps=1,
+        epoch_num_steps=epoch_num_steps(10, prefill_steps),
         max_epochs=sys.maxsize,
         collection_step_num_env_steps=10,
         update_step_num_gradient_steps_per_sample=0.1,
@@ -256,7 +270,7 @@ def build_dqn(seed: int) -> Setup:
         verbose=False,
         show_progress=False,
     )
-    return Setup(algorithm, collector, params, step_limit=20 * 10_000, prefill_steps=64 * len(train_envs))
+    return Setup(algorithm, collector, params, step_limit=20 * 10_000, prefill_steps=prefill_steps)
 
 
 BUILDERS: dict[str, Callable[[int], Setup]] = {
@@ -273,7 +287,8 @@ def main() -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     setup = BUILDERS[args.algo](args.seed)
-    eval_collector = Collector[CollectStats](setup.algorithm, make_envs(1, args.seed + EVAL_SEED_OFFSET))
+    # one env per evaluation episode: the collector runs one episode in each
+    eval_collector = Collector[CollectStats](setup.algorithm, make_envs(EVAL_EPISODES, args.seed + EVAL_SEED_OFFSET))
     trainer = setup.algorithm.create_trainer(setup.trainer_params)
     tracker = Tracker(args.time_limit, step_limit=setup.step_limit)
 

@@ -1,0 +1,363 @@
+"""Time-to-solve CartPole-v1: rlfleet side by side with Stable-Baselines3 and Tianshou, one run at a time.
+
+Creates (or reuses) the peers' venv, then runs one process per (framework, algo, seed), never two at
+once, interleaving the frameworks within each seed so that drift in the machine's speed affects them all
+alike. Raw results are saved to ``--out`` (JSON) after every run; ``--resume`` skips the runs already
+there. The summary table is printed and written next to it as markdown. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from peers.common import DEFAULT_TIME_LIMIT_S, ENV_ID, EVAL_EPISODES, EVAL_EVERY_STEPS, SOLVED_RETURN
+
+BENCHMARKS = Path(__file__).resolve().parent
+REPO = BENCHMARKS.parent
+PEERS_VENV = BENCHMARKS / ".venv-peers"
+PEER_REQUIREMENTS = BENCHMARKS / "peers" / "requirements.txt"
+TORCH_PIN = "torch==2.13.0"
+"""Installed first in the peers' venv: the CPU build from the local wheel, not a CUDA build from PyPI."""
+
+FRAMEWORKS = ("rlfleet", "sb3", "tianshou")
+ALGOS = ("ppo", "a2c", "dqn", "pg")
+UNSUPPORTED = {("sb3", "pg")}
+"""Pairs with no implementation in that framework: reported as n/a, never run."""
+RUNNERS = {
+    "rlfleet": BENCHMARKS / "rlfleet_runner.py",
+    "sb3": BENCHMARKS / "peers" / "sb3_runner.py",
+    "tianshou": BENCHMARKS / "peers" / "tianshou_runner.py",
+}
+RUN_GRACE_S = 300.0
+"""A runner is killed after time limit + this (imports, construction, the last evaluation)."""
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated subset of " + ",".join(ALGOS))
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, run in this order")
+    parser.add_argument("--seeds", type=int, default=5, help="number of seeds: 0 .. N-1")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock s per run")
+    parser.add_argument("--out", type=Path, default=BENCHMARKS / "results" / "cartpole.json")
+    parser.add_argument("--peers-venv", type=Path, default=PEERS_VENV)
+    parser.add_argument("--setup-only", action="store_true", help="create/update the peers' venv and exit")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out and skip them")
+    args = parser.parse_args()
+    args.algos = split_choices(parser, "--algos", args.algos, ALGOS)
+    args.frameworks = split_choices(parser, "--frameworks", args.frameworks, FRAMEWORKS)
+    return args
+
+
+def split_choices(parser: argparse.ArgumentParser, flag: str, value: str, choices: tuple[str, ...]) -> list[str]:
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    unknown = [item for item in items if item not in choices]
+    if unknown or not items:
+        parser.error(f"{flag}: expected a comma-separated subset of {','.join(choices)}, got {value!r}")
+    return items
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- the peers' venv ---------------------------------------------------------------------------------
+
+
+def pinned_requirements() -> dict[str, str]:
+    """``name -> version`` of the ``name==version`` lines of peers/requirements.txt (and torch)."""
+    pins = dict([TORCH_PIN.split("==")])
+    for line in PEER_REQUIREMENTS.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name.strip()] = version.strip()
+    return pins
+
+
+def installed_versions(python: Path, names: list[str]) -> dict[str, str | None]:
+    script = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n"
+        "    try:\n"
+        "        return m.version(n)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return None\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))\n"
+    )
+    out = subprocess.run([str(python), "-c", script, *names], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def matches_pin(installed: str | None, pinned: str) -> bool:
+    """``2.13.0+cpu`` satisfies ``2.13.0``: a local version label does not change the release."""
+    return installed is not None and installed.split("+")[0] == pinned
+
+
+def ensure_peers_venv(venv: Path) -> Path:
+    """Create or update the peers' venv so that it holds exactly the pinned versions; return its python."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        log(f"creating the peers' venv {venv}")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pins = pinned_requirements()
+    installed = installed_versions(python, list(pins))
+    if all(matches_pin(installed[name], version) for name, version in pins.items()):
+        return python
+    log(f"installing {TORCH_PIN} then {PEER_REQUIREMENTS.name} into {venv} (a few minutes)")
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+    subprocess.run([*pip, TORCH_PIN], check=True)
+    subprocess.run([*pip, "-r", str(PEER_REQUIREMENTS)], check=True)
+    installed = installed_versions(python, list(pins))
+    wrong = {name: installed[name] for name, version in pins.items() if not matches_pin(installed[name], version)}
+    if wrong:
+        raise SystemExit(f"the peers' venv does not hold the pinned versions {pins}: {wrong}")
+    return python
+
+
+# --- machine and runs --------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str | None:
+    """The checked-out commit of the rlfleet repo (read-only ``git rev-parse``)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def machine_info(peers_python: Path | None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": list(os.getloadavg()),
+        "rlfleet_commit": git_commit(),
+    }
+    if peers_python is not None:
+        out = subprocess.run(
+            [str(peers_python), "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        info["peers_python"] = out.stdout.strip()
+    return info
+
+
+def run_once(python: Path, framework: str, algo: str, seed: int, time_limit: float, log_dir: Path) -> dict[str, Any]:
+    """Run one runner process to completion; return its JSON record, or an error record if it failed."""
+    command = [
+        str(python),
+        str(RUNNERS[framework]),
+        "--algo",
+        algo,
+        "--seed",
+        str(seed),
+        "--time-limit",
+        f"{time_limit:g}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    log_path = log_dir / f"{framework}_{algo}_seed{seed}.log"
+    failure = {"framework": framework, "algo": algo, "seed": seed, "solved": False, "log": str(log_path)}
+    started = time.perf_counter()
+    with log_path.open("w") as stderr:
+        # own session: on timeout the whole process group goes (rlfleet_runner starts the rlfleet CLI)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, cwd=REPO, start_new_session=True
+        )
+        try:
+            stdout, _ = proc.communicate(timeout=time_limit + RUN_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {**failure, "error": f"killed after {time.perf_counter() - started:.0f} s"}
+        except BaseException:  # e.g. Ctrl-C: the run must not go on, unseen, under the next ones
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        return {**failure, "error": f"exit status {proc.returncode}" + ("" if lines else ", no result line")}
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return {**failure, "error": f"unparsable result line: {lines[-1][:200]}"}
+
+
+def save(document: dict[str, Any], out: Path) -> None:
+    """Write atomically, so that a crash mid-write keeps the previous file."""
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.replace(out)
+
+
+# --- summary -----------------------------------------------------------------------------------------
+
+
+def summarize(document: dict[str, Any]) -> str:
+    """The markdown summary of a results document."""
+    config, machine = document["config"], document["machine"]
+    limit = config["time_limit_s"]
+    lines = [
+        f"# Time-to-solve {ENV_ID}",
+        "",
+        f"Machine: {machine['cpu_model']}, {machine['cpu_cores']} cores; Python {machine['python']}"
+        + (f" (peers: {machine['peers_python']})" if "peers_python" in machine else "")
+        + f"; load average at start {' / '.join(f'{x:.2f}' for x in machine['load_average_at_start'])}; "
+        f"rlfleet commit {(machine.get('rlfleet_commit') or 'unknown')[:12]}; started {document['started']}.",
+        "",
+        f"Protocol: one process per run, 1 torch thread, CPU; greedy evaluation of {EVAL_EPISODES} episodes "
+        f"every {EVAL_EVERY_STEPS:,} env steps, its time counting; solved at the first evaluation with mean "
+        f"return >= {SOLVED_RETURN:g}; wall-clock limit {limit:g} s; "
+        f"{config['seeds']} seed{'s' if config['seeds'] != 1 else ''}.",
+        "",
+        "| algo | framework | version | median time-to-solve (s) | min–max (s) | median env steps | "
+        "solved/seeds | ratio vs faster peer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    notes: set[str] = set()
+    for algo in config["algos"]:
+        medians: dict[str, float] = {}
+        rows: dict[str, list[str]] = {}
+        for framework in config["frameworks"]:
+            if (framework, algo) in UNSUPPORTED:
+                rows[framework] = [algo, framework, "n/a", "n/a", "n/a", "n/a", "n/a", ""]
+                continue
+            runs = [
+                r
+                for r in document["runs"]
+                if r["framework"] == framework and r["algo"] == algo and r["seed"] < config["seeds"]
+            ]
+            if not runs:
+                continue
+            times = [r["solved_at_s"] if r["solved"] else limit for r in runs]
+            solved = [r for r in runs if r["solved"]]
+            failed = sum(1 for r in runs if "error" in r)
+            mark = "*" if len(solved) < len(runs) else ""
+            if mark:
+                notes.add(
+                    f"\\* some seeds did not solve: each counts as the time limit ({limit:g} s) "
+                    "in the median and the range."
+                )
+            if failed:
+                notes.add(
+                    "Failed runs (crash or kill, see the `error` and `log` fields in the JSON) count as not solved."
+                )
+            medians[framework] = statistics.median(times)
+            version = next((r["version"] for r in runs if "version" in r), "?")
+            steps = f"{statistics.median(r['solved_at_step'] for r in solved):,.0f}" if solved else "–"
+            rows[framework] = [
+                algo,
+                framework,
+                version,
+                f"{medians[framework]:.1f}{mark}",
+                f"{min(times):.1f}–{max(times):.1f}{mark}",
+                steps,
+                f"{len(solved)}/{len(runs)}" + (f" ({failed} failed)" if failed else ""),
+                "",
+            ]
+        peers = {fw: median for fw, median in medians.items() if fw != "rlfleet"}
+        if "rlfleet" in medians and peers:
+            faster = min(peers, key=peers.__getitem__)
+            rows["rlfleet"][7] = f"{medians['rlfleet'] / peers[faster]:.2f}× ({faster})"
+        lines.extend("| " + " | ".join(row) + " |" for row in rows.values())
+    lines.append("")
+    lines.append("Median env steps: over the seeds that solved. Ratio: rlfleet's median / the faster peer's.")
+    lines.extend(sorted(notes))
+    return "\n".join(lines) + "\n"
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    args = parse_args()
+    needs_peers = any(fw != "rlfleet" for fw in args.frameworks)
+    peers_python = ensure_peers_venv(args.peers_venv) if needs_peers or args.setup_only else None
+    if args.setup_only:
+        log(f"peers' venv ready: {peers_python}")
+        return
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log_dir = args.out.parent / "logs"
+    log_dir.mkdir(exist_ok=True)
+    config = {"algos": args.algos, "frameworks": args.frameworks, "seeds": args.seeds, "time_limit_s": args.time_limit}
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    if args.resume and args.out.exists():
+        document: dict[str, Any] = json.loads(args.out.read_text())
+        if document["config"]["time_limit_s"] != args.time_limit:
+            raise SystemExit(f"--resume: {args.out} was run with another --time-limit")
+        document["config"] = config
+        document.setdefault("resumed", []).append(now)
+    else:
+        document = {
+            "benchmark": f"time-to-solve {ENV_ID}",
+            "protocol": {
+                "eval_every_steps": EVAL_EVERY_STEPS,
+                "eval_episodes": EVAL_EPISODES,
+                "solved_return": SOLVED_RETURN,
+                "torch_threads": 1,
+                "device": "cpu",
+            },
+            "config": config,
+            "machine": machine_info(peers_python),
+            "started": now,
+            "runs": [],
+        }
+    done = {(r["framework"], r["algo"], r["seed"]) for r in document["runs"]}
+
+    plan = [
+        (seed, algo, fw)
+        for seed in range(args.seeds)
+        for algo in args.algos
+        for fw in args.frameworks
+        if (fw, algo) not in UNSUPPORTED and (fw, algo, seed) not in done
+    ]
+    for index, (seed, algo, framework) in enumerate(plan, start=1):
+        python = Path(sys.executable) if framework == "rlfleet" else peers_python
+        assert python is not None
+        log(f"[{index}/{len(plan)}] {framework} {algo} seed {seed}")
+        record = run_once(python, framework, algo, seed, args.time_limit, log_dir)
+        document["runs"].append(record)
+        save(document, args.out)
+        if "error" in record:
+            log(f"    failed: {record['error']} (log: {record['log']})")
+        elif record["solved"]:
+            log(f"    solved in {record['solved_at_s']:.1f} s at {record['solved_at_step']:,} env steps")
+        else:
+            log(
+                f"    not solved ({record['stop_reason']}, {record['wall_time_s']:.0f} s, "
+                f"{record['env_steps']:,} env steps, last eval {record['eval_return_mean']})"
+            )
+
+    document["machine"]["load_average_at_end"] = list(os.getloadavg())
+    save(document, args.out)
+    table = summarize(document)
+    args.out.with_suffix(".md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
