@@ -41,6 +41,12 @@ def _train(args: argparse.Namespace) -> int:
             **options,
         )
     r = result.result
+    if r["eval_return_mean"] is None:
+        print(
+            f"{r['algo']} on {r['env']}: stopped by {r['stopped_by']} after {r['env_steps']} steps before any "
+            f"evaluation\nrun folder: {result.run_dir}"
+        )
+        return 0
     status = f"solved at step {r['solved_at_step']} ({r['solved_at_s']:.1f} s)" if r["solved"] else "not solved"
     print(
         f"{r['algo']} on {r['env']}: eval return {r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} "

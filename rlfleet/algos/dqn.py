@@ -55,7 +55,7 @@ class Config:
     """Steps of real reward before bootstrapping."""
     lr: float = 1e-3
     """Learning rate (Adam)."""
-    target_update_every: int = 250
+    target_update_every: int = 100
     """Gradient steps between hard target-network copies."""
     double: bool = True
     """Double Q-learning: the online net picks the next action, the target net evaluates it."""
@@ -110,6 +110,8 @@ class DQN:
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
         require_discrete(action_space, "dqn")
+        if cfg.target_update_every < 1 or cfg.batch_size < 1:
+            raise ValueError("target_update_every and batch_size must be >= 1")
         self.cfg = cfg
         self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
@@ -142,12 +144,17 @@ class DQN:
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
         b = batch.to_torch()
-        q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
+        n = len(b.act)
+        if self.cfg.double:  # one pass of the online net over s and s' (it picks the next action)
+            q_all = self.q(torch.cat([b.obs, b.next_obs]))
+            q_next_online = q_all[n:].detach()
+        else:
+            q_all = self.q(b.obs)
+        q = q_all[:n].gather(1, b.act.long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             next_q_target = self.q_target(b.next_obs)
             if self.cfg.double:
-                next_act = self.q(b.next_obs).argmax(1, keepdim=True)
-                next_v = next_q_target.gather(1, next_act).squeeze(1)
+                next_v = next_q_target.gather(1, q_next_online.argmax(1, keepdim=True)).squeeze(1)
             else:
                 next_v = next_q_target.max(1).values
             y = b.rew + b.discount * (1.0 - b.terminated.float()) * next_v

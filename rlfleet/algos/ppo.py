@@ -97,6 +97,8 @@ class PPO:
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
         n_actions = require_discrete(action_space, "ppo")
+        if cfg.minibatch_size < 1 or cfg.epochs < 1:
+            raise ValueError("minibatch_size and epochs must be >= 1")
         self.cfg = cfg
         image = len(obs_space.shape or ()) == 3
         self.model = ActorCritic(obs_space, n_actions, cfg.encoder, cfg.hidden, cfg.activation, shared=image)

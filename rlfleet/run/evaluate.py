@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ def evaluate_checkpoint(
         finally:
             envs.close()
     else:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
         video_dir = Path(video_dir)
         video_dir.mkdir(parents=True, exist_ok=True)
         returns = np.zeros(episodes)

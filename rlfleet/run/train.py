@@ -332,7 +332,7 @@ class Trainer:
         return RunResult(self.run_dir, result, self.algo)
 
     def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
-        last = self.state["last_eval"] or {"mean": float("nan"), "std": float("nan")}
+        last = self.state["last_eval"] or {"mean": None, "std": None}
         return {
             "algo": self.cfg.algo,
             "env": self.cfg.env,
@@ -369,8 +369,14 @@ def train(
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = Path(resume) if Path(resume).is_dir() else Path(resume).parent.parent
+        resumable = {"steps", "time_limit", "progress"}
+        if set(options) - resumable:
+            raise ConfigError(
+                f"a resumed run keeps its configuration; only {sorted(resumable)} can be changed, "
+                f"got {sorted(set(options) - resumable)}"
+            )
         saved = payload["run_config"]
-        saved.update({k: v for k, v in options.items() if k in ("steps", "time_limit", "progress")})
+        saved.update(options)
         cfg = RunConfig(**saved)
         return Trainer(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:

@@ -7,9 +7,11 @@ import json
 import math
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlfleet.algos import REGISTRY
 from rlfleet.run.checkpoint import load_checkpoint
@@ -17,8 +19,9 @@ from rlfleet.run.checkpoint import load_checkpoint
 _SCRIPT = Path(sys.executable).with_name("rlfleet")
 RLFLEET = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlfleet.cli"]
 ALGOS = ("a2c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
-RESULT_KEYS = {"solved", "solved_at_step", "solved_at_s", "eval_return_mean", "eval_return_std", "env_steps"}
-RESULT_KEYS |= {"wall_time_s"}
+RESULT_KEYS = {
+    *("solved", "solved_at_step", "solved_at_s", "eval_return_mean", "eval_return_std", "env_steps", "wall_time_s")
+}
 
 
 def rlfleet(*args: object, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -32,66 +35,104 @@ def tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
+def make_workdir(folder: Path) -> Path:
     """A folder with a garbage checkpoint, a foreign torch file and an existing (fake) run folder in it."""
-    (tmp_path / "garbage.pt").write_bytes(b"this is not a checkpoint\n" * 10)
-    (tmp_path / "empty.pt").write_bytes(b"")
-    import torch
-
-    torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
-    run = tmp_path / "runs" / "old"
+    (folder / "garbage.pt").write_bytes(b"this is not a checkpoint\n" * 10)
+    (folder / "empty.pt").write_bytes(b"")
+    torch.save({"weights": torch.zeros(3)}, folder / "foreign.pt")
+    run = folder / "runs" / "old"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "latest.pt").write_bytes(b"\x80\x02garbage")
     (run / "config.json").write_text('{"keep": "me"}')
     (run / "metrics.csv").write_text("step,wall_time,key,value\n1,0.1,charts/episodic_return,9\n")
-    return tmp_path
+    return folder
 
 
 TRAIN = ("train", "ppo", "--env", "CartPole-v1", "--steps", "600", "--logdir", "runs", "--no-progress")
 
-# (id, arguments, substrings the one error line must contain)
-USAGE_ERRORS = [
-    ("unknown-algo", ("train", "ppq", "--env", "CartPole-v1", "--logdir", "runs"), ["'ppq'", *ALGOS]),
-    ("unknown-env", ("train", "ppo", "--env", "CartPol-v1", "--logdir", "runs"), ["'CartPol-v1'", "'CartPole-v1'"]),
-    ("unknown-set-key", (*TRAIN, "--set", "learning_rate=0.1"), ["'learning_rate'", "lr", "clip", "rollout_len"]),
-    ("set-no-equals", (*TRAIN, "--set", "lr"), ["key=value", "'lr'"]),
-    ("set-bad-float", (*TRAIN, "--set", "lr=fast"), ["'fast'", "lr", "float"]),
-    ("set-bad-int", (*TRAIN, "--set", "epochs=2.5"), ["'2.5'", "epochs", "int"]),
-    ("set-bad-bool", (*TRAIN, "--set", "lr_anneal=maybe"), ["'maybe'", "lr_anneal", "bool"]),
-    ("set-bad-tuple", (*TRAIN, "--set", "hidden=64,x"), ["'64,x'", "hidden"]),
-    ("set-negative", (*TRAIN, "--set", "lr=-0.1"), ["lr", "negative"]),
-    ("set-zero-envs", (*TRAIN, "--set", "n_envs=0"), ["n_envs"]),
-    ("set-bad-encoder", (*TRAIN, "--set", "encoder=resnet"), ["'resnet'", "mlp", "nature"]),
-    ("unknown-preset", (*TRAIN, "--preset", "fast"), ["'fast'", "atari"]),
-    ("unsupported-space", ("train", "ppo", "--env", "Pendulum-v1", "--logdir", "runs"), ["ppo", "discrete", "Box"]),
-    ("negative-eval-every", (*TRAIN, "--eval-every", "-5"), ["--eval-every", "-5"]),
-    ("run-folder-exists", (*TRAIN, "--name", "old"), ["already exists", "--resume"]),
-    ("eval-garbage", ("eval", "garbage.pt"), ["garbage.pt", "cannot read checkpoint"]),
-    ("eval-empty", ("eval", "empty.pt"), ["empty.pt", "cannot read checkpoint"]),
-    ("eval-foreign", ("eval", "foreign.pt"), ["foreign.pt", "not an rlfleet checkpoint"]),
-    ("eval-missing", ("eval", "nowhere/latest.pt"), ["nowhere", "no checkpoint"]),
-    ("eval-garbage-run", ("eval", "runs/old"), ["latest.pt", "cannot read checkpoint"]),
-    ("resume-garbage-run", ("train", "--resume", "runs/old", "--no-progress"), ["latest.pt", "cannot read checkpoint"]),
-    ("resume-garbage-file", ("train", "--resume", "garbage.pt", "--no-progress"), ["garbage.pt", "cannot read"]),
-    ("resume-missing", ("train", "--resume", "runs/nope", "--no-progress"), ["runs/nope", "no checkpoint"]),
-    ("plot-not-a-run", ("plot", "runs/nope", "-o", "x.png"), ["runs/nope", "metrics.csv"]),
-]
+# (id, arguments, substrings the one error line must contain); each runs as a real `rlfleet` process
+USAGE_ERRORS = {
+    "unknown-algo": (("train", "ppq", "--env", "CartPole-v1", "--logdir", "runs"), ["'ppq'", *ALGOS]),
+    "unknown-env": (("train", "ppo", "--env", "CartPol-v1", "--logdir", "runs"), ["'CartPol-v1'", "'CartPole-v1'"]),
+    "unknown-set-key": ((*TRAIN, "--set", "learning_rate=0.1"), ["'learning_rate'", "lr", "clip", "rollout_len"]),
+    "set-bad-float": ((*TRAIN, "--set", "lr=fast"), ["'fast'", "lr", "float"]),
+    "unknown-preset": ((*TRAIN, "--preset", "fast"), ["'fast'", "atari"]),
+    "unsupported-space": (("train", "ppo", "--env", "Pendulum-v1", "--logdir", "runs"), ["ppo", "discrete", "Box"]),
+    "eval-garbage": (("eval", "garbage.pt"), ["garbage.pt", "cannot read checkpoint"]),
+    "eval-missing": (("eval", "nowhere/latest.pt"), ["nowhere", "no checkpoint"]),
+    "resume-garbage-run": (("train", "--resume", "runs/old", "--no-progress"), ["latest.pt", "cannot read checkpoint"]),
+    "resume-missing": (("train", "--resume", "runs/nope", "--no-progress"), ["runs/nope", "no checkpoint"]),
+}
+
+# more of the same, checked in-process with `rlfleet.cli.main` (a subprocess costs seconds of imports)
+MORE_USAGE_ERRORS = {
+    "set-no-equals": ((*TRAIN, "--set", "lr"), ["key=value", "'lr'"]),
+    "set-bad-int": ((*TRAIN, "--set", "epochs=2.5"), ["'2.5'", "epochs", "int"]),
+    "set-bad-bool": ((*TRAIN, "--set", "lr_anneal=maybe"), ["'maybe'", "lr_anneal", "bool"]),
+    "set-bad-tuple": ((*TRAIN, "--set", "hidden=64,x"), ["'64,x'", "hidden"]),
+    "set-negative": ((*TRAIN, "--set", "lr=-0.1"), ["lr", "negative"]),
+    "set-zero-envs": ((*TRAIN, "--set", "n_envs=0"), ["n_envs"]),
+    "set-bad-activation": ((*TRAIN, "--set", "activation=gelu"), ["'gelu'", "relu", "tanh"]),
+    "n-envs-zero": ((*TRAIN, "--n-envs", "0"), ["--n-envs", "0"]),
+    "dqn-preset-unknown": (("train", "dqn", "--env", "CartPole-v1", "--preset", "paper"), ["'paper'", "atari"]),
+    "negative-eval-every": ((*TRAIN, "--eval-every", "-5"), ["--eval-every", "-5"]),
+    "negative-checkpoint-every": ((*TRAIN, "--checkpoint-every", "-1"), ["--checkpoint-every", "-1"]),
+    "train-without-env": (("train", "ppo"), ["--env"]),
+    "set-bad-encoder": ((*TRAIN, "--set", "encoder=resnet"), ["'resnet'", "mlp", "nature"]),
+    "run-folder-exists": ((*TRAIN, "--name", "old"), ["already exists", "--resume"]),
+    "eval-foreign": (("eval", "foreign.pt"), ["foreign.pt", "not an rlfleet checkpoint"]),
+    "plot-not-a-run": (("plot", "runs/nope", "-o", "x.png"), ["runs/nope", "metrics.csv"]),
+    "eval-empty": (("eval", "empty.pt"), ["empty.pt", "cannot read checkpoint"]),
+    "eval-garbage-run": (("eval", "runs/old"), ["latest.pt", "cannot read checkpoint"]),
+    "resume-garbage-file": (("train", "--resume", "garbage.pt"), ["garbage.pt", "cannot read checkpoint"]),
+}
 
 
-@pytest.mark.parametrize(("args", "expected"), [c[1:] for c in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
-def test_usage_error_is_one_clean_line(workdir: Path, args: tuple[str, ...], expected: list[str]):
-    before = tree(workdir)
-    proc = rlfleet(*args, cwd=workdir, timeout=60)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr}"
-    assert "Traceback" not in proc.stderr
-    assert len(lines) == 1, f"expected one error line, got:\n{proc.stderr}"
+def check_one_error_line(returncode: int, stdout: str, stderr: str, expected: list[str]) -> None:
+    lines = stderr.strip().splitlines()
+    assert returncode == 2, f"exit {returncode}\n{stderr}"
+    assert "Traceback" not in stderr
+    assert len(lines) == 1, f"expected one error line, got:\n{stderr}"
     assert lines[0].startswith("rlfleet: error: "), lines[0]
     for text in expected:
         assert text in lines[0], f"{text!r} missing from: {lines[0]}"
-    assert proc.stdout == ""
-    assert tree(workdir) == before, "a failed command created or changed files"
+    assert stdout == ""
+
+
+@pytest.fixture(scope="module")
+def usage_error_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, dict, dict]]:
+    """Every USAGE_ERRORS command, three at a time, each in its own fresh work folder: (process, before, after)."""
+
+    def run(case: str):
+        folder = make_workdir(tmp_path_factory.mktemp(case))
+        before = tree(folder)
+        proc = rlfleet(*USAGE_ERRORS[case][0], cwd=folder, timeout=90)
+        return case, (proc, before, tree(folder))
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(run, USAGE_ERRORS))
+
+
+@pytest.mark.parametrize("case", list(USAGE_ERRORS))
+def test_usage_error_is_one_clean_line(usage_error_runs, case: str):
+    proc, before, after = usage_error_runs[case]
+    check_one_error_line(proc.returncode, proc.stdout, proc.stderr, USAGE_ERRORS[case][1])
+    assert after == before, "a failed command created or changed files"
+
+
+@pytest.mark.timeout(60)  # a bad interval once made training loop forever
+@pytest.mark.parametrize("case", list(MORE_USAGE_ERRORS))
+def test_more_usage_errors_in_process(tmp_path: Path, monkeypatch, capsys, case: str):
+    from rlfleet.cli import main
+
+    folder = make_workdir(tmp_path)
+    monkeypatch.chdir(folder)
+    before = tree(folder)
+    args, expected = MORE_USAGE_ERRORS[case]
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    check_one_error_line(code, out, err, expected)
+    assert tree(folder) == before, "a failed command created or changed files"
 
 
 def test_list_shows_every_algorithm(tmp_path: Path):
@@ -107,10 +148,8 @@ def test_list_shows_every_algorithm(tmp_path: Path):
 def trained_run(tmp_path_factory) -> Path:
     """`rlfleet train ppo` for 3,000 steps, done once for the tests that read its run folder."""
     root = tmp_path_factory.mktemp("cli")
-    proc = rlfleet(
-        "train", "ppo", "--env", "CartPole-v1", "--steps", 3000, "--logdir", root / "TMP", "--name", "x", "--no-progress",
-        cwd=root, timeout=240,
-    )  # fmt: skip
+    args = ("train", "ppo", "--env", "CartPole-v1", "--steps", 3000, "--logdir", root / "TMP", "--name", "x")
+    proc = rlfleet(*args, "--no-progress", cwd=root, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     run = root / "TMP" / "x"
@@ -131,7 +170,7 @@ def test_train_writes_the_run_folder(trained_run: Path):
     assert config["total_steps"] == 3000
 
     result = json.loads((trained_run / "result.json").read_text())
-    assert RESULT_KEYS <= set(result), RESULT_KEYS - set(result)
+    assert set(result) >= RESULT_KEYS, RESULT_KEYS - set(result)
     assert 3000 <= result["env_steps"] < 3000 + 8 * 32  # stops within one PPO iteration (8 envs x 32 steps)
     assert isinstance(result["solved"], bool)
     if not result["solved"]:

@@ -1,0 +1,65 @@
+"""Every algorithm runs on Atari Pong (DQN preprocessing, `atari` presets picked automatically) and writes its run."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import time
+
+import pytest
+
+from rlfleet import train
+from rlfleet.algos import REGISTRY
+from rlfleet.run.checkpoint import load_checkpoint
+
+pytestmark = [
+    pytest.mark.atari,
+    pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason='needs ale-py: pip install "rlfleet[atari]"'),
+]
+
+STEPS = 2_000
+# DQN's atari preset starts learning after 20,000 steps; these make it learn a little within the 2,000
+OVERRIDES = {"dqn": {"learning_starts": "1500", "buffer_size": "5000"}}
+
+
+@pytest.mark.parametrize("algo", sorted(REGISTRY))
+def test_algorithm_runs_on_pong(algo: str, run_opts: dict):
+    started = time.perf_counter()
+    result = train(
+        algo,
+        "ALE/Pong-v5",
+        steps=STEPS,
+        n_envs=2,
+        eval_episodes=1,
+        eval_every=10 * STEPS,  # only the final evaluation: one greedy game
+        overrides=OVERRIDES.get(algo, {}),
+        **run_opts,
+    )
+    print(f"{algo} on ALE/Pong-v5: {STEPS} steps in {time.perf_counter() - started:.1f} s")
+    run = result.run_dir
+    saved = json.loads((run / "result.json").read_text())
+    assert saved["env_steps"] >= STEPS and saved["stopped_by"] == "steps"
+    assert -21 <= saved["eval_return_mean"] <= 21  # the raw game score, not a clipped sum
+    assert saved["eval_return_mean"] == result["eval_return_mean"]
+
+    config = json.loads((run / "config.json").read_text())
+    assert config["preset"] == "atari"
+    assert config["algo"]["n_envs"] == 2
+    for key, value in OVERRIDES.get(algo, {}).items():
+        assert config["algo"][key] == int(value)
+
+    latest = load_checkpoint(run / "checkpoints" / "latest.pt")
+    assert latest["env_steps"] == saved["env_steps"]
+    assert (run / "checkpoints" / "best.pt").is_file()
+    assert (run / "curves.png").is_file()
+
+    with open(run / "metrics.csv", newline="") as f:
+        keys = {row["key"]: float(row["value"]) for row in csv.DictReader(f)}
+    assert keys["eval/return_mean"] == saved["eval_return_mean"]
+    losses = {k: v for k, v in keys.items() if k.startswith("losses/")}
+    assert losses and all(math.isfinite(v) for v in losses.values()), keys
+    if algo == "dqn":
+        assert latest["algo"]["updates"] > 0  # gradient steps were taken
+        assert latest["buffer"]["size"] > 0

@@ -1,0 +1,150 @@
+"""Ctrl-C on a real `rlfleet train` process: a polite stop (checkpoint, result, exit 0, nothing left), then resume."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlfleet.run.checkpoint import load_checkpoint
+
+_SCRIPT = Path(sys.executable).with_name("rlfleet")
+RLFLEET = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlfleet.cli"]
+
+
+def session_processes(sid: int) -> dict[int, tuple[str, str]]:
+    """{pid: (state, command line)} of the live processes in session `sid` (zombies, already dead, left out)."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    found = {}
+    if psutil is not None:
+        for p in psutil.process_iter(["pid", "status", "cmdline"]):
+            try:
+                if os.getsid(p.info["pid"]) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    found[p.info["pid"]] = (p.info["status"], " ".join(p.info["cmdline"] or []))
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        return found
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found[int(entry.name)] = (fields[0], cmdline)
+    return found
+
+
+def wait_until_gone(sid: int, timeout: float) -> dict[int, tuple[str, str]]:
+    deadline = time.monotonic() + timeout
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def kill_session(sid: int) -> None:
+    for pid in session_processes(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f)]
+
+
+# sync: SIGINT to the trainer alone (`kill -INT`); async: to its whole process group, env workers included,
+# as a terminal's Ctrl-C does: the workers must not die of it, the trainer stops them
+CASES = {"sync": ([], False), "async": (["--vector-mode", "async", "--n-envs", "2"], True)}
+
+
+@pytest.mark.parametrize("mode", list(CASES))
+def test_ctrl_c_stops_politely_and_resumes(tmp_path: Path, mode: str):
+    extra, to_group = CASES[mode]
+    run = tmp_path / "r"
+    cmd = ["train", "a2c", "--env", "CartPole-v1", "--steps", "10000000", "--logdir", tmp_path, "--name", "r"]
+    proc = subprocess.Popen(
+        [*RLFLEET, *map(str, cmd), "--no-progress", *extra],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    sid = proc.pid  # start_new_session: the child leads its own session and process group
+    try:
+        deadline = time.monotonic() + 90
+        while not (run / "metrics.csv").exists():
+            assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no metrics.csv after 90 s"
+            time.sleep(0.2)
+        time.sleep(3)
+        running = session_processes(sid)
+        assert proc.pid in running
+        if mode == "async":  # the env workers exist, so their shutdown is really tested
+            assert sum("multiprocessing" in cmdline for _, cmdline in running.values()) >= 2, running
+
+        started = time.monotonic()
+        if to_group:
+            os.killpg(sid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, f"exit {proc.returncode} after SIGINT:\n{err}"
+        assert time.monotonic() - started < 20
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert "stopped by interrupted" in out
+        left = wait_until_gone(sid, timeout=10)
+        assert not left, f"processes left in the run's session: {left}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "interrupted"
+    saved = load_checkpoint(run / "checkpoints" / "latest.pt")
+    steps = saved["env_steps"]
+    assert steps == result["env_steps"] > 0
+    assert saved["run_config"]["vector_mode"] == ("async" if mode == "async" else "auto")
+    per_iteration = saved["algo_config"]["n_envs"] * saved["algo_config"]["rollout_len"]
+    logged = metric_steps(run)
+    assert logged and max(logged) <= steps
+
+    # resume for a little more: it must continue from the saved step count, not start over
+    target = steps + 1_000
+    proc = subprocess.run(
+        [*RLFLEET, "train", "--resume", str(run), "--steps", str(target), "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps"
+    assert target <= result["env_steps"] < target + per_iteration
+    iterations = -(-(target - steps) // per_iteration)
+    assert result["updates"] == saved["state"]["updates"] + iterations
+    assert result["episodes"] >= saved["collector"]["episodes"]
+    after = metric_steps(run)
+    assert after[: len(logged)] == logged  # the first part's log is kept, the rest appended
+    assert len(after) > len(logged) and min(after[len(logged) :]) > steps
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"]
