@@ -53,10 +53,11 @@ class _SegmentTree:
             vals = vals[::-1][first_in_reversed]
         nodes = idx + self._size
         self._tree[nodes] = vals
+        pairs = self._tree.reshape(-1, 2)  # row p holds the children of node p
         for _ in range(self._depth):
             # a parent reached twice is recomputed twice from the same children: same value, no dedup needed
             nodes = nodes >> 1
-            self._tree[nodes] = self._reduce(self._tree[2 * nodes], self._tree[2 * nodes + 1])
+            self._tree[nodes] = self._reduce.reduce(pairs[nodes], axis=1)
 
     def state(self) -> np.ndarray:
         """The whole node array (for checkpoints)."""

@@ -45,7 +45,8 @@ class QHead(nn.Module):
 class DuelingQHead(nn.Module):
     """Dueling action values: Q = V + A − mean(A) (Wang et al. 2016), one hidden layer per stream."""
 
-    def __init__(self, in_dim: int, n_actions: int, hidden: int = 128):
+    def __init__(self, in_dim: int, n_actions: int, hidden: int | None = None):
+        hidden = hidden or in_dim
         super().__init__()
         self.value = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
         self.advantage = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
