@@ -17,7 +17,7 @@ class CategoricalHead(nn.Module):
         self.linear = layer_init(nn.Linear(in_dim, n_actions), gain=0.01)
 
     def forward(self, features: torch.Tensor) -> Categorical:
-        return Categorical(logits=self.linear(features))
+        return Categorical(logits=self.linear(features), validate_args=False)
 
 
 class ValueHead(nn.Module):
