@@ -23,6 +23,11 @@ class RunConfig:
     """Registered algorithm name (see `rlfleet list`)."""
     env: str
     """Gymnasium env id (`CartPole-v1`, `ALE/Pong-v5`, ...)."""
+    arch: str | None = None
+    """Architecture: single (one process), hogwild (A3C's asynchronous workers), data_parallel or
+    grad_parallel; None takes the algorithm's default (`single`, or `hogwild` for `a3c`)."""
+    workers: int = 2
+    """Worker processes of a parallel architecture (ignored by `single`)."""
     steps: int | None = None
     """Env steps to train for; None takes the algorithm's `total_steps`."""
     seed: int = 0

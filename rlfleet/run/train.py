@@ -3,6 +3,7 @@ logging, checkpoints (save, resume, Ctrl-C), `result.json` and `curves.png`."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import json
@@ -10,7 +11,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -69,7 +70,7 @@ class _StopRequest:
 
 
 @contextlib.contextmanager
-def _workers_ignore_sigint():
+def workers_ignore_sigint():
     """Start env worker processes with Ctrl-C ignored (a terminal sends SIGINT to the whole process group):
     only the trainer reacts to it, stops politely and then closes its workers itself."""
     if threading.current_thread() is not threading.main_thread():
@@ -87,12 +88,13 @@ def _run_name(cfg: RunConfig) -> str:
     return f"{cfg.algo}-{env}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-class Trainer:
-    """Owns the pieces of one run and the loop shared by both data kinds.
+class RunBase(abc.ABC):
+    """What every architecture's run shares: the resolved configs, the algorithm, the run folder, greedy
+    evaluation on separate envs, the bookkeeping after each update (logging, evaluation, best/latest
+    checkpoints, stop checks), `result.json` and `curves.png`.
 
-    An iteration is: collect (a rollout segment, or `train_freq` steps into replay) and learn from it;
-    then schedules, logging, evaluation, checkpoints and stop checks, all at iteration boundaries so
-    that a resumed run repeats the uninterrupted one exactly.
+    A subclass provides the training itself: `env_steps` (steps taken so far, over all actors),
+    `episodes`, `_payload_extra(with_data)`/`_restore_extra(payload)` and `run()`.
     """
 
     def __init__(
@@ -103,7 +105,9 @@ class Trainer:
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         info = env_spec_info(cfg.env)
+        self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
+        self.algo_cls = algo_cls
         self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["is_atari"])
         if cfg.n_envs is not None:
             if cfg.n_envs < 1:
@@ -125,12 +129,7 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
-        try:
-            self.algo = algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=cfg.seed)
-        except UnsupportedSpaceError:
-            raise
-        except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
-            raise ConfigError(f"bad {cfg.algo} config: {exc}") from None
+        self.algo = self.build_algo(cfg.seed)
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(
@@ -138,23 +137,6 @@ class Trainer:
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.callbacks = callbacks or []
-        n_envs = self.algo_cfg.n_envs
-        with _workers_ignore_sigint():
-            self.envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
-            self.eval_envs = make_vector_env(
-                cfg.env,
-                cfg.eval_episodes,
-                seed=cfg.seed + 10_000,
-                mode="sync" if not info["is_atari"] else cfg.vector_mode,
-                training=False,
-            )
-        self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
-        self.buffer = None
-        self.storage = None
-        if self.algo.data == "replay":
-            self.buffer = self.algo.make_buffer(n_envs, self.total_steps, seed=cfg.seed)
-        else:
-            self.storage = RolloutStorage(self.algo_cfg.rollout_len, n_envs)
         self.state = {
             "updates": 0,
             "next_eval": self.eval_every,
@@ -167,12 +149,44 @@ class Trainer:
             "elapsed": 0.0,
             "last_eval": None,
         }
-        if resume_from is not None:
-            self._restore(resume_from)
-        self._write_config()
+        self.stopped_by = "steps"
+
+    def build_algo(self, seed: int):
+        """A fresh algorithm object with this run's config (architectures build one per worker)."""
+        info = self.env_info
+        try:
+            return self.algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=seed)
+        except UnsupportedSpaceError:
+            raise
+        except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
+            raise ConfigError(f"bad {self.cfg.algo} config: {exc}") from None
+
+    def make_eval_envs(self):
+        info = self.env_info
+        return make_vector_env(
+            self.cfg.env,
+            self.cfg.eval_episodes,
+            seed=self.cfg.seed + 10_000,
+            mode="sync" if not info["is_atari"] else self.cfg.vector_mode,
+            training=False,
+        )
 
     # ----------------------------------------------------------------------------------------- state
-    def _write_config(self) -> None:
+    @property
+    @abc.abstractmethod
+    def env_steps(self) -> int:
+        """Env steps taken so far, over all actors."""
+
+    @property
+    @abc.abstractmethod
+    def episodes(self) -> int:
+        """Episodes finished so far, over all actors."""
+
+    @abc.abstractmethod
+    def run(self) -> RunResult:
+        """Train until a stop condition; write the final checkpoint, `result.json` and `curves.png`."""
+
+    def _write_config(self, extra: dict[str, Any] | None = None) -> None:
         config = {
             "run": dataclasses.asdict(self.cfg),
             "algo": dataclasses.asdict(self.algo_cfg),
@@ -180,17 +194,172 @@ class Trainer:
             "total_steps": self.total_steps,
             "eval_every": self.eval_every,
             "stop_return": self.stop_return,
+            **(extra or {}),
         }
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
 
     def _payload(self, with_data: bool) -> dict[str, Any]:
-        payload = {
+        return {
             "run_config": dataclasses.asdict(self.cfg),
             "algo_config": dataclasses.asdict(self.algo_cfg),
             "algo": self.algo.state_dict(),
-            "env_steps": self.collector.env_steps,
+            "env_steps": self.env_steps,
             "state": dict(self.state),
         }
+
+    def save(self, name: str = "latest") -> Path:
+        return save_checkpoint(self.run_dir / "checkpoints" / f"{name}.pt", self._payload(with_data=name == "latest"))
+
+    # ----------------------------------------------------------------------------------------- services
+    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
+        self.state["evals"] += 1
+        returns = evaluate(
+            self.algo, self.eval_envs, self.cfg.eval_episodes, self.cfg.seed + 10_000 * self.state["evals"]
+        )
+        mean, std = float(returns.mean()), float(returns.std())
+        step = self.env_steps
+        self.state["last_eval"] = {"step": step, "mean": mean, "std": std}
+        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std}, elapsed)
+        if mean > self.state["best_eval"]:
+            self.state["best_eval"] = mean
+            self.save("best")
+        if self.stop_return is not None and mean >= self.stop_return and self.state["solved_at_step"] is None:
+            self.state["solved_at_step"] = step
+            self.state["solved_at_s"] = elapsed
+        return mean
+
+    def after_update(
+        self,
+        logger: RunLogger,
+        start: float,
+        new_returns: list[float],
+        recent_returns: Sequence[float],
+        metrics: dict[str, float],
+        stop_requested: bool,
+    ) -> str | None:
+        """The bookkeeping after a learning step: log, evaluate, checkpoint when due; why to stop, or None."""
+        self.state["updates"] += 1
+        steps = self.env_steps
+        now = time.perf_counter()
+        elapsed = now - start
+        self.state["elapsed"] = elapsed
+        if new_returns:
+            logger.log(steps, {"charts/episodic_return": float(np.mean(new_returns))}, elapsed)
+        if steps >= self.state["next_log"]:
+            self.state["next_log"] += LOG_EVERY * max(1, (steps - self.state["next_log"]) // LOG_EVERY + 1)
+            last_time, last_steps = self._last_log
+            sps = (steps - last_steps) / max(now - last_time, 1e-9)
+            self._last_log = (now, steps)
+            logger.log(steps, {"charts/SPS": sps, **{f"losses/{k}": v for k, v in metrics.items()}}, elapsed)
+        solved = False
+        if steps >= self.state["next_eval"]:
+            while self.state["next_eval"] <= steps:
+                self.state["next_eval"] += self.eval_every
+            mean = self._evaluate(logger, time.perf_counter() - start)
+            solved = self.stop_return is not None and mean >= self.stop_return
+        recent = float(np.mean(recent_returns)) if len(recent_returns) else float("nan")
+        last_eval = self.state["last_eval"]["mean"] if self.state["last_eval"] else float("nan")
+        logger.progress(steps, ret=recent, eval=last_eval)
+        if steps >= self.state["next_checkpoint"]:
+            self.state["next_checkpoint"] += self.checkpoint_every
+            self.state["elapsed"] = time.perf_counter() - start
+            self.save()
+        if solved:
+            return "solved"
+        if stop_requested or any(cb({"env_steps": steps, "trainer": self}) for cb in self.callbacks):
+            return "interrupted"
+        if self.cfg.time_limit is not None and time.perf_counter() - start >= self.cfg.time_limit:
+            return "time_limit"
+        return None
+
+    def start_logging(self) -> tuple[RunLogger, float]:
+        """The run's logger and its start time (earlier by the time already spent when resuming)."""
+        logger = RunLogger(self.run_dir, self.total_steps, self.env_steps, self.cfg.progress)
+        self._last_log = (time.perf_counter(), self.env_steps)
+        return logger, time.perf_counter() - self.state["elapsed"]
+
+    def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
+        """Final checkpoint and, unless interrupted, a final evaluation if the last one is not at this step."""
+        self.state["elapsed"] = time.perf_counter() - start
+        self.save()
+        last = self.state["last_eval"]
+        if stopped_by != "interrupted" and (last is None or last["step"] != self.env_steps):
+            self._evaluate(logger, time.perf_counter() - start)
+
+    def write_result(self, stopped_by: str, wall: float) -> RunResult:
+        result = self._result(stopped_by, wall)
+        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+        try:
+            plot_runs([self.run_dir], self.run_dir / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
+        except Exception as exc:  # a plot must never lose a finished run
+            print(f"warning: could not draw curves.png: {exc}")
+        return RunResult(self.run_dir, result, self.algo)
+
+    def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
+        last = self.state["last_eval"] or {"mean": None, "std": None}
+        return {
+            "algo": self.cfg.algo,
+            "env": self.cfg.env,
+            "arch": self.cfg.arch,
+            "seed": self.cfg.seed,
+            "solved": self.state["solved_at_step"] is not None,
+            "solved_at_step": self.state["solved_at_step"],
+            "solved_at_s": self.state["solved_at_s"],
+            "stop_return": self.stop_return,
+            "eval_return_mean": last["mean"],
+            "eval_return_std": last["std"],
+            "best_eval_return": self.state["best_eval"] if self.state["evals"] else None,
+            "env_steps": self.env_steps,
+            "wall_time_s": wall,
+            "stopped_by": stopped_by,
+            "episodes": self.episodes,
+            "updates": self.state["updates"],
+            "checkpoint": str(self.run_dir / "checkpoints" / "latest.pt"),
+        }
+
+
+class Trainer(RunBase):
+    """The `single` architecture: one process steps a vector env and learns.
+
+    An iteration is: collect (a rollout segment, or `train_freq` steps into replay) and learn from it;
+    then schedules, logging, evaluation, checkpoints and stop checks, all at iteration boundaries so
+    that a resumed run repeats the uninterrupted one exactly.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        n_envs = self.algo_cfg.n_envs
+        with workers_ignore_sigint():
+            self.envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+            self.eval_envs = self.make_eval_envs()
+        self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
+        self.buffer = None
+        self.storage = None
+        if self.algo.data == "replay":
+            self.buffer = self.algo.make_buffer(n_envs, self.total_steps, seed=cfg.seed)
+        else:
+            self.storage = RolloutStorage(self.algo_cfg.rollout_len, n_envs)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self._write_config()
+
+    @property
+    def env_steps(self) -> int:
+        return self.collector.env_steps
+
+    @property
+    def episodes(self) -> int:
+        return self.collector.episodes
+
+    # ----------------------------------------------------------------------------------------- state
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
         if with_data:
             payload["torch_rng"] = torch.get_rng_state()
             payload["collector"] = {
@@ -221,9 +390,6 @@ class Trainer:
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
 
-    def save(self, name: str = "latest") -> Path:
-        return save_checkpoint(self.run_dir / "checkpoints" / f"{name}.pt", self._payload(with_data=name == "latest"))
-
     # ----------------------------------------------------------------------------------------- loop
     def _learn_rollout(self) -> dict[str, float]:
         segment = self.collector.collect_rollout(self.storage)
@@ -244,113 +410,26 @@ class Trainer:
             metrics = out
         return metrics
 
-    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
-        self.state["evals"] += 1
-        returns = evaluate(
-            self.algo, self.eval_envs, self.cfg.eval_episodes, self.cfg.seed + 10_000 * self.state["evals"]
-        )
-        mean, std = float(returns.mean()), float(returns.std())
-        step = self.collector.env_steps
-        self.state["last_eval"] = {"step": step, "mean": mean, "std": std}
-        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std}, elapsed)
-        if mean > self.state["best_eval"]:
-            self.state["best_eval"] = mean
-            self.save("best")
-        if self.stop_return is not None and mean >= self.stop_return and self.state["solved_at_step"] is None:
-            self.state["solved_at_step"] = step
-            self.state["solved_at_s"] = elapsed
-        return mean
-
     def run(self) -> RunResult:
         learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay
         c = self.collector
-        logger = RunLogger(self.run_dir, self.total_steps, c.env_steps, self.cfg.progress)
-        start = time.perf_counter() - self.state["elapsed"]
-        last_time, last_steps = time.perf_counter(), c.env_steps
+        logger, start = self.start_logging()
         stopped_by = "steps"
         try:
             with _StopRequest() as stop:
                 while c.env_steps < self.total_steps:
                     self.algo.schedule(c.env_steps, self.total_steps)
                     metrics = learn()
-                    self.state["updates"] += 1
-                    now = time.perf_counter()
-                    elapsed = now - start
-                    self.state["elapsed"] = elapsed
-                    new_returns = c.pop_new_returns()
-                    if new_returns:
-                        logger.log(c.env_steps, {"charts/episodic_return": float(np.mean(new_returns))}, elapsed)
-                    if c.env_steps >= self.state["next_log"]:
-                        self.state["next_log"] += LOG_EVERY * max(
-                            1, (c.env_steps - self.state["next_log"]) // LOG_EVERY + 1
-                        )
-                        sps = (c.env_steps - last_steps) / max(now - last_time, 1e-9)
-                        last_time, last_steps = now, c.env_steps
-                        logger.log(
-                            c.env_steps,
-                            {"charts/SPS": sps, **{f"losses/{k}": v for k, v in metrics.items()}},
-                            elapsed,
-                        )
-                    solved = False
-                    if c.env_steps >= self.state["next_eval"]:
-                        while self.state["next_eval"] <= c.env_steps:
-                            self.state["next_eval"] += self.eval_every
-                        mean = self._evaluate(logger, time.perf_counter() - start)
-                        solved = self.stop_return is not None and mean >= self.stop_return
-                    recent = float(np.mean(c.returns)) if c.returns else float("nan")
-                    last_eval = self.state["last_eval"]["mean"] if self.state["last_eval"] else float("nan")
-                    logger.progress(c.env_steps, ret=recent, eval=last_eval)
-                    if c.env_steps >= self.state["next_checkpoint"]:
-                        self.state["next_checkpoint"] += self.checkpoint_every
-                        self.state["elapsed"] = time.perf_counter() - start
-                        self.save()
-                    if solved:
-                        stopped_by = "solved"
+                    reason = self.after_update(logger, start, c.pop_new_returns(), c.returns, metrics, stop.requested)
+                    if reason is not None:
+                        stopped_by = reason
                         break
-                    if stop.requested or any(cb({"env_steps": c.env_steps, "trainer": self}) for cb in self.callbacks):
-                        stopped_by = "interrupted"
-                        break
-                    if self.cfg.time_limit is not None and time.perf_counter() - start >= self.cfg.time_limit:
-                        stopped_by = "time_limit"
-                        break
-            self.state["elapsed"] = time.perf_counter() - start
-            self.save()
-            if stopped_by != "interrupted" and (
-                self.state["last_eval"] is None or self.state["last_eval"]["step"] != c.env_steps
-            ):
-                self._evaluate(logger, time.perf_counter() - start)
+            self.finish(logger, start, stopped_by)
         finally:
             logger.close()
             self.envs.close()
             self.eval_envs.close()
-        result = self._result(stopped_by, time.perf_counter() - start)
-        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
-        try:
-            plot_runs([self.run_dir], self.run_dir / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
-        except Exception as exc:  # a plot must never lose a finished run
-            print(f"warning: could not draw curves.png: {exc}")
-        return RunResult(self.run_dir, result, self.algo)
-
-    def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
-        last = self.state["last_eval"] or {"mean": None, "std": None}
-        return {
-            "algo": self.cfg.algo,
-            "env": self.cfg.env,
-            "seed": self.cfg.seed,
-            "solved": self.state["solved_at_step"] is not None,
-            "solved_at_step": self.state["solved_at_step"],
-            "solved_at_s": self.state["solved_at_s"],
-            "stop_return": self.stop_return,
-            "eval_return_mean": last["mean"],
-            "eval_return_std": last["std"],
-            "best_eval_return": self.state["best_eval"] if self.state["evals"] else None,
-            "env_steps": self.collector.env_steps,
-            "wall_time_s": wall,
-            "stopped_by": stopped_by,
-            "episodes": self.collector.episodes,
-            "updates": self.state["updates"],
-            "checkpoint": str(self.run_dir / "checkpoints" / "latest.pt"),
-        }
+        return self.write_result(stopped_by, time.perf_counter() - start)
 
 
 def train(
