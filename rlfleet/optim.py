@@ -1,0 +1,251 @@
+"""Optimisers for lock-free ("Hogwild!") actor-learners: Shared RMSProp and Shared Adam, plus `build_optimizer`.
+
+The A3C paper (Mnih et al. 2016, Supplementary 7) compares three optimisers, all applied without locks to
+parameters shared by every actor-learner:
+
+- momentum SGD, with a momentum buffer per worker (`"sgd"`);
+- RMSProp with per-worker statistics g (`"rmsprop"`);
+- **Shared RMSProp**, whose statistics g are shared by all workers and updated without locks
+  (`"shared_rmsprop"`, the paper's choice and the most robust of the three):
+  g ← αg + (1−α)Δθ², θ ← θ − ηΔθ/√(g+ε), all elementwise.
+
+`"shared_adam"` is Adam with its moments and step count shared the same way (a common A3C variant).
+
+Who builds what (`is_shared(name)` tells the two kinds apart):
+
+- **Shared kinds** (`"shared_rmsprop"`, `"shared_adam"`): the coordinator process calls `share_memory()` on
+  the model, builds the optimizer ONCE over the model's parameters, and passes that optimizer object to every
+  worker process (`torch.multiprocessing`, `spawn` start method). The optimizer state is created eagerly in
+  `__init__` and moved to shared memory there, so pickling it to a worker sends handles to the same memory:
+  every worker updates the same statistics. The parameters and the state must travel in the same pickle (the
+  same `Process(args=...)`) so that the worker's state is keyed by the worker's copies of the parameters:
+  passing the optimizer alone is enough, its `param_groups` hold the parameters.
+- **Per-worker kinds** (`"rmsprop"`, `"sgd"`): each worker calls `build_optimizer` itself over the shared
+  parameters it received; its statistics (square averages, momentum) live in that worker only.
+
+Hyperparameters live in `param_groups`, which are plain Python dicts: after pickling, each process holds its
+own copy, so a learning-rate schedule must be applied by every worker to its own optimizer (e.g. from the
+shared global step counter); changing `lr` in the coordinator changes nothing in the workers.
+
+Nothing is locked: concurrent updates of the same element may overwrite each other, and the shared step
+counters may miss increments. That is the paper's design, not a bug.
+
+`state_dict()` uses torch's layout (same state keys as `torch.optim.RMSprop` / `torch.optim.Adam`), so
+checkpoints save and load as usual. `load_state_dict()` copies the loaded values INTO the existing shared
+tensors instead of replacing them, so resuming keeps the state shared with workers already holding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+HOGWILD_OPTIMIZERS = ("shared_rmsprop", "rmsprop", "sgd", "shared_adam")
+_SHARED = ("shared_rmsprop", "shared_adam")
+
+
+class _SharedStateOptimizer(Optimizer):
+    """Base of the shared optimisers: eager per-parameter state in shared memory, loaded by copying in place."""
+
+    def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        for param in self.param_groups[-1]["params"]:
+            if param not in self.state or not self.state[param]:
+                self.state[param] = {key: t.share_memory_() for key, t in self._new_state(param).items()}
+
+    def _shared_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.state.get(param)
+        if not state:
+            raise RuntimeError(
+                f"{type(self).__name__} has no state for a parameter of shape {tuple(param.shape)}; pass the "
+                "optimizer to worker processes in the same pickle as its parameters (or pass the optimizer "
+                "alone and read the parameters from its param_groups)"
+            )
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does (checks, hyperparameters), then copy the values into the existing shared tensors."""
+        live = {param: dict(state) for param, state in self.state.items()}
+        super().load_state_dict(state_dict)
+        for param, tensors in live.items():
+            loaded = self.state.get(param, {})
+            for key, tensor in tensors.items():
+                if key not in loaded:
+                    tensor.zero_()  # a parameter without saved state had never been stepped
+                    continue
+                value = torch.as_tensor(loaded[key])
+                if value.shape != tensor.shape:
+                    raise ValueError(
+                        f"{type(self).__name__}.load_state_dict: state {key!r} has shape {tuple(value.shape)} "
+                        f"but the parameter's is {tuple(tensor.shape)}; the checkpoint is for another model"
+                    )
+                tensor.copy_(value)
+            self.state[param] = tensors
+
+
+class SharedRMSprop(_SharedStateOptimizer):
+    """The A3C paper's Shared RMSProp: g ← αg + (1−α)Δθ², θ ← θ − ηΔθ/√(g+ε), with g in shared memory.
+
+    Note that ε sits INSIDE the square root (the paper's Eq. S3), unlike `torch.optim.RMSprop`, which divides
+    by √g + ε.
+
+    Args:
+        params: the (shared) parameters, or parameter groups.
+        lr: η. The paper samples η from LogUniform(1e-4, 1e-2) per run and anneals it linearly to 0; 7e-4 is a
+            fixed value inside that range.
+        alpha: α, the decay of the statistic g; the paper uses 0.99 in every experiment.
+        eps: ε, added to g inside the square root; the paper gives no value. With 0.1 a zero statistic gains
+            the gradient at most 1/√0.1 ≈ 3.2 times.
+        weight_decay: L2 penalty added to the gradient before the update (the paper uses none).
+
+    State per parameter, created at construction in shared memory: `square_avg` (g) and `step` (number of
+    updates applied, a float tensor as in torch; may miss increments under concurrent steps).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 7e-4,
+        alpha: float = 0.99,
+        eps: float = 0.1,
+        weight_decay: float = 0.0,
+    ):
+        if lr < 0.0:
+            raise ValueError(f"SharedRMSprop: lr must be >= 0, got {lr}")
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"SharedRMSprop: alpha must be in [0, 1), got {alpha}")
+        if eps <= 0.0:
+            raise ValueError(f"SharedRMSprop: eps must be > 0 (it keeps √(g+ε) away from 0), got {eps}")
+        if weight_decay < 0.0:
+            raise ValueError(f"SharedRMSprop: weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps, "weight_decay": weight_decay})
+
+    def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            "step": torch.zeros((), dtype=torch.float32),
+            "square_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, alpha, eps, weight_decay = group["lr"], group["alpha"], group["eps"], group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                if grad.is_sparse:
+                    raise RuntimeError("SharedRMSprop does not support sparse gradients")
+                if weight_decay != 0.0:
+                    grad = grad.add(param, alpha=weight_decay)
+                state = self._shared_state(param)
+                state["step"].add_(1)
+                square_avg = state["square_avg"]
+                square_avg.mul_(alpha).addcmul_(grad, grad, value=1.0 - alpha)
+                param.addcdiv_(grad, square_avg.add(eps).sqrt_(), value=-lr)
+        return loss
+
+
+class SharedAdam(_SharedStateOptimizer):
+    """Adam (bias-corrected, as `torch.optim.Adam`) with its moments and step count in shared memory.
+
+    Args:
+        params: the (shared) parameters, or parameter groups.
+        lr: step size.
+        betas: decays of the first and second moment estimates.
+        eps: added to the bias-corrected √v in the denominator.
+        weight_decay: L2 penalty added to the gradient (as `torch.optim.Adam`, not decoupled).
+
+    State per parameter, created at construction in shared memory: `step` (a float tensor; concurrent steps
+    may miss increments), `exp_avg` (m) and `exp_avg_sq` (v), the keys `torch.optim.Adam` uses.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        if lr < 0.0:
+            raise ValueError(f"SharedAdam: lr must be >= 0, got {lr}")
+        if not all(0.0 <= beta < 1.0 for beta in betas) or len(betas) != 2:
+            raise ValueError(f"SharedAdam: betas must be two numbers in [0, 1), got {betas}")
+        if eps < 0.0:
+            raise ValueError(f"SharedAdam: eps must be >= 0, got {eps}")
+        if weight_decay < 0.0:
+            raise ValueError(f"SharedAdam: weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            "step": torch.zeros((), dtype=torch.float32),
+            "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                if grad.is_sparse:
+                    raise RuntimeError("SharedAdam does not support sparse gradients")
+                if weight_decay != 0.0:
+                    grad = grad.add(param, alpha=weight_decay)
+                state = self._shared_state(param)
+                step = state["step"].add_(1).item()
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.lerp_(grad, 1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+                step_size = lr / (1.0 - beta1**step)
+                denom = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-step_size)
+        return loss
+
+
+def _check_name(name: str) -> None:
+    if name not in HOGWILD_OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+
+
+def is_shared(name: str) -> bool:
+    """True if the optimizer `name` keeps its statistics in shared memory (build once, pass to the workers)."""
+    _check_name(name)
+    return name in _SHARED
+
+
+def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwargs: Any) -> Optimizer:
+    """The Hogwild optimizer `name` (one of `HOGWILD_OPTIMIZERS`) over `params`; `kwargs` override its defaults.
+
+    - `"shared_rmsprop"`: `SharedRMSprop` (α=0.99, ε=0.1 inside the root), the paper's default;
+    - `"shared_adam"`: `SharedAdam` (betas (0.9, 0.999), ε=1e-8);
+    - `"rmsprop"`: `torch.optim.RMSprop(alpha=0.99, eps=0.1)`, statistics per worker (torch adds ε outside √g);
+    - `"sgd"`: `torch.optim.SGD(momentum=0.9)`, momentum per worker.
+    """
+    _check_name(name)
+    if name == "shared_rmsprop":
+        return SharedRMSprop(params, lr=lr, **kwargs)
+    if name == "shared_adam":
+        return SharedAdam(params, lr=lr, **kwargs)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr, **{"alpha": 0.99, "eps": 0.1, **kwargs})
+    return torch.optim.SGD(params, lr=lr, **{"momentum": 0.9, **kwargs})

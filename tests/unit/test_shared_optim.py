@@ -1,0 +1,281 @@
+"""Hogwild optimisers: Shared RMSProp against the paper's formula, state shared across spawned processes,
+SharedAdam against torch.optim.Adam, state_dict round trips that keep the shared storage, `build_optimizer`."""
+
+import copy
+import io
+import math
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from rlfleet.optim import HOGWILD_OPTIMIZERS, SharedAdam, SharedRMSprop, build_optimizer, is_shared
+
+WORKER_TIMEOUT_S = 60
+
+
+def _step_with_constant_grad(optimizer, grad_value, wait_for, done):
+    """Worker: after `wait_for` (if any), set every parameter's gradient to `grad_value`, step once, set `done`."""
+    torch.set_num_threads(1)
+    if wait_for is not None and not wait_for.wait(WORKER_TIMEOUT_S):
+        raise TimeoutError("the first worker never finished its step")
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = torch.full_like(param, grad_value)
+    optimizer.step()
+    done.set()
+
+
+def run_two_workers(optimizer, grads):
+    """Two spawned workers step the same optimizer once each, the second only after the first has finished."""
+    ctx = mp.get_context("spawn")
+    first_done, second_done = ctx.Event(), ctx.Event()
+    workers = [
+        ctx.Process(target=_step_with_constant_grad, args=(optimizer, grads[0], None, first_done)),
+        ctx.Process(target=_step_with_constant_grad, args=(optimizer, grads[1], first_done, second_done)),
+    ]
+    for worker in workers:
+        worker.start()  # both start at once (import time overlaps); the Event orders their steps
+    workers[0].join(WORKER_TIMEOUT_S)
+    if workers[0].exitcode == 0:
+        workers[1].join(WORKER_TIMEOUT_S)
+    for worker in workers:  # a failed or hung first worker must not leave the second waiting for its Event
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    assert [w.exitcode for w in workers] == [0, 0], "a worker failed; its traceback is in the captured stderr"
+    assert first_done.is_set() and second_done.is_set()
+
+
+def shared_linear(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Linear(3, 2)
+    model.share_memory()
+    return model
+
+
+def state_tensors(optimizer):
+    return [t for state in optimizer.state.values() for t in state.values()]
+
+
+# --- SharedRMSprop -----------------------------------------------------------------------------------------------
+
+
+def test_shared_rmsprop_matches_paper_formula_by_hand():
+    lr, alpha, eps = 0.01, 0.9, 0.1
+    theta0 = [[1.0, -2.0, 0.5], [3.0]]
+    grads = [[[0.3, -0.6, 1.2], [2.0]], [[0.1, 0.2, -0.4], [-1.0]]]
+    params = [nn.Parameter(torch.tensor(values, dtype=torch.float64)) for values in theta0]
+    opt = SharedRMSprop(params, lr=lr, alpha=alpha, eps=eps)
+
+    # by hand, elementwise, in Python floats: g ← αg + (1−α)Δθ², θ ← θ − ηΔθ/√(g+ε)
+    theta = copy.deepcopy(theta0)
+    g = [[0.0] * len(values) for values in theta0]
+    for step_grads in grads:
+        for param, grad in zip(params, step_grads, strict=True):
+            param.grad = torch.tensor(grad, dtype=torch.float64)
+        opt.step()
+        for i, grad in enumerate(step_grads):
+            for j, d in enumerate(grad):
+                g[i][j] = alpha * g[i][j] + (1 - alpha) * d * d
+                theta[i][j] = theta[i][j] - lr * d / math.sqrt(g[i][j] + eps)
+        for i, param in enumerate(params):
+            assert param.tolist() == pytest.approx(theta[i], rel=1e-12, abs=1e-12)
+            assert opt.state[param]["square_avg"].tolist() == pytest.approx(g[i], rel=1e-12, abs=1e-12)
+    # a literal spot check of the first element: g = 0.9·0.009 + 0.1·0.01, two steps of size η·Δθ/√(g+ε)
+    expected = 1.0 - 0.01 * 0.3 / math.sqrt(0.009 + 0.1) - 0.01 * 0.1 / math.sqrt(0.0091 + 0.1)
+    assert params[0][0].item() == pytest.approx(expected, rel=1e-12)
+    assert opt.state[params[0]]["step"].item() == 2
+
+
+def test_shared_rmsprop_defaults_and_eager_shared_state():
+    model = shared_linear()
+    opt = SharedRMSprop(model.parameters())
+    assert opt.defaults == {"lr": 7e-4, "alpha": 0.99, "eps": 0.1, "weight_decay": 0.0}
+    assert len(opt.state) == 2  # created at construction, before any step
+    assert all(t.is_shared() for t in state_tensors(opt))
+    extra = nn.Parameter(torch.ones(4))
+    opt.add_param_group({"params": [extra]})
+    assert opt.state[extra]["square_avg"].is_shared()
+
+
+def test_shared_rmsprop_statistics_are_shared_across_spawned_processes():
+    lr, alpha, eps = 0.01, 0.99, 0.1
+    c1, c2 = 0.5, -2.0
+    model = shared_linear()
+    theta0 = [p.detach().clone() for p in model.parameters()]
+    opt = SharedRMSprop(model.parameters(), lr=lr, alpha=alpha, eps=eps)
+    ptrs = [t.data_ptr() for t in state_tensors(opt)]
+
+    run_two_workers(opt, (c1, c2))
+
+    g1 = (1 - alpha) * c1**2
+    g2 = alpha * g1 + (1 - alpha) * c2**2  # only right if worker 2 saw worker 1's g
+    delta = -lr * c1 / math.sqrt(g1 + eps) - lr * c2 / math.sqrt(g2 + eps)
+    for param, start in zip(model.parameters(), theta0, strict=True):
+        torch.testing.assert_close(opt.state[param]["square_avg"], torch.full_like(param, g2))
+        torch.testing.assert_close(opt.state[param]["step"], torch.tensor(2.0))
+        torch.testing.assert_close(param.detach(), start + delta)
+    assert [t.data_ptr() for t in state_tensors(opt)] == ptrs
+
+
+def test_shared_rmsprop_state_dict_round_trip_keeps_shared_storage():
+    model = shared_linear()
+    opt = SharedRMSprop(model.parameters(), lr=0.01)
+    for value in (1.0, -0.5):
+        for param in model.parameters():
+            param.grad = torch.full_like(param, value)
+        opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    saved = copy.deepcopy(opt.state_dict())
+
+    # resume into a fresh optimizer over another shared model: values load, storage stays the shared one
+    resumed = SharedRMSprop(shared_linear(seed=1).parameters(), lr=0.5)
+    ptrs = [t.data_ptr() for t in state_tensors(resumed)]
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer))
+    assert [t.data_ptr() for t in state_tensors(resumed)] == ptrs
+    assert all(t.is_shared() for t in state_tensors(resumed))
+    assert resumed.param_groups[0]["lr"] == 0.01
+    for a, b in zip(state_tensors(resumed), state_tensors(opt), strict=True):
+        torch.testing.assert_close(a, b)
+
+    # loading into the same optimizer after more steps restores the saved values in place
+    ptrs = [t.data_ptr() for t in state_tensors(opt)]
+    opt.step()
+    opt.load_state_dict(saved)
+    assert [t.data_ptr() for t in state_tensors(opt)] == ptrs
+    for param, state in zip(model.parameters(), saved["state"].values(), strict=True):
+        torch.testing.assert_close(opt.state[param]["square_avg"], state["square_avg"])
+        assert opt.state[param]["step"].item() == 2
+
+
+def test_load_state_dict_rejects_other_shapes():
+    opt = SharedRMSprop(shared_linear().parameters())
+    other = SharedRMSprop(nn.Linear(4, 2).parameters())
+    with pytest.raises(ValueError, match="another model"):
+        opt.load_state_dict(other.state_dict())
+
+
+# --- SharedAdam --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_shared_adam_matches_torch_adam(weight_decay):
+    kwargs = {"lr": 0.01, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": weight_decay}
+    ours, reference = shared_linear(), shared_linear()
+    opt, ref_opt = SharedAdam(ours.parameters(), **kwargs), torch.optim.Adam(reference.parameters(), **kwargs)
+    torch.manual_seed(2)
+    for _ in range(2):  # the first step from zero state, then one more (bias correction at step 2)
+        grads = [torch.randn_like(p) for p in ours.parameters()]
+        for model in (ours, reference):
+            for param, grad in zip(model.parameters(), grads, strict=True):
+                param.grad = grad.clone()
+        opt.step()
+        ref_opt.step()
+        for param, ref in zip(ours.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(param, ref)
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(opt.state[param][key], ref_opt.state[ref][key])
+
+
+def test_shared_adam_state_is_shared_across_spawned_processes():
+    grads = (0.5, -2.0)
+    model, reference = shared_linear(), shared_linear()
+    opt, ref_opt = SharedAdam(model.parameters(), lr=0.01), SharedAdam(reference.parameters(), lr=0.01)
+    assert all(t.is_shared() for t in state_tensors(opt))
+
+    run_two_workers(opt, grads)
+
+    for value in grads:  # the same two steps in this process
+        for param in reference.parameters():
+            param.grad = torch.full_like(param, value)
+        ref_opt.step()
+    for param, ref in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.detach(), ref.detach())
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.state[param][key], ref_opt.state[ref][key])
+        assert opt.state[param]["step"].item() == 2
+
+
+def test_shared_adam_state_dict_round_trip_keeps_shared_storage():
+    model = shared_linear()
+    opt = SharedAdam(model.parameters())
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    ptrs = [t.data_ptr() for t in state_tensors(opt)]
+    for _ in range(3):
+        opt.step()
+    opt.load_state_dict(saved)
+    assert [t.data_ptr() for t in state_tensors(opt)] == ptrs
+    assert all(t.is_shared() for t in state_tensors(opt))
+    for param, state in zip(model.parameters(), saved["state"].values(), strict=True):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.state[param][key], state[key])
+    assert opt.state[next(model.parameters())]["step"].item() == 1
+
+
+def test_shared_adam_loads_a_torch_adam_checkpoint():
+    model = shared_linear()
+    ref_opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    ref_opt.step()
+    opt = SharedAdam(model.parameters())
+    ptrs = [t.data_ptr() for t in state_tensors(opt)]
+    opt.load_state_dict(ref_opt.state_dict())
+    assert [t.data_ptr() for t in state_tensors(opt)] == ptrs
+    for param in model.parameters():
+        torch.testing.assert_close(opt.state[param]["exp_avg"], ref_opt.state[param]["exp_avg"])
+        assert opt.state[param]["step"].item() == 1
+
+
+# --- build_optimizer ---------------------------------------------------------------------------------------------
+
+
+def test_build_optimizer_kinds_and_defaults():
+    params = list(shared_linear().parameters())
+    assert HOGWILD_OPTIMIZERS == ("shared_rmsprop", "rmsprop", "sgd", "shared_adam")
+    assert [is_shared(name) for name in HOGWILD_OPTIMIZERS] == [True, False, False, True]
+
+    shared_rms = build_optimizer("shared_rmsprop", params, lr=1e-3)
+    assert type(shared_rms) is SharedRMSprop and shared_rms.defaults["lr"] == 1e-3
+    assert type(build_optimizer("shared_adam", params, lr=1e-3, betas=(0.5, 0.9))) is SharedAdam
+
+    rms = build_optimizer("rmsprop", params, lr=1e-3)
+    assert type(rms) is torch.optim.RMSprop
+    assert (rms.defaults["alpha"], rms.defaults["eps"]) == (0.99, 0.1)
+    assert build_optimizer("rmsprop", params, lr=1e-3, eps=1e-5).defaults["eps"] == 1e-5
+
+    sgd = build_optimizer("sgd", params, lr=1e-2)
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.9
+    assert build_optimizer("sgd", params, lr=1e-2, momentum=0.0).defaults["momentum"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "sgd"])
+def test_per_worker_kinds_keep_separate_statistics(name):
+    params = list(shared_linear().parameters())
+    first, second = build_optimizer(name, params, lr=1e-3), build_optimizer(name, params, lr=1e-3)
+    key = "square_avg" if name == "rmsprop" else "momentum_buffer"
+    for opt, value in ((first, 1.0), (second, 3.0)):
+        for param in params:
+            param.grad = torch.full_like(param, value)
+        opt.step()
+    for param in params:
+        a, b = first.state[param][key], second.state[param][key]
+        assert a.data_ptr() != b.data_ptr()
+        expected_a, expected_b = (0.01, 0.09) if name == "rmsprop" else (1.0, 3.0)  # (1−α)c² or the first grad
+        torch.testing.assert_close(a, torch.full_like(param, expected_a))
+        torch.testing.assert_close(b, torch.full_like(param, expected_b))
+
+
+def test_unknown_optimizer_name_lists_the_choices():
+    params = list(shared_linear().parameters())
+    with pytest.raises(ValueError, match="unknown optimizer 'adamw'.*shared_rmsprop, rmsprop, sgd, shared_adam"):
+        build_optimizer("adamw", params, lr=1e-3)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        is_shared("adam")
