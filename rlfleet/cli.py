@@ -38,6 +38,10 @@ def _train(args: argparse.Namespace) -> int:
             stop_return=args.stop_return,
             checkpoint_every=args.checkpoint_every,
             vector_mode=args.vector_mode,
+            arch=args.arch,
+            workers=args.workers,
+            optimizer=args.optimizer,
+            serial=args.serial,
             **options,
         )
     r = result.result
@@ -79,7 +83,13 @@ def _list(args: argparse.Namespace) -> int:
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         preset_names = ", ".join(sorted(presets)) or "-"
         print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; presets: {preset_names}")
-    print("\narchitectures: single (one process, vectorised envs)")
+    from rlfleet.arch import ARCHITECTURES
+    from rlfleet.optim import HOGWILD_OPTIMIZERS
+
+    print("\narchitectures (rlfleet train ALGO --arch A --workers N):")
+    for name, (_, _, description) in ARCHITECTURES.items():
+        print(f"  {name:<14} {description}")
+    print(f"\nshared-parameter optimizers (--optimizer): {', '.join(HOGWILD_OPTIMIZERS)}")
     return 0
 
 
@@ -103,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--time-limit", type=float, help="wall-clock seconds to train at most")
     t.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints")
     t.add_argument("--vector-mode", default="auto", choices=["auto", "sync", "async", "envpool"])
+    t.add_argument(
+        "--arch", help="architecture: single, hogwild, data_parallel, grad_parallel (default: the algorithm's)"
+    )
+    t.add_argument("--workers", type=int, default=2, help="worker processes of a parallel architecture (default: 2)")
+    t.add_argument(
+        "--optimizer",
+        default="shared_rmsprop",
+        help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, sgd, shared_adam",
+    )
+    t.add_argument("--serial", action="store_true", help="run a parallel architecture's workers in one process")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)

@@ -100,8 +100,9 @@ class SharedRMSprop(_SharedStateOptimizer):
         lr: η. The paper samples η from LogUniform(1e-4, 1e-2) per run and anneals it linearly to 0; 7e-4 is a
             fixed value inside that range.
         alpha: α, the decay of the statistic g; the paper uses 0.99 in every experiment.
-        eps: ε, added to g inside the square root; the paper gives no value. With 0.1 a zero statistic gains
-            the gradient at most 1/√0.1 ≈ 3.2 times.
+        eps: ε, added to g inside the square root; the paper gives no value. 1e-5 makes the step ≈ η·sign-like
+            for small gradients (what low-dimensional tasks such as CartPole need); large values (0.1, common
+            in Atari A3C code) turn it into plain SGD with step η/√ε whenever g ≪ ε.
         weight_decay: L2 penalty added to the gradient before the update (the paper uses none).
 
     State per parameter, created at construction in shared memory: `square_avg` (g) and `step` (number of
@@ -113,7 +114,7 @@ class SharedRMSprop(_SharedStateOptimizer):
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
         lr: float = 7e-4,
         alpha: float = 0.99,
-        eps: float = 0.1,
+        eps: float = 1e-5,
         weight_decay: float = 0.0,
     ):
         if lr < 0.0:
@@ -236,9 +237,10 @@ def is_shared(name: str) -> bool:
 def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwargs: Any) -> Optimizer:
     """The Hogwild optimizer `name` (one of `HOGWILD_OPTIMIZERS`) over `params`; `kwargs` override its defaults.
 
-    - `"shared_rmsprop"`: `SharedRMSprop` (α=0.99, ε=0.1 inside the root), the paper's default;
+    - `"shared_rmsprop"`: `SharedRMSprop` (α=0.99, ε=1e-5 inside the root), the paper's default;
     - `"shared_adam"`: `SharedAdam` (betas (0.9, 0.999), ε=1e-8);
-    - `"rmsprop"`: `torch.optim.RMSprop(alpha=0.99, eps=0.1)`, statistics per worker (torch adds ε outside √g);
+    - `"rmsprop"`: the same update as `SharedRMSprop`, but each worker builds its own, so the statistics stay
+      per worker (nobody else holds them);
     - `"sgd"`: `torch.optim.SGD(momentum=0.9)`, momentum per worker.
     """
     _check_name(name)
@@ -247,5 +249,5 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwar
     if name == "shared_adam":
         return SharedAdam(params, lr=lr, **kwargs)
     if name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, **{"alpha": 0.99, "eps": 0.1, **kwargs})
+        return SharedRMSprop(params, lr=lr, **kwargs)  # built in each worker: its g is that worker's alone
     return torch.optim.SGD(params, lr=lr, **{"momentum": 0.9, **kwargs})

@@ -20,8 +20,26 @@ import dataclasses
 import importlib
 from typing import Any
 
-# name -> (module, class, config overrides that define the variant)
-REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
+# A3C (Mnih et al. 2016, Algorithm S3) is the A2C loss run by asynchronous workers: the paper's settings
+# (t_max = 5, one env per worker, forward-view n-step returns, entropy β = 0.01, learning rate annealed
+# to 0; η = 3e-3, inside the paper's LogUniform(1e-4, 1e-2) range, solves CartPole-v1 with 2 workers) on
+# the `hogwild` architecture by default.
+A3C_VARIANT: dict[str, Any] = dict(
+    n_envs=1,
+    rollout_len=5,
+    gamma=0.99,
+    gae_lambda=1.0,
+    ent_coef=0.01,
+    normalize_advantage=False,
+    lr=3e-3,
+    lr_anneal=True,
+)
+A3C_PRESETS: dict[str, dict[str, Any]] = {
+    "atari": dict(lr=7e-4, encoder="mnih2013", max_grad_norm=40.0, total_steps=40_000_000),
+}
+
+# name -> (module, class, config overrides that define the variant[, presets replacing the module's])
+REGISTRY: dict[str, tuple] = {
     "pg": ("rlfleet.algos.pg", "PG", {}),
     "a2c": ("rlfleet.algos.a2c", "A2C", {}),
     "ppo": ("rlfleet.algos.ppo", "PPO", {}),
@@ -29,7 +47,11 @@ REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "onestep_q": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "onestep_q"}),
     "sarsa": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "sarsa"}),
     "nstep_q": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "nstep_q"}),
+    "a3c": ("rlfleet.algos.a2c", "A2C", A3C_VARIANT, A3C_PRESETS),
 }
+
+# the architecture an algorithm runs on when none is given
+DEFAULT_ARCH: dict[str, str] = {"a3c": "hogwild"}
 
 
 class UnknownAlgorithmError(ValueError):
@@ -44,9 +66,10 @@ def resolve(name: str) -> tuple[type, type, dict[str, dict[str, Any]], dict[str,
     """(algorithm class, Config class, PRESETS, variant overrides) for a registered name."""
     if name not in REGISTRY:
         raise UnknownAlgorithmError(f"unknown algorithm {name!r}; choose one of {', '.join(algorithm_names())}")
-    module_name, cls_name, variant = REGISTRY[name]
+    module_name, cls_name, variant, *presets = REGISTRY[name]
     module = importlib.import_module(module_name)
-    return getattr(module, cls_name), module.Config, getattr(module, "PRESETS", {}), dict(variant)
+    presets = presets[0] if presets else getattr(module, "PRESETS", {})
+    return getattr(module, cls_name), module.Config, presets, dict(variant)
 
 
 def config_fields(config_cls: type) -> dict[str, dataclasses.Field]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import multiprocessing
 import pickle
 import re
@@ -157,6 +158,12 @@ def resolve_env_spec(env_id: str) -> EnvSpec:
     if not isinstance(env_id, str) or not env_id:
         raise TypeError(f"env id must be a non-empty string, got {env_id!r}")
     _register_rlfleet_envs()
+    if ":" in env_id:  # Gymnasium's "module:EnvId": importing the module registers the id
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UnknownEnvError(f"cannot import {module!r}, the module of env id {module}:{env_id}: {exc}") from None
     if env_id in gym.registry:
         return gym.spec(env_id)
     ale_available = _import_ale()

@@ -28,6 +28,11 @@ class RunConfig:
     grad_parallel; None takes the algorithm's default (`single`, or `hogwild` for `a3c`)."""
     workers: int = 2
     """Worker processes of a parallel architecture (ignored by `single`)."""
+    optimizer: str = "shared_rmsprop"
+    """Optimizer of the shared parameters (hogwild, grad_parallel): shared_rmsprop (statistics shared by all
+    workers, the A3C paper's default), rmsprop (per-worker statistics), sgd (per-worker momentum), shared_adam."""
+    serial: bool = False
+    """Run a parallel architecture's workers one after another in this process (tests, debugging)."""
     steps: int | None = None
     """Env steps to train for; None takes the algorithm's `total_steps`."""
     seed: int = 0

@@ -130,6 +130,7 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
+        self.check_config()
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(
@@ -160,6 +161,9 @@ class RunBase(abc.ABC):
             raise
         except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
             raise ConfigError(f"bad {self.cfg.algo} config: {exc}") from None
+
+    def check_config(self) -> None:  # noqa: B027 (a hook: the single architecture accepts every option)
+        """Reject options this architecture cannot run with (before anything is written to disk)."""
 
     def make_eval_envs(self):
         info = self.env_info
@@ -236,9 +240,10 @@ class RunBase(abc.ABC):
         recent_returns: Sequence[float],
         metrics: dict[str, float],
         stop_requested: bool,
+        updates: int = 1,
     ) -> str | None:
-        """The bookkeeping after a learning step: log, evaluate, checkpoint when due; why to stop, or None."""
-        self.state["updates"] += 1
+        """The bookkeeping after learning steps: log, evaluate, checkpoint when due; why to stop, or None."""
+        self.state["updates"] += updates
         steps = self.env_steps
         now = time.perf_counter()
         elapsed = now - start
@@ -279,11 +284,12 @@ class RunBase(abc.ABC):
         return logger, time.perf_counter() - self.state["elapsed"]
 
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
-        """Final checkpoint and, unless interrupted, a final evaluation if the last one is not at this step."""
+        """Final checkpoint and a final evaluation if the last one is not at this step (none when interrupted,
+        and none once solved: the solving evaluation is the result, even if parallel workers stepped on)."""
         self.state["elapsed"] = time.perf_counter() - start
         self.save()
         last = self.state["last_eval"]
-        if stopped_by != "interrupted" and (last is None or last["step"] != self.env_steps):
+        if stopped_by not in ("interrupted", "solved") and (last is None or last["step"] != self.env_steps):
             self._evaluate(logger, time.perf_counter() - start)
 
     def write_result(self, stopped_by: str, wall: float) -> RunResult:
@@ -457,14 +463,26 @@ def train(
         saved = payload["run_config"]
         saved.update(options)
         cfg = RunConfig(**saved)
-        return Trainer(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
+        return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown run option(s) {sorted(unknown)}; valid: {sorted(known - {'algo', 'env'})}")
-    return Trainer(RunConfig(algo=algo, env=env, **options), callbacks=callbacks).run()
+    cfg = RunConfig(algo=algo, env=env, **options)
+    return _runner(cfg)(cfg, callbacks=callbacks).run()
+
+
+def _runner(cfg: RunConfig) -> type[RunBase]:
+    """The runner class of the run's architecture (resolving the algorithm's default into `cfg.arch`)."""
+    from rlfleet.algos import resolve
+    from rlfleet.arch import default_arch, runner_class
+
+    resolve(cfg.algo)  # an unknown algorithm is reported as such, before the architecture
+    if cfg.arch is None:
+        cfg.arch = default_arch(cfg.algo)
+    return runner_class(cfg.arch)
 
 
 __all__ = ["train", "Trainer", "RunResult", "RunConfig", "CheckpointError"]

@@ -6,18 +6,16 @@ import csv
 import json
 import math
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from procs import RLFLEET
 
 from rlfleet.algos import REGISTRY
 from rlfleet.run.checkpoint import load_checkpoint
 
-_SCRIPT = Path(sys.executable).with_name("rlfleet")
-RLFLEET = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlfleet.cli"]
 ALGOS = ("a2c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
 RESULT_KEYS = {
     *("solved", "solved_at_step", "solved_at_s", "eval_return_mean", "eval_return_std", "env_steps", "wall_time_s")

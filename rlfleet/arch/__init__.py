@@ -1,0 +1,41 @@
+"""Architectures: how actors and learners are laid out, and how data, weights and gradients flow between them.
+
+An architecture runs any compatible algorithm through the algorithm contract (`rlfleet.algos`) only:
+
+- `single`: one process steps a vector env and learns (`rlfleet.run.train.Trainer`);
+- `hogwild`: the A3C paper's asynchronous actor-learners, lock-free updates of shared parameters
+  (`rlfleet.arch.hogwild`);
+- `data_parallel`: sampler processes feed experience to one learner (`rlfleet.arch.data_parallel`);
+- `grad_parallel`: workers send gradients, the centre steps the shared model (`rlfleet.arch.grad_parallel`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from rlfleet.algos import DEFAULT_ARCH
+from rlfleet.run.config import ConfigError
+
+# name -> (module, runner class, one-line description)
+ARCHITECTURES: dict[str, tuple[str, str, str]] = {
+    "single": ("rlfleet.run.train", "Trainer", "one process, vectorised envs"),
+    "hogwild": ("rlfleet.arch.hogwild", "HogwildRunner", "asynchronous actor-learners on shared parameters (A3C)"),
+    "data_parallel": ("rlfleet.arch.data_parallel", "DataParallelRunner", "samplers feed one learner"),
+    "grad_parallel": ("rlfleet.arch.grad_parallel", "GradParallelRunner", "workers send gradients to the centre"),
+}
+
+
+def architecture_names() -> list[str]:
+    return list(ARCHITECTURES)
+
+
+def default_arch(algo: str) -> str:
+    return DEFAULT_ARCH.get(algo, "single")
+
+
+def runner_class(arch: str) -> type:
+    """The runner class of an architecture, or a clear error naming the valid ones."""
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+    module_name, cls_name, _ = ARCHITECTURES[arch]
+    return getattr(importlib.import_module(module_name), cls_name)

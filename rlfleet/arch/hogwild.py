@@ -1,0 +1,297 @@
+"""`hogwild`: the A3C paper's asynchronous actor-learners (Mnih et al. 2016, Algorithms 1, S2, S3).
+
+N worker processes (`spawn`, one torch thread each), each with its own env(s), seed and exploration.
+The algorithm's networks live in shared memory. A worker, per segment:
+
+1. copies the shared parameters into its own algorithm object (θ' ← θ);
+2. runs the algorithm's `schedule` at the global step T (ε annealing to its own final ε, learning-rate
+   annealing, target-network sync every `target_update_every` global steps into the one shared target);
+3. collects up to t_max = `rollout_len` steps per env with its local copy (`Collector.collect_rollout`:
+   bootstrap 0 on termination, from the network on truncation and at the segment end);
+4. computes the algorithm's own loss on the segment (`algo.process`, `algo.loss`: forward-view n-step
+   returns for A2C/n-step Q, one-step targets for one-step Q/Sarsa), back-propagates locally, clips the
+   gradient norm, and applies the gradient lock-free to the shared parameters with the run's optimizer
+   (`SharedRMSprop` by default: statistics shared by all workers; see `rlfleet.optim`);
+5. adds its steps to the global counter T.
+
+The main process is the monitor: it never pauses the workers; it logs their episode returns and
+losses, evaluates the shared parameters greedily, writes checkpoints and `result.json`, restarts a
+crashed worker from the shared parameters (its traceback is printed and kept in `workers.log`), and on
+Ctrl-C or a stop condition tells the workers to leave, saves and exits with no process left behind.
+
+`serial=True` runs the same workers round-robin in the main process (tests, debugging).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from rlfleet.algos import resolve
+from rlfleet.algos.common import set_lr
+from rlfleet.arch.shared import LocalCopy, algo_modules, share_algo, trainable_params
+from rlfleet.arch.workers import WorkerPool
+from rlfleet.data.rollout import RolloutStorage
+from rlfleet.envs import make_vector_env
+from rlfleet.optim import HOGWILD_OPTIMIZERS, build_optimizer, is_shared
+from rlfleet.run.collector import Collector
+from rlfleet.run.config import ConfigError
+from rlfleet.run.train import RunBase, RunResult, _StopRequest
+
+REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs to build its own algorithm, envs and optimizer (picklable)."""
+
+    algo: str
+    algo_cfg: Any
+    env: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    seed: int
+    total_steps: int
+    optimizer: str
+    lr: float
+    max_grad_norm: float
+
+    def worker_seed(self, worker_id: int, incarnation: int) -> int:
+        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
+
+
+class HogwildWorker:
+    """One actor-learner: its own envs and local copy of the model; gradients go to the shared parameters."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        shared: dict[str, nn.Module],
+        optimizer: torch.optim.Optimizer | None,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        seed = spec.worker_seed(worker_id, incarnation)
+        algo_cls, _, _, _ = resolve(spec.algo)
+        self.spec = spec
+        self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
+        self.copy = LocalCopy(self.algo, shared)
+        # shared kinds come built by the coordinator; per-worker ones keep their statistics here
+        self.optimizer = optimizer or build_optimizer(spec.optimizer, self.copy.shared_params, spec.lr)
+        self.envs = make_vector_env(spec.env, spec.algo_cfg.n_envs, seed=seed, mode="sync", training=True)
+        self.collector = Collector(self.envs, self.algo, seed=seed)
+        self.storage = RolloutStorage(spec.algo_cfg.rollout_len, spec.algo_cfg.n_envs)
+
+    def step(self, global_steps: int) -> tuple[int, dict[str, float]]:
+        """One segment and one lock-free update of the shared parameters; (env steps taken, loss metrics)."""
+        algo = self.algo
+        self.copy.pull()
+        algo.schedule(global_steps, self.spec.total_steps)
+        set_lr(self.optimizer, algo.optimizer.param_groups[0]["lr"])  # the algorithm's own lr schedule
+        before = self.collector.env_steps
+        segment = self.collector.collect_rollout(self.storage)
+        loss, metrics = algo.loss(algo.process(segment))
+        for p in self.copy.local_params:
+            p.grad = None
+        loss.backward()
+        limit = self.spec.max_grad_norm if self.spec.max_grad_norm > 0 else float("inf")
+        metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(self.copy.local_params, limit))
+        self.copy.push_grads()
+        self.optimizer.step()
+        return self.collector.env_steps - before, metrics
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _worker_process(worker_id, incarnation, spec, shared, optimizer, counter, stop, reports) -> None:
+    """A worker process: segments until the global step budget is spent or the monitor says stop."""
+    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
+    worker = HogwildWorker(spec, shared, optimizer, worker_id, incarnation)
+    steps = updates = 0
+    metrics: dict[str, float] = {}
+    last = time.monotonic()
+    try:
+        while not stop.is_set():
+            t = counter.value
+            if t >= spec.total_steps:
+                break
+            n, metrics = worker.step(t)
+            with counter.get_lock():
+                counter.value += n
+            steps += n
+            updates += 1
+            if time.monotonic() - last >= REPORT_EVERY_S:
+                reports.put((worker_id, steps, updates, worker.collector.pop_new_returns(), metrics))
+                steps = updates = 0
+                last = time.monotonic()
+        reports.put((worker_id, steps, updates, worker.collector.pop_new_returns(), metrics))
+    finally:
+        worker.close()
+
+
+class HogwildRunner(RunBase):
+    """The monitor of a `hogwild` run (see the module docstring)."""
+
+    def check_config(self) -> None:
+        cfg = self.cfg
+        if self.algo.data != "rollout":
+            raise ConfigError(
+                f"{cfg.algo} learns from replay; the hogwild architecture runs on-policy algorithms "
+                "(a2c/a3c, pg, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
+            )
+        if cfg.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
+        if cfg.optimizer not in HOGWILD_OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.spec = WorkerSpec(
+            algo=cfg.algo,
+            algo_cfg=self.algo_cfg,
+            env=cfg.env,
+            observation_space=self.env_info["observation_space"],
+            action_space=self.env_info["action_space"],
+            seed=cfg.seed,
+            total_steps=self.total_steps,
+            optimizer=cfg.optimizer,
+            lr=self.algo_cfg.lr,
+            max_grad_norm=getattr(self.algo_cfg, "max_grad_norm", 0.0),
+        )
+        # serial workers live in this process: the networks need not move to shared memory
+        self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
+        self.optimizer = None
+        if is_shared(cfg.optimizer):
+            self.optimizer = build_optimizer(cfg.optimizer, trainable_params(self.shared), self.algo_cfg.lr)
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.counter = ctx.Value("q", 0)
+        self._episodes = 0
+        self.returns: deque[float] = deque(maxlen=100)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.eval_envs = self.make_eval_envs()
+        self._write_config({"optimizer": cfg.optimizer, "workers": cfg.workers})
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.counter.value)
+
+    @property
+    def episodes(self) -> int:
+        return self._episodes
+
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
+        payload["hogwild"] = {
+            "episodes": self._episodes,
+            "returns": list(self.returns),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+        }
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
+        self.state.update(payload["state"])
+        self.counter.value = int(payload["env_steps"])
+        saved = payload.get("hogwild") or {}
+        self._episodes = int(saved.get("episodes", 0))
+        self.returns.extend(saved.get("returns", []))
+        if self.optimizer is not None and saved.get("optimizer") is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+
+    def _report_crash(self, text: str, logger) -> None:
+        message = f"{text}\nrestarting it from the shared parameters"
+        print(message, file=sys.stderr, flush=True)
+        with open(self.run_dir / "workers.log", "a") as f:
+            f.write(f"[step {self.env_steps}] {message}\n")
+
+    # ----------------------------------------------------------------------------------------- loop
+    def run(self) -> RunResult:
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        pool = None
+        workers: list[HogwildWorker] = []
+        ctx = torch.multiprocessing.get_context("spawn")
+        stop_event = ctx.Event()
+        reports = ctx.Queue()
+        try:
+            if self.cfg.serial:
+                workers = [HogwildWorker(self.spec, self.shared, self.optimizer, w) for w in range(self.cfg.workers)]
+            else:
+                pool = WorkerPool(
+                    self.cfg.workers,
+                    _worker_process,
+                    (self.spec, self.shared, self.optimizer, self.counter, stop_event, reports),
+                    pids_file=self.run_dir / "workers.json",
+                )
+                pool.start()
+            with _StopRequest() as stop:
+                turn = 0
+                while True:
+                    new_returns: list[float] = []
+                    metrics: dict[str, float] = {}
+                    updates = 0
+                    if workers:  # serial: one segment of the next worker
+                        worker = workers[turn % len(workers)]
+                        turn += 1
+                        n, metrics = worker.step(self.env_steps)
+                        self.counter.value += n
+                        new_returns, updates = worker.collector.pop_new_returns(), 1
+                    else:
+                        deadline = time.monotonic() + REPORT_EVERY_S
+                        with contextlib.suppress(queue.Empty):
+                            while time.monotonic() < deadline:
+                                _, _, n_updates, returns, worker_metrics = reports.get(
+                                    timeout=max(0.0, deadline - time.monotonic())
+                                )
+                                new_returns += returns
+                                updates += n_updates
+                                metrics = worker_metrics or metrics
+                        for crash in pool.check():
+                            self._report_crash(crash.describe(), logger)
+                            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
+                    self._episodes += len(new_returns)
+                    self.returns.extend(new_returns)
+                    reason = self.after_update(
+                        logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
+                    )
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+                    if self.env_steps >= self.total_steps:
+                        break
+            stop_event.set()
+            if pool is not None:
+                pool.stop()
+                self._drain(reports)
+            self.finish(logger, start, stopped_by)
+        finally:
+            stop_event.set()
+            if pool is not None:
+                pool.stop()
+            for worker in workers:
+                worker.close()
+            logger.close()
+            self.eval_envs.close()
+            reports.close()
+            reports.join_thread()
+        return self.write_result(stopped_by, time.perf_counter() - start)
+
+    def _drain(self, reports) -> None:
+        """Count the episodes the workers reported on their way out."""
+        with contextlib.suppress(queue.Empty, OSError, EOFError):
+            while True:
+                _, _, _, returns, _ = reports.get_nowait()
+                self._episodes += len(returns)
+                self.returns.extend(returns)
+

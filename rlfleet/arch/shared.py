@@ -1,0 +1,64 @@
+"""Parameters shared between processes: an algorithm's networks in shared memory, and worker-local copies of them.
+
+What is shared is read off the algorithm object itself: every `nn.Module` attribute. Modules with
+trainable parameters (the model) are copied into each worker's own algorithm object at every sync and
+receive the workers' gradients; modules without (target networks) are used in place, so that one
+target network serves every worker.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def algo_modules(algo) -> dict[str, nn.Module]:
+    """The algorithm's networks by attribute name (model, target network, ...)."""
+    return {name: value for name, value in vars(algo).items() if isinstance(value, nn.Module)}
+
+
+def share_algo(algo) -> dict[str, nn.Module]:
+    """Move the algorithm's networks into shared memory (in place) and return them by name."""
+    modules = algo_modules(algo)
+    for module in modules.values():
+        module.share_memory()
+    return modules
+
+
+def trainable_params(modules: dict[str, nn.Module]) -> list[nn.Parameter]:
+    return [p for module in modules.values() for p in module.parameters() if p.requires_grad]
+
+
+def _frozen(module: nn.Module) -> bool:
+    return not any(p.requires_grad for p in module.parameters())
+
+
+class LocalCopy:
+    """A worker's algorithm object tied to the shared networks: `pull()` copies the shared weights in,
+    `push_grads()` hands the local gradients to the shared parameters (for an optimizer over them)."""
+
+    def __init__(self, local_algo, shared: dict[str, nn.Module]):
+        self.algo = local_algo
+        local = algo_modules(local_algo)
+        if set(local) != set(shared):
+            raise ValueError(f"local networks {sorted(local)} do not match the shared ones {sorted(shared)}")
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for name, module in shared.items():
+            if _frozen(module):
+                setattr(local_algo, name, module)  # a target network: one for all workers
+                continue
+            for lp, sp in zip(local[name].parameters(), module.parameters(), strict=True):
+                if sp.requires_grad:
+                    self.pairs.append((lp, sp))
+        self.local_params = [lp for lp, _ in self.pairs]
+        self.shared_params = [sp for _, sp in self.pairs]
+
+    @torch.no_grad()
+    def pull(self) -> None:
+        for lp, sp in self.pairs:
+            lp.copy_(sp)
+
+    def push_grads(self) -> None:
+        """Point each shared parameter's `.grad` at the local gradient (no copy; this process only)."""
+        for lp, sp in self.pairs:
+            sp.grad = lp.grad

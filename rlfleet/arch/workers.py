@@ -1,0 +1,171 @@
+"""Worker processes for the parallel architectures: spawn, report crashes with their traceback, restart, stop.
+
+Every worker is a `spawn`ed process running `target(worker_id, incarnation, *args)` with one torch
+thread and Ctrl-C ignored (the coordinator alone reacts to it, then stops the workers itself). A
+worker that raises sends its traceback through the pool's error queue before exiting; one that is
+killed (SIGKILL, out of memory) is noticed by its exit code. `check()` reports both and restarts the
+worker (the next incarnation, so it can reseed), up to `max_restarts` over the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+class WorkerFailure(RuntimeError):
+    """Workers kept crashing: more restarts than the run allows."""
+
+
+@dataclass
+class Crash:
+    worker: int
+    exitcode: int | None
+    traceback: str | None
+
+    def describe(self) -> str:
+        how = f"exit code {self.exitcode}"
+        if self.exitcode is not None and self.exitcode < 0:
+            with contextlib.suppress(ValueError):
+                how = f"killed by {signal.Signals(-self.exitcode).name}"
+        text = f"worker {self.worker} died ({how})"
+        return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
+
+
+def _bootstrap(target: Callable, worker_id: int, incarnation: int, errors, args: tuple) -> None:
+    """Process entry point: one thread, Ctrl-C ignored, exceptions sent home with their traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    try:
+        target(worker_id, incarnation, *args)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            errors.put((worker_id, traceback.format_exc()))
+            errors.close()
+            errors.join_thread()
+        raise SystemExit(1) from None
+
+
+class WorkerPool:
+    """N worker processes running the same target, restarted when they die.
+
+    `pids_file`, if given, always holds `{worker_id: pid}` of the live workers (tests kill them through it).
+    """
+
+    def __init__(
+        self,
+        n_workers: int,
+        target: Callable,
+        args: tuple,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+    ):
+        self.ctx = mp.get_context("spawn")
+        self.n_workers = n_workers
+        self.target = target
+        self.args = args
+        self.max_restarts = max_restarts
+        self.pids_file = pids_file
+        self.errors = self.ctx.Queue()
+        self.processes: dict[int, Any] = {}
+        self.incarnations = [0] * n_workers
+        self.restarts = 0
+        self.stopping = False
+
+    def start(self) -> None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C during start-up must not reach them
+        try:
+            for wid in range(self.n_workers):
+                self._start(wid)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self._write_pids()
+
+    def _start(self, wid: int) -> None:
+        process = self.ctx.Process(
+            target=_bootstrap,
+            args=(self.target, wid, self.incarnations[wid], self.errors, self.args),
+            name=f"rlfleet-worker-{wid}",
+            daemon=True,
+        )
+        process.start()
+        self.processes[wid] = process
+
+    def _write_pids(self) -> None:
+        if self.pids_file is not None:
+            pids = {str(w): p.pid for w, p in self.processes.items() if p.is_alive()}
+            tmp = self.pids_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(pids))
+            os.replace(tmp, self.pids_file)
+
+    def _tracebacks(self) -> dict[int, str]:
+        found: dict[int, str] = {}
+        while True:
+            try:
+                wid, text = self.errors.get_nowait()
+            except (queue.Empty, OSError, EOFError):
+                return found
+            found[wid] = text
+
+    def check(self, restart: bool = True) -> list[Crash]:
+        """Crashed workers since the last check (restarted if `restart`); finished ones are not crashes."""
+        if self.stopping:
+            return []
+        dead = [w for w, p in self.processes.items() if not p.is_alive() and p.exitcode != 0]
+        if not dead:
+            return []
+        time.sleep(0.05)  # let a dying worker's traceback reach the queue
+        tracebacks = self._tracebacks()
+        crashes = []
+        for wid in dead:
+            process = self.processes[wid]
+            process.join(timeout=1)
+            crashes.append(Crash(wid, process.exitcode, tracebacks.get(wid)))
+            if restart:
+                self.restarts += 1
+                if self.restarts > self.max_restarts:
+                    raise WorkerFailure(
+                        f"workers crashed {self.restarts} times (limit {self.max_restarts}); "
+                        f"last: {crashes[-1].describe()}"
+                    )
+                self.incarnations[wid] += 1
+                self._start(wid)
+        self._write_pids()
+        return crashes
+
+    def alive(self) -> int:
+        return sum(p.is_alive() for p in self.processes.values())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Wait for the workers to leave (they watch the stop signal), then terminate and kill what is left."""
+        if self.stopping:
+            return
+        self.stopping = True
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes.values():
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=2)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=2)
+        self._tracebacks()
+        self.errors.close()
+        self.errors.join_thread()
+        if self.pids_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.pids_file.unlink()

@@ -1,0 +1,55 @@
+"""Helpers for tests that run `rlfleet` as real processes: the CLI command, and the processes of a session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+_SCRIPT = Path(sys.executable).with_name("rlfleet")
+RLFLEET = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlfleet.cli"]
+
+
+def session_processes(sid: int) -> dict[int, tuple[str, str]]:
+    """{pid: (state, command line)} of the live processes in session `sid` (zombies, already dead, left out)."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    found = {}
+    if psutil is not None:
+        for p in psutil.process_iter(["pid", "status", "cmdline"]):
+            try:
+                if os.getsid(p.info["pid"]) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    found[p.info["pid"]] = (p.info["status"], " ".join(p.info["cmdline"] or []))
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        return found
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found[int(entry.name)] = (fields[0], cmdline)
+    return found
+
+
+def wait_until_gone(sid: int, timeout: float) -> dict[int, tuple[str, str]]:
+    deadline = time.monotonic() + timeout
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def kill_session(sid: int) -> None:
+    for pid in session_processes(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

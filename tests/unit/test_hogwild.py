@@ -1,0 +1,132 @@
+"""The hogwild architecture's pieces: per-worker ε, the lock-free update, the shared target, a serial run."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.algos import resolve
+from rlfleet.algos.common import sample_final_epsilons
+from rlfleet.arch.hogwild import HogwildWorker, WorkerSpec
+from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
+from rlfleet.optim import build_optimizer
+from rlfleet.run.config import build_algo_config
+from rlfleet.run.train import train
+
+SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+
+
+def spec(algo: str, optimizer: str = "sgd", **overrides) -> WorkerSpec:
+    cfg, _ = build_algo_config(algo, None, overrides)
+    return WorkerSpec(algo, cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000, optimizer=optimizer,
+                      lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
+
+
+def shared_algo(s: WorkerSpec):
+    algo_cls, _, _, _ = resolve(s.algo)
+    return algo_cls(s.algo_cfg, *SPACES, seed=0)
+
+
+def test_final_epsilons_follow_the_paper_distribution():
+    rng = np.random.default_rng(0)
+    draws = sample_final_epsilons(60_000, (0.1, 0.01, 0.5), (0.4, 0.3, 0.3), rng)
+    freq = [np.mean(draws == e) for e in (0.1, 0.01, 0.5)]
+    assert np.allclose(freq, [0.4, 0.3, 0.3], atol=0.01), freq  # 4+ standard errors
+    with pytest.raises(ValueError, match="sum to 1"):
+        sample_final_epsilons(3, (0.1, 0.5), (0.5, 0.6), rng)
+
+
+def test_each_worker_draws_its_own_final_epsilon():
+    """One env per worker: across workers (their own seeds) the final ε follow {0.4, 0.3, 0.3}."""
+    s = spec("onestep_q", n_envs=1)
+    algo_cls, _, _, _ = resolve("onestep_q")
+    choices, probs = s.algo_cfg.eps_final_choices, s.algo_cfg.eps_final_probs
+
+    def drawn(seed: int) -> float:  # what a worker's algorithm draws first from its own seeded generator
+        return sample_final_epsilons(1, choices, probs, np.random.default_rng(seed))[0]
+
+    for w in range(5):  # the real worker-side objects draw exactly that
+        assert algo_cls(s.algo_cfg, *SPACES, seed=s.worker_seed(w, 0)).eps_final[0] == drawn(s.worker_seed(w, 0))
+    finals = np.array([drawn(s.worker_seed(w, 0)) for w in range(20_000)])
+    freq = [np.mean(finals == e) for e in choices]
+    assert np.allclose(freq, [0.4, 0.3, 0.3], atol=0.015), freq
+
+
+def test_worker_applies_its_local_gradient_to_the_shared_parameters():
+    """θ ← θ − η·clip(∇θ' L) with plain SGD: the shared parameters move by exactly the worker's gradient."""
+    s = spec("a2c", optimizer="sgd", lr=0.1, max_grad_norm=0.0)  # the worker steps with the algorithm's lr
+    algo = shared_algo(s)
+    shared = share_algo(algo)
+    before = [p.detach().clone() for p in trainable_params(shared)]
+    worker = HogwildWorker(s, shared, build_optimizer("sgd", trainable_params(shared), 0.1, momentum=0.0), 0)
+    try:
+        with torch.no_grad():  # the local copy diverges before the step: the step must pull the shared weights
+            for p in worker.copy.local_params:
+                p.add_(1.0)
+        steps, metrics = worker.step(global_steps=0)
+        assert steps == s.algo_cfg.n_envs * s.algo_cfg.rollout_len and np.isfinite(metrics["grad_norm"])
+        for p0, p, lp in zip(before, trainable_params(shared), worker.copy.local_params, strict=True):
+            assert torch.allclose(lp.detach(), p0)  # pulled: the local copy started from the shared weights
+            assert torch.allclose(p.detach(), p0 - 0.1 * lp.grad, atol=1e-6)
+        assert any(not torch.equal(p0, p) for p0, p in zip(before, trainable_params(shared), strict=True))
+    finally:
+        worker.close()
+
+
+def test_value_workers_share_one_target_network():
+    s = spec("nstep_q", optimizer="shared_rmsprop", target_update_every=40)
+    algo = shared_algo(s)
+    shared = share_algo(algo)
+    workers = [HogwildWorker(s, shared, build_optimizer("shared_rmsprop", trainable_params(shared), 1e-3), w)
+               for w in range(2)]  # fmt: skip
+    try:
+        assert all(w.algo.q_target is algo.q_target for w in workers)  # the same module, not a copy
+        assert all(w.algo.q is not algo.q for w in workers)  # the trained network is a local copy
+        workers[0].step(global_steps=0)
+        workers[1].step(global_steps=80)  # past the target period: the shared target takes the shared weights
+        for pt, p in zip(algo.q_target.parameters(), workers[1].algo.q.parameters(), strict=True):
+            assert torch.equal(pt, p.detach())
+        assert not all(
+            torch.equal(a, b) for a, b in zip(algo.q_target.parameters(), algo.q.parameters(), strict=True)
+        )  # the worker's own update came after the sync
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_serial_hogwild_run_writes_its_run_folder(tmp_path):
+    result = train("a3c", "CartPole-v1", workers=2, serial=True, steps=3_000, eval_every=1_000,
+                   logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
+    r = result.result
+    assert r["arch"] == "hogwild" and r["env_steps"] >= 3_000 and r["updates"] == r["env_steps"] // 5
+    run = tmp_path / "r"
+    for name in ("config.json", "metrics.csv", "curves.png", "result.json", "checkpoints/latest.pt"):
+        assert (run / name).exists(), name
+    assert json.loads((run / "config.json").read_text())["workers"] == 2
+
+
+def test_algo_modules_are_the_networks():
+    s = spec("nstep_q")
+    assert set(algo_modules(shared_algo(s))) == {"q", "q_target"}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"algo": "dqn", "arch": "hogwild"}, "replay"),
+        ({"algo": "a3c", "workers": 0}, "--workers"),
+        ({"algo": "a3c", "optimizer": "adagrad"}, "unknown optimizer"),
+        ({"algo": "a3c", "arch": "gossip"}, "unknown architecture"),
+    ],
+)
+def test_bad_hogwild_options_are_clear_errors(tmp_path, options, message):
+    from rlfleet.run.config import ConfigError
+
+    algo = options.pop("algo")
+    with pytest.raises(ConfigError, match=message):
+        train(algo, "CartPole-v1", logdir=str(tmp_path), progress=False, **options)
+    assert not any(tmp_path.iterdir())  # nothing written
