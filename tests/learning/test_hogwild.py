@@ -1,0 +1,23 @@
+"""The A3C paper's asynchronous methods on the hogwild architecture solve CartPole-v1 with 2 worker processes.
+
+Worker processes interleave freely, so these runs are not bit-reproducible: the budgets leave about 2x
+margin over what the runs take here (a3c ~55k steps, n-step Q ~145k, one-step Q ~160k, Sarsa ~250k).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlfleet.run.train import train
+
+pytestmark = pytest.mark.learning
+
+BUDGETS = {"a3c": 150_000, "nstep_q": 400_000, "onestep_q": 400_000, "sarsa": 500_000}
+
+
+@pytest.mark.parametrize("algo", list(BUDGETS))
+def test_async_method_solves_cartpole_with_two_workers(algo, run_opts):
+    result = train(algo, "CartPole-v1", arch="hogwild", workers=2, steps=BUDGETS[algo], seed=0,
+                   eval_every=5_000, **run_opts)  # fmt: skip
+    assert result["solved"], f"{algo} on hogwild: {result.result}"
+    assert result["eval_return_mean"] >= 475
