@@ -29,7 +29,7 @@ from peers.common import (
     library_versions,
 )
 
-ALGOS = ["ppo", "a2c", "dqn", "pg"]
+ALGOS = ["ppo", "a2c", "dqn", "pg", "a3c"]  # a3c: hogwild with the CLI's default 2 worker processes
 
 
 def rlfleet_executable() -> str:

@@ -31,8 +31,8 @@ TORCH_PIN = "torch==2.13.0"
 """Installed first in the peers' venv: the CPU build from the local wheel, not a CUDA build from PyPI."""
 
 FRAMEWORKS = ("rlfleet", "sb3", "tianshou")
-ALGOS = ("ppo", "a2c", "dqn", "pg")
-UNSUPPORTED = {("sb3", "pg")}
+ALGOS = ("ppo", "a2c", "dqn", "pg", "a3c")
+UNSUPPORTED = {("sb3", "pg"), ("sb3", "a3c"), ("tianshou", "a3c")}
 """Pairs with no implementation in that framework: reported as n/a, never run."""
 RUNNERS = {
     "rlfleet": BENCHMARKS / "rlfleet_runner.py",

@@ -49,6 +49,8 @@ def test_algorithm_runs_on_pong(algo: str, run_opts: dict):
     assert config["algo"]["n_envs"] == 2
     for key, value in OVERRIDES.get(algo, {}).items():
         assert config["algo"][key] == int(value)
+    if algo == "a3c":  # the paper's Atari agent: Mnih 2013 network, asynchronous workers
+        assert config["run"]["arch"] == "hogwild" and config["algo"]["encoder"] == "mnih2013"
 
     latest = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert latest["env_steps"] == saved["env_steps"]
