@@ -5,6 +5,10 @@ thread and Ctrl-C ignored (the coordinator alone reacts to it, then stops the wo
 worker that raises sends its traceback through the pool's error queue before exiting; one that is
 killed (SIGKILL, out of memory) is noticed by its exit code. `check()` reports both and restarts the
 worker (the next incarnation, so it can reseed), up to `max_restarts` over the run.
+
+`WorkerQueues` carries data from the workers to the coordinator: one small bounded queue per worker, so
+that a worker killed in the middle of a write spoils only its own queue, which is replaced before the
+worker restarts.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class WorkerPool:
     """N worker processes running the same target, restarted when they die.
 
     `pids_file`, if given, always holds `{worker_id: pid}` of the live workers (tests kill them through it).
+    `on_restart(worker_id)`, if given, runs just before a crashed worker is started again (e.g. to give it
+    a fresh queue: `args` are pickled again for every start, so a list inside them can be changed).
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class WorkerPool:
         args: tuple,
         max_restarts: int = 10,
         pids_file: Path | None = None,
+        on_restart: Callable[[int], None] | None = None,
     ):
         self.ctx = mp.get_context("spawn")
         self.n_workers = n_workers
@@ -78,6 +85,7 @@ class WorkerPool:
         self.args = args
         self.max_restarts = max_restarts
         self.pids_file = pids_file
+        self.on_restart = on_restart
         self.errors = self.ctx.Queue()
         self.processes: dict[int, Any] = {}
         self.incarnations = [0] * n_workers
@@ -141,6 +149,8 @@ class WorkerPool:
                         f"last: {crashes[-1].describe()}"
                     )
                 self.incarnations[wid] += 1
+                if self.on_restart is not None:
+                    self.on_restart(wid)
                 self._start(wid)
         self._write_pids()
         return crashes
@@ -169,3 +179,85 @@ class WorkerPool:
         if self.pids_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.pids_file.unlink()
+
+
+def put_until_stopped(q, item: Any, stop, poll_s: float = 0.1) -> bool:
+    """Put `item` into a bounded queue, waiting while it is full; False if `stop` got set first."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=poll_s)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+class WorkerQueues:
+    """One bounded queue per worker (worker → coordinator), `maxsize` items each.
+
+    A worker gets the whole list (`self.queues`) and puts into `queues[worker_id]`. Per-worker queues
+    keep a crash local: a process killed while writing can leave its queue's write lock taken, so
+    `replace(worker_id)` (a `WorkerPool` `on_restart` hook) swaps in a fresh queue for the next
+    incarnation. Items that were in the old queue are dropped with it.
+    """
+
+    def __init__(self, ctx, n_workers: int, maxsize: int = 2, poll_s: float = 5e-4):
+        self.ctx = ctx
+        self.maxsize = maxsize
+        self.poll_s = poll_s
+        self.queues = [ctx.Queue(maxsize) for _ in range(n_workers)]
+        self._next = 0
+
+    def replace(self, worker_id: int) -> None:
+        old = self.queues[worker_id]
+        self.queues[worker_id] = self.ctx.Queue(self.maxsize)
+        old.close()
+
+    def get(self, worker_id: int, timeout: float) -> Any | None:
+        """The next item of one worker, or None after `timeout` seconds."""
+        try:
+            return self.queues[worker_id].get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def get_any(self, timeout: float) -> Any | None:
+        """The next item of whichever worker has one (taking turns), or None after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        n = len(self.queues)
+        while True:
+            for i in range(n):
+                wid = (self._next + i) % n
+                try:
+                    item = self.queues[wid].get_nowait()
+                except queue.Empty:
+                    continue
+                self._next = (wid + 1) % n
+                return item
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.poll_s)
+
+    def drain(self) -> None:
+        """Drop whatever is queued (lets workers that are flushing their last items exit)."""
+        for q in self.queues:
+            with contextlib.suppress(queue.Empty, OSError, EOFError, ValueError):
+                while True:
+                    q.get_nowait()
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.close()
+            q.join_thread()
+
+
+def stop_workers(pool: WorkerPool, queues: WorkerQueues, timeout: float = 10.0) -> None:
+    """Stop a pool whose workers watch a stop event that is already set, draining their queues meanwhile so
+    that none waits to flush an item; then terminate what is left (`WorkerPool.stop`). Idempotent."""
+    if pool.stopping:
+        return
+    deadline = time.monotonic() + timeout
+    while pool.alive() and time.monotonic() < deadline:
+        queues.drain()
+        time.sleep(0.01)
+    pool.stop()
+    queues.drain()
