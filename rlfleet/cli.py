@@ -41,6 +41,7 @@ def _train(args: argparse.Namespace) -> int:
             arch=args.arch,
             workers=args.workers,
             optimizer=args.optimizer,
+            grad_sets=args.grad_sets,
             serial=args.serial,
             **options,
         )
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--optimizer",
         default="shared_rmsprop",
         help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, sgd, shared_adam",
+    )
+    t.add_argument(
+        "--grad-sets", type=int, default=0, help="gradient sets grad_parallel sums per step (default 0: one per worker)"
     )
     t.add_argument("--serial", action="store_true", help="run a parallel architecture's workers in one process")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")

@@ -31,6 +31,8 @@ class RunConfig:
     optimizer: str = "shared_rmsprop"
     """Optimizer of the shared parameters (hogwild, grad_parallel): shared_rmsprop (statistics shared by all
     workers, the A3C paper's default), rmsprop (per-worker statistics), sgd (per-worker momentum), shared_adam."""
+    grad_sets: int = 0
+    """Gradient sets the grad_parallel centre sums per optimizer step (0 = one per worker)."""
     serial: bool = False
     """Run a parallel architecture's workers one after another in this process (tests, debugging)."""
     steps: int | None = None

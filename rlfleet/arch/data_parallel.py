@@ -1,0 +1,413 @@
+"""`data_parallel`: sampler processes step envs with the current weights and feed experience to one learner.
+
+Data parallelism as in Lapan's "Deep RL Hands-On", ch. 11, with the measured policy lag of Sample
+Factory. Who sends what to whom::
+
+    sampler 0 ──┐   Experience: a rollout segment, or a block of transitions,     ┌──────────────────────┐
+    sampler 1 ──┼── with its env steps, finished-episode returns and the weight ─▶│ learner (main process)│
+       ...      │   version it acted with (one bounded queue per sampler)          │ algo.update, eval,    │
+    sampler N ──┘                                                                  │ logs, checkpoints     │
+        ▲                                                                          └──────────┬───────────┘
+        └───────── the learner's networks in shared memory (+ version counter) ◀──────────────┘
+
+A sampler (`spawn`ed, one torch thread) owns a vector env of the algorithm's `n_envs` and a local
+algorithm object. Before each segment it runs the algorithm's `schedule` at the global step count
+(ε follows the whole run's progress) and copies the learner's current weights in (`LocalCopy.pull`,
+target networks included, through `WeightVersion`: the copy is of exactly one version, whose number it
+keeps). Then it collects:
+
+- on-policy algorithms (`data == "rollout"`: a2c, pg, ppo, onestep_q, sarsa, nstep_q): one segment,
+  `Collector.collect_rollout`, so the bootstrap values come from the weights it acted with;
+- replay algorithms (`data == "replay"`: dqn): `train_freq` vector steps of transitions
+  (obs, act, rew, next_obs, terminated, truncated).
+
+The learner is the main process. It updates exactly as the single-process `Trainer` does: a segment
+goes to `algo.update(segment)`; transition blocks go into the learner's replay buffer, whose env columns
+are the samplers' envs side by side (`workers × n_envs` columns, so n-step sums stay inside one env's
+stream), one block from every sampler per round, followed by `gradient_steps` updates with priorities
+written back. A `data_parallel` DQN therefore learns as a `single` DQN with `workers × n_envs` envs.
+Every update bumps the weight version; `charts/policy_lag` is the learner's version when it learns from
+an item minus the version the item was collected with (0: perfectly on-policy), `charts/policy_lag_max`
+its maximum since the last log line.
+
+The bounded queues (`QUEUE_SIZE` items per sampler) keep samplers at most a few items ahead of the
+learner, which bounds the lag. `env_steps` counts what the learner has consumed, so it is exact and
+resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT
+saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
+`workers.log`) and restarted with a fresh queue; Ctrl-C stops the samplers and saves a checkpoint.
+
+Limitation: a sampler killed (SIGKILL) while its queue's feeder thread writes an item larger than a pipe
+buffer (an Atari segment) can leave half a message that the learner then waits on; exceptions, and kills
+of small-item runs, are safe.
+
+`serial=True` runs the same samplers one after another in the main process (tests, debugging).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlfleet.algos import resolve
+from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo
+from rlfleet.arch.workers import WorkerPool, WorkerQueues, put_until_stopped, stop_workers
+from rlfleet.data.rollout import RolloutStorage, Segment
+from rlfleet.envs import make_vector_env
+from rlfleet.run.collector import Collector
+from rlfleet.run.config import ConfigError
+from rlfleet.run.train import RunBase, RunResult, _StopRequest
+
+QUEUE_SIZE = 2  # items each sampler may have in flight: at most 2 × workers wait for the learner
+WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
+STALL_S = 60.0  # no experience for this long is reported in workers.log (a heartbeat of the samplers)
+
+
+@dataclass
+class SamplerSpec:
+    """What a sampler needs to build its own algorithm and envs (picklable)."""
+
+    algo: str
+    algo_cfg: Any
+    env: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    seed: int
+    total_steps: int
+
+    def worker_seed(self, worker_id: int, incarnation: int) -> int:
+        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
+
+
+@dataclass
+class Experience:
+    """One item from a sampler: a segment (rollout) or a transition block (replay), and its bookkeeping."""
+
+    worker: int
+    version: int
+    """Weight version the sampler acted with."""
+    steps: int
+    """Env steps in `data`."""
+    returns: list[float]
+    """Returns of the episodes that finished while collecting it."""
+    data: Any
+    """A `Segment` with NumPy leaves, or a dict of `[train_freq, n_envs, ...]` transition arrays."""
+
+
+def _map(fn, value: Any) -> Any:
+    """`fn` applied to an array, or to each array of a dict (dict observations)."""
+    return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
+
+
+def _state_to_numpy(state: Any) -> Any:
+    """A recurrent state as NumPy arrays for the queue (torch tensors would need the sender alive)."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.detach().numpy().copy()
+    return tuple(_state_to_numpy(s) for s in state)
+
+
+def _state_to_torch(state: Any) -> Any:
+    if state is None:
+        return None
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state)
+    return tuple(_state_to_torch(s) for s in state)
+
+
+class TransitionBlock:
+    """`length` vector-env steps of transitions, with the `add` of a replay buffer (fed by `Collector.collect`)."""
+
+    FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
+
+    def __init__(self, length: int):
+        self.length = length
+        self.t = 0
+        self.data: dict[str, Any] = {}
+
+    def add(self, obs, act, rew, next_obs, terminated, truncated) -> None:
+        for key, value in zip(self.FIELDS, (obs, act, rew, next_obs, terminated, truncated), strict=True):
+            if key not in self.data:
+                self.data[key] = _map(lambda v: np.empty((self.length, *np.shape(v)), np.asarray(v).dtype), value)
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    self.data[key][k][self.t] = v
+            else:
+                self.data[key][self.t] = value
+        self.t += 1
+
+
+def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Blocks of the samplers side by side: `[T, n_envs, ...]` each → `[T, workers × n_envs, ...]`."""
+    out = {}
+    for key, first in blocks[0].items():
+        if isinstance(first, dict):
+            out[key] = {k: np.concatenate([b[key][k] for b in blocks], axis=1) for k in first}
+        else:
+            out[key] = np.concatenate([b[key] for b in blocks], axis=1)
+    return out
+
+
+class Sampler:
+    """One sampler: its own envs and a local algorithm object that acts with the learner's latest weights."""
+
+    def __init__(
+        self,
+        spec: SamplerSpec,
+        shared: dict[str, torch.nn.Module],
+        weights: WeightVersion,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        seed = spec.worker_seed(worker_id, incarnation)
+        algo_cls, _, _, _ = resolve(spec.algo)
+        self.spec = spec
+        self.worker_id = worker_id
+        self.weights = weights
+        self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
+        self.copy = LocalCopy(self.algo, shared, share_frozen=False)
+        cfg = spec.algo_cfg
+        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
+        self.collector = Collector(self.envs, self.algo, seed=seed)
+        self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs) if self.algo.data == "rollout" else None
+
+    def sample(self, global_steps: int, stop=None) -> Experience | None:
+        """One segment or transition block with the current weights (None if `stop` was set meanwhile)."""
+        algo, c = self.algo, self.collector
+        algo.schedule(global_steps, self.spec.total_steps)  # ε and the like follow the whole run
+        version = self.weights.read(self.copy.pull, stop)  # after schedule: the learner's target networks win
+        if version is None:
+            return None
+        before = c.env_steps
+        if self.storage is not None:
+            segment = c.collect_rollout(self.storage)
+            data: Any = Segment(  # copies: the storage is refilled next time, and queues pickle later
+                segment.data.apply(np.array),
+                _map(np.array, segment.last_obs),
+                np.array(segment.last_value),
+                _state_to_numpy(segment.initial_state),
+            )
+        else:
+            block = TransitionBlock(algo.cfg.train_freq)
+            c.collect(block, n_step=algo.cfg.train_freq * c.n_envs)
+            data = block.data
+        return Experience(self.worker_id, version, c.env_steps - before, c.pop_new_returns(), data)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _sampler_process(worker_id, incarnation, spec, shared, weights, counter, stop, queues) -> None:
+    """A sampler process: items into its own bounded queue until the run's steps are consumed or stop."""
+    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
+    out = queues[worker_id]
+    sampler = Sampler(spec, shared, weights, worker_id, incarnation)
+    try:
+        while not stop.is_set() and counter.value < spec.total_steps:
+            item = sampler.sample(counter.value, stop)
+            if item is None or not put_until_stopped(out, item, stop):
+                break
+    finally:
+        if stop.is_set():
+            out.cancel_join_thread()  # the learner stopped reading: leave without flushing
+        sampler.close()
+
+
+class DataParallelRunner(RunBase):
+    """The learner of a `data_parallel` run (see the module docstring)."""
+
+    def check_config(self) -> None:
+        if self.cfg.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.cfg.workers}")
+        if self.algo.data not in ("rollout", "replay"):
+            raise ConfigError(f"{self.cfg.algo} wants {self.algo.data!r} data; data_parallel feeds rollout or replay")
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.spec = SamplerSpec(
+            algo=cfg.algo,
+            algo_cfg=self.algo_cfg,
+            env=cfg.env,
+            observation_space=self.env_info["observation_space"],
+            action_space=self.env_info["action_space"],
+            seed=cfg.seed,
+            total_steps=self.total_steps,
+        )
+        # serial samplers live in this process: the networks need not move to shared memory
+        self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.counter = ctx.Value("q", 0)  # env steps consumed by the learner
+        self.weights = WeightVersion(ctx)
+        self._episodes = 0
+        self.returns: deque[float] = deque(maxlen=100)
+        self.lags: list[int] = []
+        self.buffer = None
+        if self.algo.data == "replay":
+            self.buffer = self.algo.make_buffer(cfg.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.eval_envs = self.make_eval_envs()
+        self._write_config({"workers": cfg.workers, "queue_size": QUEUE_SIZE})
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.counter.value)
+
+    @property
+    def episodes(self) -> int:
+        return self._episodes
+
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
+        payload["data_parallel"] = {
+            "episodes": self._episodes,
+            "returns": list(self.returns),
+            "version": self.weights.version,
+        }
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
+        self.state.update(payload["state"])
+        self.counter.value = int(payload["env_steps"])
+        saved = payload.get("data_parallel") or {}
+        self._episodes = int(saved.get("episodes", 0))
+        self.returns.extend(saved.get("returns", []))
+        self.weights.set(int(saved.get("version", 0)))
+
+    # ----------------------------------------------------------------------------------------- learning
+    def _consume(self, items: list[Experience]) -> None:
+        """Count what the learner takes in: steps, episodes, and how stale each item's weights are."""
+        version = self.weights.version
+        for item in items:
+            self.lags.append(version - item.version)
+            self.counter.value += item.steps
+            self._episodes += len(item.returns)
+            self.returns.extend(item.returns)
+
+    def learn_segment(self, item: Experience) -> tuple[dict[str, float], int]:
+        """The `Trainer`'s on-policy step on a sampler's segment: schedule, `algo.update(segment)`."""
+        segment = item.data
+        segment = Segment(segment.data, segment.last_obs, segment.last_value, _state_to_torch(segment.initial_state))
+        self.algo.schedule(self.env_steps, self.total_steps)
+        self._consume([item])
+        with self.weights.writing():
+            metrics = self.algo.update(segment)
+        return metrics, 1
+
+    def learn_blocks(self, items: list[Experience]) -> tuple[dict[str, float], int]:
+        """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side)."""
+        cfg = self.algo_cfg
+        self.algo.schedule(self.env_steps, self.total_steps)
+        self._consume(items)
+        block = concat_blocks([item.data for item in items])
+        for t in range(len(block["rew"])):
+            self.buffer.add(*(_map(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS))
+        if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
+            return {}, 0
+        metrics: dict[str, float] = {}
+        for _ in range(cfg.gradient_steps):
+            batch = self.buffer.sample(cfg.batch_size)
+            with self.weights.writing():
+                out = self.algo.update(batch)
+            priorities = out.pop("priorities", None)
+            if priorities is not None and hasattr(self.buffer, "update_priorities"):
+                self.buffer.update_priorities(batch.index, priorities)
+            metrics = out
+        return metrics, cfg.gradient_steps
+
+    # ----------------------------------------------------------------------------------------- loop
+    def _report(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+        with open(self.run_dir / "workers.log", "a") as f:
+            f.write(f"[step {self.env_steps}] {text}\n")
+
+    def run(self) -> RunResult:
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        n = self.cfg.workers
+        replay = self.algo.data == "replay"
+        ctx = torch.multiprocessing.get_context("spawn")
+        stop_event = ctx.Event()
+        queues = WorkerQueues(ctx, n, QUEUE_SIZE)
+        pool = None
+        samplers: list[Sampler] = []
+        pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
+        last_item = time.monotonic()
+        try:
+            if self.cfg.serial:
+                samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
+            else:
+                pool = WorkerPool(
+                    n,
+                    _sampler_process,
+                    (self.spec, self.shared, self.weights, self.counter, stop_event, queues.queues),
+                    pids_file=self.run_dir / "workers.json",
+                    on_restart=queues.replace,
+                )
+                pool.start()
+            with _StopRequest() as stop:
+                turn = 0
+                while True:
+                    items: list[Experience] = []
+                    if samplers:  # serial: the next sampler's segment, or a block of every sampler
+                        chosen = samplers if replay else [samplers[turn % n]]
+                        items = [s.sample(self.env_steps) for s in chosen]  # type: ignore[misc]
+                        turn += 1
+                    elif replay:
+                        deadline = time.monotonic() + WAIT_S
+                        for w in range(n):
+                            if pending[w] is None:
+                                pending[w] = queues.get(w, max(0.0, deadline - time.monotonic()))
+                        if all(p is not None for p in pending):
+                            items, pending = pending, [None] * n  # type: ignore[assignment]
+                    else:
+                        item = queues.get_any(WAIT_S)
+                        items = [item] if item is not None else []
+                    metrics: dict[str, float] = {}
+                    updates = 0
+                    if items:
+                        last_item = time.monotonic()
+                        metrics, updates = self.learn_blocks(items) if replay else self.learn_segment(items[0])
+                    elif time.monotonic() - last_item > STALL_S:
+                        self._report(f"no experience from the samplers for {STALL_S:.0f} s ({pool.alive()} alive)")
+                        last_item = time.monotonic()
+                    if pool is not None:
+                        for crash in pool.check():
+                            self._report(f"{crash.describe()}\nrestarting it with the learner's current weights")
+                            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
+                    next_log = self.state["next_log"]
+                    new_returns = [r for item in items for r in item.returns]
+                    reason = self.after_update(
+                        logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
+                    )
+                    if self.state["next_log"] != next_log and self.lags:
+                        lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
+                        logger.log(self.env_steps, lag)
+                        self.lags.clear()
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+                    if self.env_steps >= self.total_steps:
+                        break
+            stop_event.set()
+            if pool is not None:
+                stop_workers(pool, queues)
+            self.finish(logger, start, stopped_by)
+        finally:
+            stop_event.set()
+            if pool is not None:
+                stop_workers(pool, queues)
+            for sampler in samplers:
+                sampler.close()
+            logger.close()
+            self.eval_envs.close()
+            queues.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)

@@ -1,0 +1,377 @@
+"""`grad_parallel`: workers compute gradients on their own data; the centre sums them and steps the shared model.
+
+Gradient parallelism as in Lapan's "Deep RL Hands-On", ch. 11, and RLlib's AsyncGradients optimizer.
+Who sends what to whom::
+
+    worker 0 ──┐   Gradient: one flat float32 array (∇ of the algorithm's loss on its own   ┌────────────────────┐
+    worker 1 ──┼── segment), its env steps, episode returns, loss metrics and the weight   ─▶│ centre (main proc.) │
+      ...      │   version it was computed at (one bounded queue per worker)                 │ Σ k sets, clip,     │
+    worker N ──┘                                                                             │ optimizer.step      │
+        ▲                                                                                    └─────────┬──────────┘
+        └──────────── shared parameters (+ version counter), pulled before each segment ◀──────────────┘
+
+A worker (`spawn`ed, one torch thread) has its own vector env of the algorithm's `n_envs` and a local
+algorithm object. Per segment it runs the algorithm's `schedule` at the global step count, copies the
+current shared weights in (target networks included; `WeightVersion` makes the copy one exact version),
+collects a segment (`Collector.collect_rollout`), computes `loss, metrics = algo.loss(algo.process(segment))`,
+back-propagates locally and sends the gradient flattened in the order of the shared parameters.
+
+The centre (main process) waits for k gradient sets from any workers (`RunConfig.grad_sets`, 0 = one per
+worker), SUMS them (as Lapan does; k = 1 is RLlib's AsyncGradients), clips the global norm to the
+algorithm's `max_grad_norm`, and steps ONE optimizer (`--optimizer`, built with `rlfleet.optim.build_optimizer`
+over the shared parameters, learning rate from the centre's own algorithm object's `schedule`, which also
+syncs target networks). Each step bumps the weight version; `charts/policy_lag` is the centre's version at
+the step minus the version each gradient was computed at, `charts/policy_lag_max` its maximum since the
+last log line. `env_steps` counts the steps behind the gradients the centre has taken in, so it is exact
+and resumable; checkpoints hold the centre's algorithm state, its optimizer and the counters.
+
+Only on-policy algorithms (a2c, pg, ppo, onestep_q, sarsa, nstep_q) run here, each as one gradient of its
+loss per segment: PPO's epochs and minibatches are the algorithm's own `update`, which the centre does not
+call (its clipped ratio matters only for gradients computed at older weights). A segment that gives the
+loss nothing to learn from (REINFORCE without a complete episode) sends no gradient, only its steps.
+
+A crashed worker is reported (traceback in `workers.log`) and restarted with a fresh queue; Ctrl-C stops
+the workers and saves a checkpoint. `serial=True` runs the same workers one after another in the main
+process (tests, debugging).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from rlfleet.algos import resolve
+from rlfleet.algos.common import set_lr
+from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo, trainable_params
+from rlfleet.arch.workers import WorkerPool, WorkerQueues, put_until_stopped, stop_workers
+from rlfleet.data.rollout import RolloutStorage
+from rlfleet.envs import make_vector_env
+from rlfleet.optim import HOGWILD_OPTIMIZERS, build_optimizer
+from rlfleet.run.collector import Collector
+from rlfleet.run.config import ConfigError
+from rlfleet.run.train import RunBase, RunResult, _StopRequest
+
+QUEUE_SIZE = 2  # gradients each worker may have in flight: at most 2 × workers wait for the centre
+WAIT_S = 0.2  # the centre's longest wait for a gradient before it checks workers, Ctrl-C and the clock
+STALL_S = 60.0  # no gradient for this long is reported in workers.log (a heartbeat of the workers)
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs to build its own algorithm and envs (picklable)."""
+
+    algo: str
+    algo_cfg: Any
+    env: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    seed: int
+    total_steps: int
+
+    def worker_seed(self, worker_id: int, incarnation: int) -> int:
+        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
+
+
+@dataclass
+class Gradient:
+    """One worker's contribution: the flat gradient of its loss on one segment, and its bookkeeping."""
+
+    worker: int
+    version: int
+    """Weight version the segment was collected and the gradient computed with."""
+    steps: int
+    returns: list[float]
+    metrics: dict[str, float]
+    grad: np.ndarray | None
+    """float32, the shared parameters' gradients concatenated in order; None: nothing to learn from."""
+
+
+class GradientWorker:
+    """One worker: its own envs and a local algorithm object; gradients of the algorithm's loss go out flat."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        shared: dict[str, nn.Module],
+        weights: WeightVersion,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        seed = spec.worker_seed(worker_id, incarnation)
+        algo_cls, _, _, _ = resolve(spec.algo)
+        self.spec = spec
+        self.worker_id = worker_id
+        self.weights = weights
+        self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
+        self.copy = LocalCopy(self.algo, shared, share_frozen=False)
+        cfg = spec.algo_cfg
+        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
+        self.collector = Collector(self.envs, self.algo, seed=seed)
+        self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs)
+
+    def collect(self, global_steps: int, stop=None):
+        """(weight version, segment) collected with the current shared weights; None if `stop` was set."""
+        self.algo.schedule(global_steps, self.spec.total_steps)  # ε and the like follow the whole run
+        version = self.weights.read(self.copy.pull, stop)  # after schedule: the centre's target networks win
+        if version is None:
+            return None
+        return version, self.collector.collect_rollout(self.storage)
+
+    def gradient(self, segment) -> tuple[np.ndarray | None, dict[str, float]]:
+        """The flat gradient of the algorithm's loss on `segment` at the local weights, and the loss metrics."""
+        algo = self.algo
+        batch = algo.process(segment)
+        if len(batch) == 0:
+            return None, {}
+        loss, metrics = algo.loss(batch)
+        params = self.copy.local_params
+        for p in params:
+            p.grad = None
+        loss.backward()
+        grads = [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in params]
+        return torch.cat(grads).numpy(), metrics
+
+    def step(self, global_steps: int, stop=None) -> Gradient | None:
+        before = self.collector.env_steps
+        collected = self.collect(global_steps, stop)
+        if collected is None:
+            return None
+        version, segment = collected
+        grad, metrics = self.gradient(segment)
+        steps = self.collector.env_steps - before
+        return Gradient(self.worker_id, version, steps, self.collector.pop_new_returns(), metrics, grad)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class GradientCentre:
+    """Sums gradient sets into the shared parameters' `.grad`, clips the global norm, steps the optimizer."""
+
+    def __init__(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float):
+        self.params = params
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.size = sum(p.numel() for p in params)
+
+    def apply(self, grads: list[np.ndarray]) -> float:
+        """One optimizer step on Σ grads; returns the global norm of the sum before clipping."""
+        for g in grads:
+            if g.shape != (self.size,):
+                raise ValueError(f"a gradient of {g.shape} values for {self.size} parameters: another model?")
+        total = torch.from_numpy(np.sum(grads, axis=0, dtype=np.float32))
+        offset = 0
+        for p in self.params:
+            p.grad = total[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        limit = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        norm = float(nn.utils.clip_grad_norm_(self.params, limit))
+        self.optimizer.step()
+        for p in self.params:
+            p.grad = None
+        return norm
+
+
+def _worker_process(worker_id, incarnation, spec, shared, weights, counter, stop, queues) -> None:
+    """A worker process: gradients into its own bounded queue until the run's steps are consumed or stop."""
+    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
+    out = queues[worker_id]
+    worker = GradientWorker(spec, shared, weights, worker_id, incarnation)
+    try:
+        while not stop.is_set() and counter.value < spec.total_steps:
+            item = worker.step(counter.value, stop)
+            if item is None or not put_until_stopped(out, item, stop):
+                break
+    finally:
+        if stop.is_set():
+            out.cancel_join_thread()  # the centre stopped reading: leave without flushing
+        worker.close()
+
+
+class GradParallelRunner(RunBase):
+    """The centre of a `grad_parallel` run (see the module docstring)."""
+
+    def check_config(self) -> None:
+        cfg = self.cfg
+        if self.algo.data != "rollout":
+            raise ConfigError(
+                f"{cfg.algo} learns from replay; the grad_parallel architecture runs on-policy algorithms "
+                "(a2c, pg, ppo, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
+            )
+        if cfg.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
+        if cfg.grad_sets < 0:
+            raise ConfigError(f"--grad-sets must be >= 0 (0: one per worker), got {cfg.grad_sets}")
+        if cfg.optimizer not in HOGWILD_OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.spec = WorkerSpec(
+            algo=cfg.algo,
+            algo_cfg=self.algo_cfg,
+            env=cfg.env,
+            observation_space=self.env_info["observation_space"],
+            action_space=self.env_info["action_space"],
+            seed=cfg.seed,
+            total_steps=self.total_steps,
+        )
+        self.grad_sets = cfg.grad_sets or cfg.workers
+        # serial workers live in this process: the networks need not move to shared memory
+        self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
+        params = trainable_params(self.shared)
+        self.optimizer = build_optimizer(cfg.optimizer, params, self.algo_cfg.lr)
+        self.centre = GradientCentre(params, self.optimizer, getattr(self.algo_cfg, "max_grad_norm", 0.0))
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.counter = ctx.Value("q", 0)  # env steps behind the gradients taken in
+        self.weights = WeightVersion(ctx)
+        self._episodes = 0
+        self.returns: deque[float] = deque(maxlen=100)
+        self.lags: list[int] = []
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.eval_envs = self.make_eval_envs()
+        self._write_config(
+            {"optimizer": cfg.optimizer, "workers": cfg.workers, "grad_sets": self.grad_sets, "queue_size": QUEUE_SIZE}
+        )
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.counter.value)
+
+    @property
+    def episodes(self) -> int:
+        return self._episodes
+
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
+        payload["grad_parallel"] = {
+            "episodes": self._episodes,
+            "returns": list(self.returns),
+            "version": self.weights.version,
+            "optimizer": self.optimizer.state_dict(),
+        }
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
+        self.state.update(payload["state"])
+        self.counter.value = int(payload["env_steps"])
+        saved = payload.get("grad_parallel") or {}
+        self._episodes = int(saved.get("episodes", 0))
+        self.returns.extend(saved.get("returns", []))
+        self.weights.set(int(saved.get("version", 0)))
+        if saved.get("optimizer") is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+
+    # ----------------------------------------------------------------------------------------- learning
+    def take(self, item: Gradient) -> None:
+        """Count what the centre takes in: env steps and finished episodes."""
+        self.counter.value += item.steps
+        self._episodes += len(item.returns)
+        self.returns.extend(item.returns)
+
+    def step(self, items: list[Gradient]) -> dict[str, float]:
+        """One centre step on the summed gradients of `items` (schedule, clip, optimizer step, new version)."""
+        version = self.weights.version
+        self.lags += [version - item.version for item in items]
+        with self.weights.writing():
+            self.algo.schedule(self.env_steps, self.total_steps)  # lr annealing, target-network syncs
+            set_lr(self.optimizer, self.algo.optimizer.param_groups[0]["lr"])
+            norm = self.centre.apply([item.grad for item in items if item.grad is not None])
+        keys = {k for item in items for k in item.metrics}
+        metrics = {k: float(np.mean([it.metrics[k] for it in items if k in it.metrics])) for k in keys}
+        metrics["grad_norm"] = norm
+        return metrics
+
+    # ----------------------------------------------------------------------------------------- loop
+    def _report(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+        with open(self.run_dir / "workers.log", "a") as f:
+            f.write(f"[step {self.env_steps}] {text}\n")
+
+    def run(self) -> RunResult:
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        n = self.cfg.workers
+        ctx = torch.multiprocessing.get_context("spawn")
+        stop_event = ctx.Event()
+        queues = WorkerQueues(ctx, n, QUEUE_SIZE)
+        pool = None
+        workers: list[GradientWorker] = []
+        gathered: list[Gradient] = []  # gradients waiting for the next centre step
+        last_item = time.monotonic()
+        try:
+            if self.cfg.serial:
+                workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
+            else:
+                pool = WorkerPool(
+                    n,
+                    _worker_process,
+                    (self.spec, self.shared, self.weights, self.counter, stop_event, queues.queues),
+                    pids_file=self.run_dir / "workers.json",
+                    on_restart=queues.replace,
+                )
+                pool.start()
+            with _StopRequest() as stop:
+                turn = 0
+                while True:
+                    if workers:  # serial: the next worker's gradient
+                        item = workers[turn % n].step(self.env_steps)
+                        turn += 1
+                    else:
+                        item = queues.get_any(WAIT_S)
+                    new_returns: list[float] = []
+                    if item is not None:
+                        last_item = time.monotonic()
+                        self.take(item)
+                        new_returns = item.returns
+                        if item.grad is not None:
+                            gathered.append(item)
+                    elif time.monotonic() - last_item > STALL_S and pool is not None:
+                        self._report(f"no gradient from the workers for {STALL_S:.0f} s ({pool.alive()} alive)")
+                        last_item = time.monotonic()
+                    metrics: dict[str, float] = {}
+                    updates = 0
+                    if len(gathered) >= self.grad_sets:
+                        metrics, updates = self.step(gathered), 1
+                        gathered = []
+                    if pool is not None:
+                        for crash in pool.check():
+                            self._report(f"{crash.describe()}\nrestarting it with the current shared weights")
+                            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
+                    next_log = self.state["next_log"]
+                    reason = self.after_update(
+                        logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
+                    )
+                    if self.state["next_log"] != next_log and self.lags:
+                        lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
+                        logger.log(self.env_steps, lag)
+                        self.lags.clear()
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+                    if self.env_steps >= self.total_steps:
+                        break
+            stop_event.set()
+            if pool is not None:
+                stop_workers(pool, queues)
+            self.finish(logger, start, stopped_by)
+        finally:
+            stop_event.set()
+            if pool is not None:
+                stop_workers(pool, queues)
+            for worker in workers:
+                worker.close()
+            logger.close()
+            self.eval_envs.close()
+            queues.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)

@@ -1,0 +1,211 @@
+"""data_parallel and grad_parallel: serial runs, the centre's summed step, per-sampler replay columns, weight
+versions, sampler schedules, and clear errors for combinations that cannot run."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.algos import resolve
+from rlfleet.algos.common import linear
+from rlfleet.arch.data_parallel import Sampler, SamplerSpec, TransitionBlock, concat_blocks
+from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker, WorkerSpec
+from rlfleet.arch.shared import WeightVersion, share_algo, trainable_params
+from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.run.config import ConfigError, build_algo_config
+from rlfleet.run.train import train
+
+SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+CTX = torch.multiprocessing.get_context("spawn")
+
+
+def algo_and_cfg(name: str, **overrides):
+    cfg, _ = build_algo_config(name, None, overrides)
+    return resolve(name)[0](cfg, *SPACES, seed=0), cfg
+
+
+def metric_rows(run_dir, key: str) -> list[float]:
+    with open(run_dir / "metrics.csv") as f:
+        return [float(row["value"]) for row in csv.DictReader(f) if row["key"] == key]
+
+
+@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
+def test_serial_run_writes_its_run_folder_and_logs_policy_lag(arch, run_opts, tmp_path):
+    result = train("a2c", "CartPole-v1", arch=arch, workers=2, serial=True, steps=3_000, eval_every=1_000,
+                   stop_return=1e9, name="r", **run_opts)  # fmt: skip
+    r = result.result
+    assert r["arch"] == arch and r["stopped_by"] == "steps" and r["env_steps"] >= 3_000
+    run = tmp_path / "r"
+    for name in ("config.json", "metrics.csv", "curves.png", "result.json", "checkpoints/latest.pt"):
+        assert (run / name).exists(), name
+    assert json.loads((run / "config.json").read_text())["workers"] == 2
+    lags = metric_rows(run, "charts/policy_lag")
+    assert lags and min(lags) >= 0
+    assert metric_rows(run, "losses/grad_norm") and metric_rows(run, "charts/episodic_return")
+    segment = 8 * 16  # a2c's n_envs × rollout_len per sampler or worker
+    per_update = segment if arch == "data_parallel" else 2 * segment  # the centre sums one gradient per worker
+    assert r["updates"] == r["env_steps"] // per_update
+
+
+def test_serial_data_parallel_dqn_learns_from_every_sampler(run_opts):
+    result = train("dqn", "CartPole-v1", arch="data_parallel", workers=2, serial=True, steps=3_000,
+                   eval_every=1_500, stop_return=1e9, **run_opts)  # fmt: skip
+    r = result.result
+    rounds = r["env_steps"] // (2 * 4 * 16)  # a round: one block of train_freq steps of 4 envs from each sampler
+    assert r["env_steps"] >= 3_000 and r["env_steps"] % (2 * 4 * 16) == 0
+    assert 0 < r["updates"] <= rounds * 16 and r["updates"] % 16 == 0  # gradient_steps per round once learning
+    assert r["episodes"] > 0 and r["eval_return_mean"] is not None
+
+
+def test_data_parallel_resumes_its_counters(run_opts, tmp_path):
+    train("a2c", "CartPole-v1", arch="data_parallel", workers=2, serial=True, steps=1_024, stop_return=1e9,
+          name="r", **run_opts)  # fmt: skip
+    first = json.loads((tmp_path / "r" / "result.json").read_text())
+    resumed = train(resume=tmp_path / "r", steps=2_048, progress=False).result
+    assert resumed["env_steps"] == 2_048 and resumed["updates"] == first["updates"] + 8
+    assert resumed["episodes"] >= first["episodes"]
+
+
+def test_grad_parallel_centre_step_is_the_sum_of_the_worker_gradients():
+    """θ ← θ − η Σ_w ∇L_w(θ) with plain SGD, the gradients computed by hand from the workers' own segments."""
+    algo, cfg = algo_and_cfg("a2c", n_envs=2, rollout_len=8)
+    spec = WorkerSpec("a2c", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=10_000)
+    shared = share_algo(algo)
+    params = trainable_params(shared)
+    weights = WeightVersion(CTX)
+    workers = [GradientWorker(spec, shared, weights, w) for w in range(2)]
+    try:
+        with torch.no_grad():  # local copies that diverged must be refreshed by the pull
+            for w in workers:
+                for p in w.copy.local_params:
+                    p.add_(1.0)
+        flat, by_hand = [], []
+        for w in workers:
+            version, segment = w.collect(global_steps=0)
+            assert version == 0
+            grad, metrics = w.gradient(segment)
+            assert grad.dtype == np.float32 and "policy_loss" in metrics
+            ref, _ = algo_and_cfg("a2c", n_envs=2, rollout_len=8)
+            ref.model.load_state_dict(algo.model.state_dict())
+            loss, _ = ref.loss(ref.process(segment))
+            loss.backward()
+            hand = [p.grad.clone() for p in ref.model.parameters()]
+            np.testing.assert_allclose(grad, torch.cat([g.flatten() for g in hand]).numpy(), rtol=1e-5, atol=1e-7)
+            flat.append(grad)
+            by_hand.append(hand)
+        before = [p.detach().clone() for p in params]
+        centre = GradientCentre(params, torch.optim.SGD(params, lr=0.1), max_grad_norm=0.0)
+        with weights.writing():
+            norm = centre.apply(flat)
+        assert weights.version == 1
+        total = [a + b for a, b in zip(*by_hand, strict=True)]
+        assert norm == pytest.approx(float(torch.cat([g.flatten() for g in total]).norm()), rel=1e-5)
+        for p0, p, g in zip(before, params, total, strict=True):
+            torch.testing.assert_close(p.detach(), p0 - 0.1 * g, rtol=1e-5, atol=1e-6)
+        assert all(p.grad is None for p in params)
+        with pytest.raises(ValueError, match="another model"):
+            centre.apply([flat[0][:-1]])
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_grad_parallel_centre_clips_the_summed_gradient():
+    p = torch.nn.Parameter(torch.zeros(4))
+    centre = GradientCentre([p], torch.optim.SGD([p], lr=1.0), max_grad_norm=1.0)
+    norm = centre.apply([np.full(4, 1.0, np.float32), np.full(4, 2.0, np.float32)])  # sum 3s, norm 6
+    assert norm == pytest.approx(6.0)
+    torch.testing.assert_close(p.detach(), torch.full((4,), -0.5))  # clipped to norm 1
+
+
+def test_weight_version_counts_updates_and_reads_whole_versions():
+    weights = WeightVersion(CTX)
+    stop = CTX.Event()
+    copies = []
+    assert weights.read(lambda: copies.append(1)) == 0 and copies == [1]
+    with weights.writing():
+        stop.set()  # a reader never returns a copy taken while the weights change
+        assert weights.read(lambda: copies.append(2), stop) is None and copies == [1]
+    assert weights.version == 1 and weights.read(lambda: None) == 1
+    weights.set(7)
+    assert weights.version == 7
+
+
+def test_sampler_follows_the_global_schedule_and_the_learner_target():
+    learner, cfg = algo_and_cfg("nstep_q", n_envs=2, rollout_len=4, eps_anneal_steps=1_000)
+    spec = SamplerSpec("nstep_q", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=10_000)
+    weights = WeightVersion(CTX)
+    with torch.no_grad():
+        for p in learner.q_target.parameters():
+            p.add_(0.5)  # the learner's target differs from its online network
+    sampler = Sampler(spec, share_algo(learner), weights, worker_id=0)
+    try:
+        item = sampler.sample(global_steps=500)
+        assert item.version == 0 and item.steps == 2 * 4
+        local = sampler.algo
+        expected = cfg.eps_start + (local.eps_final - cfg.eps_start) * 0.5  # half-way through the annealing
+        np.testing.assert_allclose(local.eps, expected)
+        assert local.q_target is not learner.q_target  # a copy: only the learner changes its target
+        for a, b in zip(local.q_target.parameters(), learner.q_target.parameters(), strict=True):
+            assert torch.equal(a, b)
+        assert set(item.data.data.keys()) >= {"obs", "act", "rew", "terminated", "truncated"}
+    finally:
+        sampler.close()
+
+
+def test_dqn_sampler_sends_blocks_of_train_freq_steps_with_scheduled_epsilon():
+    learner, cfg = algo_and_cfg("dqn", n_envs=3, train_freq=5)
+    spec = SamplerSpec("dqn", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000)
+    sampler = Sampler(spec, share_algo(learner), WeightVersion(CTX), worker_id=1)
+    try:
+        item = sampler.sample(global_steps=4_000)
+        assert sampler.algo.eps == pytest.approx(linear(cfg.eps_start, cfg.eps_final, cfg.eps_anneal_steps, 4_000))
+        assert item.worker == 1 and item.steps == 15
+        assert item.data["obs"].shape == (5, 3, 4) and item.data["rew"].shape == (5, 3)
+        assert item.data["terminated"].dtype == bool
+    finally:
+        sampler.close()
+
+
+def test_transition_blocks_keep_each_sampler_in_its_own_env_columns():
+    """Blocks side by side: n-step sums never mix two samplers' streams."""
+    blocks = []
+    for reward in (1.0, 10.0):  # sampler 0 always earns 1, sampler 1 always 10; two envs each
+        block = TransitionBlock(6)
+        for t in range(6):
+            obs = np.full((2, 1), t, np.float32)
+            block.add(obs, np.zeros(2, np.int64), np.full(2, reward, np.float32), obs + 1,
+                      np.zeros(2, bool), np.zeros(2, bool))  # fmt: skip
+        blocks.append(block.data)
+    rows = concat_blocks(blocks)
+    assert rows["rew"].shape == (6, 4)
+    buffer = ReplayBuffer(100, n_envs=4, n_step=3, gamma=1.0)
+    for t in range(6):
+        buffer.add(*(rows[key][t] for key in TransitionBlock.FIELDS))
+    batch = buffer.sample(0)
+    column = batch.index % 4
+    full = batch.rew[(batch.index // 4) < 4]  # rows with 3 steps ahead of them
+    assert set(np.unique(full)) == {3.0, 30.0}
+    assert np.all(np.where(column < 2, batch.rew <= 3.0, batch.rew >= 10.0))
+
+
+@pytest.mark.parametrize(
+    "algo, options, message",
+    [
+        ("dqn", {"arch": "grad_parallel"}, "replay.*data_parallel"),
+        ("a2c", {"arch": "grad_parallel", "workers": 0}, "--workers"),
+        ("a2c", {"arch": "grad_parallel", "grad_sets": -1}, "--grad-sets"),
+        ("a2c", {"arch": "grad_parallel", "optimizer": "adagrad"}, "unknown optimizer"),
+        ("a2c", {"arch": "data_parallel", "workers": 0}, "--workers"),
+        ("dqn", {"arch": "data_parallel", "workers": -1}, "--workers"),
+    ],
+)
+def test_bad_parallel_options_are_clear_errors(tmp_path, algo, options, message):
+    with pytest.raises(ConfigError, match=message):
+        train(algo, "CartPole-v1", logdir=str(tmp_path), progress=False, **options)
+    assert not any(tmp_path.iterdir())  # nothing written
