@@ -66,6 +66,7 @@ from rlfleet.run.train import RunBase, RunResult, _StopRequest
 
 QUEUE_SIZE = 2  # items each sampler may have in flight: at most 2 × workers wait for the learner
 WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
+FLUSH_S = 2.0  # longest time between writes of the metrics files to disk
 STALL_S = 60.0  # no experience for this long is reported in workers.log (a heartbeat of the samplers)
 
 
@@ -340,7 +341,7 @@ class DataParallelRunner(RunBase):
         pool = None
         samplers: list[Sampler] = []
         pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
-        last_item = time.monotonic()
+        last_item = last_flush = time.monotonic()
         try:
             if self.cfg.serial:
                 samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
@@ -392,6 +393,9 @@ class DataParallelRunner(RunBase):
                         lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
                         logger.log(self.env_steps, lag)
                         self.lags.clear()
+                        if time.monotonic() - last_flush > FLUSH_S:  # metrics.csv stays current for watchers
+                            logger.flush()
+                            last_flush = time.monotonic()
                     if reason is not None:
                         stopped_by = reason
                         break

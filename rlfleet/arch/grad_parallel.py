@@ -61,6 +61,7 @@ from rlfleet.run.train import RunBase, RunResult, _StopRequest
 
 QUEUE_SIZE = 2  # gradients each worker may have in flight: at most 2 × workers wait for the centre
 WAIT_S = 0.2  # the centre's longest wait for a gradient before it checks workers, Ctrl-C and the clock
+FLUSH_S = 2.0  # longest time between writes of the metrics files to disk
 STALL_S = 60.0  # no gradient for this long is reported in workers.log (a heartbeat of the workers)
 
 
@@ -308,7 +309,7 @@ class GradParallelRunner(RunBase):
         pool = None
         workers: list[GradientWorker] = []
         gathered: list[Gradient] = []  # gradients waiting for the next centre step
-        last_item = time.monotonic()
+        last_item = last_flush = time.monotonic()
         try:
             if self.cfg.serial:
                 workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
@@ -356,6 +357,9 @@ class GradParallelRunner(RunBase):
                         lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
                         logger.log(self.env_steps, lag)
                         self.lags.clear()
+                        if time.monotonic() - last_flush > FLUSH_S:  # metrics.csv stays current for watchers
+                            logger.flush()
+                            last_flush = time.monotonic()
                     if reason is not None:
                         stopped_by = reason
                         break

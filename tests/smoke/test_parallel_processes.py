@@ -1,0 +1,94 @@
+"""data_parallel and grad_parallel with real worker processes: a SIGKILLed worker is restarted and the run
+finishes; Ctrl-C leaves a checkpoint and no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from procs import RLFLEET, kill_session, session_processes, wait_until_gone
+
+from rlfleet.run.checkpoint import load_checkpoint
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*RLFLEET, "train", *args, "--logdir", str(tmp_path), "--name", "r", "--no-progress"],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_workers(proc: subprocess.Popen, run: Path, n: int, timeout: float = 120) -> dict[str, int]:
+    """The workers' pids, once all of them run and the learner has logged what it took in from them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"no {n} workers after {timeout} s"
+        if (run / "workers.json").exists() and (run / "metrics.csv").exists():
+            pids = json.loads((run / "workers.json").read_text())
+            if len(pids) == n and "charts/policy_lag" in (run / "metrics.csv").read_text():
+                return pids
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    "algo, arch, steps",
+    [("a2c", "data_parallel", 40_000), ("dqn", "data_parallel", 20_000), ("a2c", "grad_parallel", 40_000)],
+)
+def test_sigkilled_worker_is_restarted_and_the_run_finishes(tmp_path, algo, arch, steps):
+    proc = start(tmp_path, algo, "--env", "CartPole-v1", "--arch", arch, "--workers", "2", "--steps", str(steps),
+                 "--stop-return", "1e9", "--eval-every", "10000")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        pids = wait_for_workers(proc, run, 2)
+        time.sleep(1)
+        os.kill(pids["0"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    log = (run / "workers.log").read_text()
+    assert "worker 0 died (killed by SIGKILL)" in log and "restarting it" in log
+    assert "worker 0 died (killed by SIGKILL)" in err
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= steps
+    assert not (run / "workers.json").exists()  # every worker gone
+
+
+@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
+def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", arch, "--workers", "2", "--steps", "10000000",
+                 "--stop-return", "1e9")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        wait_for_workers(proc, run, 2)
+        time.sleep(1)
+        assert len(session_processes(sid)) >= 3  # the learner and both workers
+        os.killpg(sid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert "stopped by interrupted" in out
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    saved = load_checkpoint(run)
+    assert saved["env_steps"] > 0 and saved["run_config"]["arch"] == arch
+    assert saved[arch]["version"] > 0
