@@ -30,8 +30,12 @@ Every update bumps the weight version; `charts/policy_lag` is the learner's vers
 an item minus the version the item was collected with (0: perfectly on-policy), `charts/policy_lag_max`
 its maximum since the last log line.
 
-The bounded queues (`QUEUE_SIZE` items per sampler) keep samplers at most a few items ahead of the
-learner, which bounds the lag. `env_steps` counts what the learner has consumed, so it is exact and
+Samplers may run only `AHEAD` items ahead of the learner (credits given back once the learner has learned
+from an item; the queues, `QUEUE_SIZE` items each, are bounded too). For on-policy data that is one: a
+sampler's next segment starts once the learner has learned from its last one, with the weights that
+learned from it, so the lag stays about `workers − 1` updates (A2C with a lag of 5 collapsed on
+CartPole-v1 in our runs); for replay it is two, so that samplers collect the next round while the
+learner trains. `env_steps` counts what the learner has consumed, so it is exact and
 resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT
 saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
 `workers.log`) and restarted with a fresh queue; Ctrl-C stops the samplers and saves a checkpoint.
@@ -57,14 +61,15 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo
-from rlfleet.arch.workers import WorkerPool, WorkerQueues, put_until_stopped, stop_workers
+from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
 from rlfleet.data.rollout import RolloutStorage, Segment
 from rlfleet.envs import make_vector_env
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunBase, RunResult, _StopRequest
 
-QUEUE_SIZE = 2  # items each sampler may have in flight: at most 2 × workers wait for the learner
+QUEUE_SIZE = 2  # items each sampler's queue holds: at most 2 × workers wait for the learner
+AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
 WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
 FLUSH_S = 2.0  # longest time between writes of the metrics files to disk
 STALL_S = 60.0  # no experience for this long is reported in workers.log (a heartbeat of the samplers)
@@ -91,6 +96,8 @@ class Experience:
     """One item from a sampler: a segment (rollout) or a transition block (replay), and its bookkeeping."""
 
     worker: int
+    incarnation: int
+    """How many times the sampler had been restarted (its credits are given back only to that incarnation)."""
     version: int
     """Weight version the sampler acted with."""
     steps: int
@@ -171,6 +178,7 @@ class Sampler:
         algo_cls, _, _, _ = resolve(spec.algo)
         self.spec = spec
         self.worker_id = worker_id
+        self.incarnation = incarnation
         self.weights = weights
         self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
         self.copy = LocalCopy(self.algo, shared, share_frozen=False)
@@ -199,19 +207,22 @@ class Sampler:
             block = TransitionBlock(algo.cfg.train_freq)
             c.collect(block, n_step=algo.cfg.train_freq * c.n_envs)
             data = block.data
-        return Experience(self.worker_id, version, c.env_steps - before, c.pop_new_returns(), data)
+        returns = c.pop_new_returns()
+        return Experience(self.worker_id, self.incarnation, version, c.env_steps - before, returns, data)
 
     def close(self) -> None:
         self.envs.close()
 
 
-def _sampler_process(worker_id, incarnation, spec, shared, weights, counter, stop, queues) -> None:
+def _sampler_process(worker_id, incarnation, spec, shared, weights, counter, stop, queues, credits) -> None:
     """A sampler process: items into its own bounded queue until the run's steps are consumed or stop."""
     torch.manual_seed(spec.worker_seed(worker_id, incarnation))
-    out = queues[worker_id]
+    out, credit = queues[worker_id], credits[worker_id]
     sampler = Sampler(spec, shared, weights, worker_id, incarnation)
     try:
         while not stop.is_set() and counter.value < spec.total_steps:
+            if not acquire_until_stopped(credit, stop):
+                break
             item = sampler.sample(counter.value, stop)
             if item is None or not put_until_stopped(out, item, stop):
                 break
@@ -255,7 +266,7 @@ class DataParallelRunner(RunBase):
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
-        self._write_config({"workers": cfg.workers, "queue_size": QUEUE_SIZE})
+        self._write_config({"workers": cfg.workers, "queue_size": QUEUE_SIZE, "ahead": AHEAD[self.algo.data]})
 
     @property
     def env_steps(self) -> int:
@@ -337,7 +348,7 @@ class DataParallelRunner(RunBase):
         replay = self.algo.data == "replay"
         ctx = torch.multiprocessing.get_context("spawn")
         stop_event = ctx.Event()
-        queues = WorkerQueues(ctx, n, QUEUE_SIZE)
+        queues = WorkerQueues(ctx, n, QUEUE_SIZE, credits=AHEAD[self.algo.data])
         pool = None
         samplers: list[Sampler] = []
         pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
@@ -349,7 +360,7 @@ class DataParallelRunner(RunBase):
                 pool = WorkerPool(
                     n,
                     _sampler_process,
-                    (self.spec, self.shared, self.weights, self.counter, stop_event, queues.queues),
+                    (self.spec, self.shared, self.weights, self.counter, stop_event, queues.queues, queues.credits),
                     pids_file=self.run_dir / "workers.json",
                     on_restart=queues.replace,
                 )
@@ -377,6 +388,9 @@ class DataParallelRunner(RunBase):
                     if items:
                         last_item = time.monotonic()
                         metrics, updates = self.learn_blocks(items) if replay else self.learn_segment(items[0])
+                        for item in items:  # learned from: its sampler may collect the next one
+                            if pool is not None and item.incarnation == pool.incarnations[item.worker]:
+                                queues.release(item.worker)
                     elif time.monotonic() - last_item > STALL_S:
                         self._report(f"no experience from the samplers for {STALL_S:.0f} s ({pool.alive()} alive)")
                         last_item = time.monotonic()

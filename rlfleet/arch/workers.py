@@ -181,6 +181,14 @@ class WorkerPool:
                 self.pids_file.unlink()
 
 
+def acquire_until_stopped(credit, stop, poll_s: float = 0.1) -> bool:
+    """Take one credit (a semaphore of `WorkerQueues`), waiting while there is none; False if `stop` got set."""
+    while not stop.is_set():
+        if credit.acquire(timeout=poll_s):
+            return True
+    return False
+
+
 def put_until_stopped(q, item: Any, stop, poll_s: float = 0.1) -> bool:
     """Put `item` into a bounded queue, waiting while it is full; False if `stop` got set first."""
     while not stop.is_set():
@@ -193,25 +201,41 @@ def put_until_stopped(q, item: Any, stop, poll_s: float = 0.1) -> bool:
 
 
 class WorkerQueues:
-    """One bounded queue per worker (worker → coordinator), `maxsize` items each.
+    """One bounded queue per worker (worker → coordinator), `maxsize` items each, and optional credits.
 
     A worker gets the whole list (`self.queues`) and puts into `queues[worker_id]`. Per-worker queues
     keep a crash local: a process killed while writing can leave its queue's write lock taken, so
     `replace(worker_id)` (a `WorkerPool` `on_restart` hook) swaps in a fresh queue for the next
     incarnation. Items that were in the old queue are dropped with it.
+
+    With `credits=k`, each worker also has a semaphore of k credits (`self.credits`, a list passed the
+    same way): the worker takes one before it starts producing an item (`acquire_until_stopped`), the
+    coordinator gives it back once it has used the item (`release`). A queue bounds the items waiting;
+    credits also count the one being made, so a worker is never more than k items ahead of the
+    coordinator (and can wait to act with the weights that learned from its last item).
     """
 
-    def __init__(self, ctx, n_workers: int, maxsize: int = 2, poll_s: float = 5e-4):
+    def __init__(self, ctx, n_workers: int, maxsize: int = 2, credits: int | None = None, poll_s: float = 5e-4):
         self.ctx = ctx
         self.maxsize = maxsize
+        self.n_credits = credits
         self.poll_s = poll_s
         self.queues = [ctx.Queue(maxsize) for _ in range(n_workers)]
+        self.credits = [ctx.Semaphore(credits) for _ in range(n_workers)] if credits else None
         self._next = 0
 
     def replace(self, worker_id: int) -> None:
+        """A fresh queue (and full credits) for a worker that is about to restart."""
         old = self.queues[worker_id]
         self.queues[worker_id] = self.ctx.Queue(self.maxsize)
         old.close()
+        if self.credits is not None:
+            self.credits[worker_id] = self.ctx.Semaphore(self.n_credits)
+
+    def release(self, worker_id: int) -> None:
+        """Give a worker back the credit of an item the coordinator has used."""
+        if self.credits is not None:
+            self.credits[worker_id].release()
 
     def get(self, worker_id: int, timeout: float) -> Any | None:
         """The next item of one worker, or None after `timeout` seconds."""

@@ -16,6 +16,7 @@ from rlfleet.algos.common import linear
 from rlfleet.arch.data_parallel import Sampler, SamplerSpec, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker, WorkerSpec
 from rlfleet.arch.shared import WeightVersion, share_algo, trainable_params
+from rlfleet.arch.workers import WorkerQueues, acquire_until_stopped, put_until_stopped
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.run.config import ConfigError, build_algo_config
 from rlfleet.run.train import train
@@ -134,6 +135,25 @@ def test_weight_version_counts_updates_and_reads_whole_versions():
     assert weights.version == 1 and weights.read(lambda: None) == 1
     weights.set(7)
     assert weights.version == 7
+
+
+def test_worker_queues_hand_out_credits_and_replace_a_crashed_workers_queue():
+    queues = WorkerQueues(CTX, 2, maxsize=2, credits=1)
+    stop = CTX.Event()
+    try:
+        assert acquire_until_stopped(queues.credits[0], stop)
+        assert not queues.credits[0].acquire(timeout=0.01)  # one item ahead of the coordinator at most
+        queues.release(0)  # the coordinator used it
+        assert queues.credits[0].acquire(timeout=0.01)
+        assert put_until_stopped(queues.queues[1], "item", stop)
+        assert queues.get_any(timeout=5.0) == "item" and queues.get_any(timeout=0.01) is None
+        old = queues.queues[0]
+        queues.replace(0)  # a restarted worker: fresh queue, full credits
+        assert queues.queues[0] is not old and queues.credits[0].acquire(timeout=0.01)
+        stop.set()
+        assert not acquire_until_stopped(queues.credits[0], stop)
+    finally:
+        queues.close()
 
 
 def test_sampler_follows_the_global_schedule_and_the_learner_target():
