@@ -4,7 +4,8 @@ Every worker is a `spawn`ed process running `target(worker_id, incarnation, *arg
 thread and Ctrl-C ignored (the coordinator alone reacts to it, then stops the workers itself). A
 worker that raises sends its traceback through the pool's error queue before exiting; one that is
 killed (SIGKILL, out of memory) is noticed by its exit code. `check()` reports both and restarts the
-worker (the next incarnation, so it can reseed), up to `max_restarts` over the run.
+worker (the next incarnation, so it can reseed), up to `max_restarts` over the run. A worker whose
+coordinator dies without stopping it exits by itself (it watches the parent's sentinel).
 
 `WorkerQueues` carries data from the workers to the coordinator: one small bounded queue per worker, so
 that a worker killed in the middle of a write spoils only its own queue, which is replaced before the
@@ -18,10 +19,12 @@ import json
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +51,25 @@ class Crash:
         return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
 
 
+def _exit_with_parent() -> None:
+    """Leave at once if the coordinator dies without stopping us (SIGKILL, out of memory): no orphans."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rlfleet-parent-watch", daemon=True).start()
+
+
 def _bootstrap(target: Callable, worker_id: int, incarnation: int, errors, args: tuple) -> None:
-    """Process entry point: one thread, Ctrl-C ignored, exceptions sent home with their traceback."""
+    """Process entry point: one thread, Ctrl-C ignored, gone with the coordinator, exceptions sent home with
+    their traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    _exit_with_parent()
     try:
         target(worker_id, incarnation, *args)
     except BaseException:

@@ -92,3 +92,21 @@ def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     saved = load_checkpoint(run)
     assert saved["env_steps"] > 0 and saved["run_config"]["arch"] == arch
     assert saved[arch]["version"] > 0
+
+
+def test_workers_leave_when_the_learner_is_killed(tmp_path):
+    """SIGKILL gives the learner no chance to stop its workers: they notice and exit by themselves."""
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "grad_parallel", "--workers", "2",
+                 "--steps", "10000000", "--stop-return", "1e9")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        pids = wait_for_workers(proc, run, 2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        left = wait_until_gone(sid, timeout=15)
+        assert not any(pid in left for pid in pids.values()), left
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
