@@ -229,3 +229,16 @@ def test_bad_parallel_options_are_clear_errors(tmp_path, algo, options, message)
     with pytest.raises(ConfigError, match=message):
         train(algo, "CartPole-v1", logdir=str(tmp_path), progress=False, **options)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+ON_POLICY = ["a2c", "a3c", "pg", "ppo", "onestep_q", "sarsa", "nstep_q"]
+
+
+@pytest.mark.parametrize(
+    "algo, arch", [(a, "data_parallel") for a in [*ON_POLICY, "dqn"]] + [(a, "grad_parallel") for a in ON_POLICY]
+)
+def test_every_algorithm_runs_serially_on_both_architectures(algo, arch, run_opts):
+    overrides = {"learning_starts": 100} if algo == "dqn" else {}
+    r = train(algo, "CartPole-v1", arch=arch, workers=2, serial=True, steps=600, eval_every=600, eval_episodes=2,
+              stop_return=1e9, overrides=overrides, **run_opts).result  # fmt: skip
+    assert r["env_steps"] >= 600 and r["updates"] > 0 and r["eval_return_mean"] is not None
