@@ -308,16 +308,16 @@ class DataParallelRunner(RunBase):
         """The `Trainer`'s on-policy step on a sampler's segment: schedule, `algo.update(segment)`."""
         segment = item.data
         segment = Segment(segment.data, segment.last_obs, segment.last_value, _state_to_torch(segment.initial_state))
-        self.algo.schedule(self.env_steps, self.total_steps)
-        self._consume([item])
-        with self.weights.writing():
+        with self.weights.writing():  # the schedule may sync target networks: part of the new version
+            self.algo.schedule(self.env_steps, self.total_steps)
+            self._consume([item])
             metrics = self.algo.update(segment)
         return metrics, 1
 
     def learn_blocks(self, items: list[Experience]) -> tuple[dict[str, float], int]:
         """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side)."""
         cfg = self.algo_cfg
-        self.algo.schedule(self.env_steps, self.total_steps)
+        self.algo.schedule(self.env_steps, self.total_steps)  # ε only: DQN copies its target inside `update`
         self._consume(items)
         block = concat_blocks([item.data for item in items])
         for t in range(len(block["rew"])):
