@@ -16,7 +16,7 @@ from procs import RLFLEET
 from rlfleet.algos import REGISTRY
 from rlfleet.run.checkpoint import load_checkpoint
 
-ALGOS = ("a2c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
+ALGOS = ("a2c", "a3c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
 RESULT_KEYS = {
     *("solved", "solved_at_step", "solved_at_s", "eval_return_mean", "eval_return_std", "env_steps", "wall_time_s")
 }
@@ -55,7 +55,7 @@ USAGE_ERRORS = {
     "unknown-set-key": ((*TRAIN, "--set", "learning_rate=0.1"), ["'learning_rate'", "lr", "clip", "rollout_len"]),
     "set-bad-float": ((*TRAIN, "--set", "lr=fast"), ["'fast'", "lr", "float"]),
     "unknown-preset": ((*TRAIN, "--preset", "fast"), ["'fast'", "atari"]),
-    "unsupported-space": (("train", "ppo", "--env", "Pendulum-v1", "--logdir", "runs"), ["ppo", "discrete", "Box"]),
+    "unsupported-space": (("train", "dqn", "--env", "Pendulum-v1", "--logdir", "runs"), ["dqn", "discrete", "Box"]),
     "eval-garbage": (("eval", "garbage.pt"), ["garbage.pt", "cannot read checkpoint"]),
     "eval-missing": (("eval", "nowhere/latest.pt"), ["nowhere", "no checkpoint"]),
     "resume-garbage-run": (("train", "--resume", "runs/old", "--no-progress"), ["latest.pt", "cannot read checkpoint"]),
@@ -73,6 +73,13 @@ MORE_USAGE_ERRORS = {
     "set-bad-activation": ((*TRAIN, "--set", "activation=gelu"), ["'gelu'", "relu", "tanh"]),
     "n-envs-zero": ((*TRAIN, "--n-envs", "0"), ["--n-envs", "0"]),
     "dqn-preset-unknown": (("train", "dqn", "--env", "CartPole-v1", "--preset", "paper"), ["'paper'", "atari"]),
+    "unknown-arch": ((*TRAIN, "--arch", "gossamer"), ["'gossamer'", "single", "hogwild", "data_parallel"]),
+    "replay-on-hogwild": (("train", "dqn", "--env", "CartPole-v1", "--arch", "hogwild"), ["dqn", "replay", "hogwild"]),
+    "workers-zero": ((*TRAIN, "--arch", "hogwild", "--workers", "0"), ["--workers", "0"]),
+    "unknown-optimizer": (
+        ("train", "a3c", "--env", "CartPole-v1", "--optimizer", "adagrad"),
+        ["'adagrad'", "shared_rmsprop"],
+    ),
     "negative-eval-every": ((*TRAIN, "--eval-every", "-5"), ["--eval-every", "-5"]),
     "negative-checkpoint-every": ((*TRAIN, "--checkpoint-every", "-1"), ["--checkpoint-every", "-1"]),
     "train-without-env": (("train", "ppo"), ["--env"]),
@@ -140,6 +147,8 @@ def test_list_shows_every_algorithm(tmp_path: Path):
     assert set(ALGOS) == set(REGISTRY) <= listed
     for name in ALGOS:
         assert f"  {name} " in proc.stdout
+    for arch in ("single", "hogwild", "data_parallel", "grad_parallel"):
+        assert f"  {arch} " in proc.stdout
 
 
 @pytest.fixture(scope="module")
