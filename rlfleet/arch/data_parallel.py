@@ -49,9 +49,7 @@ of small-item runs, are safe.
 
 from __future__ import annotations
 
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,13 +58,14 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
+from rlfleet.arch.parallel import ParallelRunner
 from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo
 from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
 from rlfleet.data.rollout import RolloutStorage, Segment
 from rlfleet.envs import make_vector_env
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
-from rlfleet.run.train import RunBase, RunResult, _StopRequest
+from rlfleet.run.train import RunResult, _StopRequest
 
 QUEUE_SIZE = 2  # items each sampler's queue holds: at most 2 × workers wait for the learner
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
@@ -232,12 +231,13 @@ def _sampler_process(worker_id, incarnation, spec, shared, weights, counter, sto
         sampler.close()
 
 
-class DataParallelRunner(RunBase):
+class DataParallelRunner(ParallelRunner):
     """The learner of a `data_parallel` run (see the module docstring)."""
 
+    arch = "data_parallel"
+
     def check_config(self) -> None:
-        if self.cfg.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.cfg.workers}")
+        self.check_parallel(on_policy_only=False, uses_optimizer=False)
         if self.algo.data not in ("rollout", "replay"):
             raise ConfigError(f"{self.cfg.algo} wants {self.algo.data!r} data; data_parallel feeds rollout or replay")
 
@@ -254,11 +254,8 @@ class DataParallelRunner(RunBase):
         )
         # serial samplers live in this process: the networks need not move to shared memory
         self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
-        ctx = torch.multiprocessing.get_context("spawn")
-        self.counter = ctx.Value("q", 0)  # env steps consumed by the learner
-        self.weights = WeightVersion(ctx)
-        self._episodes = 0
-        self.returns: deque[float] = deque(maxlen=100)
+        self.start_counters()  # env steps consumed by the learner
+        self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         self.lags: list[int] = []
         self.buffer = None
         if self.algo.data == "replay":
@@ -268,30 +265,10 @@ class DataParallelRunner(RunBase):
         self.eval_envs = self.make_eval_envs()
         self._write_config({"workers": cfg.workers, "queue_size": QUEUE_SIZE, "ahead": AHEAD[self.algo.data]})
 
-    @property
-    def env_steps(self) -> int:
-        return int(self.counter.value)
+    def _extra_state(self) -> dict[str, Any]:
+        return {"version": self.weights.version}
 
-    @property
-    def episodes(self) -> int:
-        return self._episodes
-
-    def _payload(self, with_data: bool) -> dict[str, Any]:
-        payload = super()._payload(with_data)
-        payload["data_parallel"] = {
-            "episodes": self._episodes,
-            "returns": list(self.returns),
-            "version": self.weights.version,
-        }
-        return payload
-
-    def _restore(self, payload: dict[str, Any]) -> None:
-        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
-        self.state.update(payload["state"])
-        self.counter.value = int(payload["env_steps"])
-        saved = payload.get("data_parallel") or {}
-        self._episodes = int(saved.get("episodes", 0))
-        self.returns.extend(saved.get("returns", []))
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
         self.weights.set(int(saved.get("version", 0)))
 
     # ----------------------------------------------------------------------------------------- learning
@@ -301,8 +278,7 @@ class DataParallelRunner(RunBase):
         for item in items:
             self.lags.append(version - item.version)
             self.counter.value += item.steps
-            self._episodes += len(item.returns)
-            self.returns.extend(item.returns)
+            self.count_returns(item.returns)
 
     def learn_segment(self, item: Experience) -> tuple[dict[str, float], int]:
         """The `Trainer`'s on-policy step on a sampler's segment: schedule, `algo.update(segment)`."""
@@ -336,11 +312,6 @@ class DataParallelRunner(RunBase):
         return metrics, cfg.gradient_steps
 
     # ----------------------------------------------------------------------------------------- loop
-    def _report(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-        with open(self.run_dir / "workers.log", "a") as f:
-            f.write(f"[step {self.env_steps}] {text}\n")
-
     def run(self) -> RunResult:
         logger, start = self.start_logging()
         stopped_by = "steps"

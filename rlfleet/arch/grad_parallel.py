@@ -44,9 +44,7 @@ process (tests, debugging).
 
 from __future__ import annotations
 
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,14 +55,15 @@ from torch import nn
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import set_lr
+from rlfleet.arch.parallel import ParallelRunner
 from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
-from rlfleet.optim import HOGWILD_OPTIMIZERS, build_optimizer
+from rlfleet.optim import build_optimizer
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
-from rlfleet.run.train import RunBase, RunResult, _StopRequest
+from rlfleet.run.train import RunResult, _StopRequest
 
 QUEUE_SIZE = 2  # gradients each worker's queue holds: at most 2 × workers wait for the centre
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
@@ -211,22 +210,15 @@ def _worker_process(worker_id, incarnation, spec, shared, weights, counter, stop
         worker.close()
 
 
-class GradParallelRunner(RunBase):
+class GradParallelRunner(ParallelRunner):
     """The centre of a `grad_parallel` run (see the module docstring)."""
 
+    arch = "grad_parallel"
+
     def check_config(self) -> None:
-        cfg = self.cfg
-        if self.algo.data != "rollout":
-            raise ConfigError(
-                f"{cfg.algo} learns from replay; the grad_parallel architecture runs on-policy algorithms "
-                "(a2c, pg, ppo, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
-            )
-        if cfg.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
-        if cfg.grad_sets < 0:
-            raise ConfigError(f"--grad-sets must be >= 0 (0: one per worker), got {cfg.grad_sets}")
-        if cfg.optimizer not in HOGWILD_OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+        self.check_parallel(on_policy_only=True, uses_optimizer=True)
+        if self.cfg.grad_sets < 0:
+            raise ConfigError(f"--grad-sets must be >= 0 (0: one per worker), got {self.cfg.grad_sets}")
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
@@ -246,11 +238,8 @@ class GradParallelRunner(RunBase):
         params = trainable_params(self.shared)
         self.optimizer = build_optimizer(cfg.optimizer, params, self.algo_cfg.lr)
         self.centre = GradientCentre(params, self.optimizer, getattr(self.algo_cfg, "max_grad_norm", 0.0))
-        ctx = torch.multiprocessing.get_context("spawn")
-        self.counter = ctx.Value("q", 0)  # env steps behind the gradients taken in
-        self.weights = WeightVersion(ctx)
-        self._episodes = 0
-        self.returns: deque[float] = deque(maxlen=100)
+        self.start_counters()  # env steps behind the gradients taken in
+        self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         self.lags: list[int] = []
         if resume_from is not None:
             self._restore(resume_from)
@@ -265,31 +254,10 @@ class GradParallelRunner(RunBase):
             }
         )
 
-    @property
-    def env_steps(self) -> int:
-        return int(self.counter.value)
+    def _extra_state(self) -> dict[str, Any]:
+        return {"version": self.weights.version, "optimizer": self.optimizer.state_dict()}
 
-    @property
-    def episodes(self) -> int:
-        return self._episodes
-
-    def _payload(self, with_data: bool) -> dict[str, Any]:
-        payload = super()._payload(with_data)
-        payload["grad_parallel"] = {
-            "episodes": self._episodes,
-            "returns": list(self.returns),
-            "version": self.weights.version,
-            "optimizer": self.optimizer.state_dict(),
-        }
-        return payload
-
-    def _restore(self, payload: dict[str, Any]) -> None:
-        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
-        self.state.update(payload["state"])
-        self.counter.value = int(payload["env_steps"])
-        saved = payload.get("grad_parallel") or {}
-        self._episodes = int(saved.get("episodes", 0))
-        self.returns.extend(saved.get("returns", []))
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
         self.weights.set(int(saved.get("version", 0)))
         if saved.get("optimizer") is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -298,8 +266,7 @@ class GradParallelRunner(RunBase):
     def take(self, item: Gradient) -> None:
         """Count what the centre takes in: env steps and finished episodes."""
         self.counter.value += item.steps
-        self._episodes += len(item.returns)
-        self.returns.extend(item.returns)
+        self.count_returns(item.returns)
 
     def step(self, items: list[Gradient]) -> dict[str, float]:
         """One centre step on the summed gradients of `items` (schedule, clip, optimizer step, new version)."""
@@ -315,11 +282,6 @@ class GradParallelRunner(RunBase):
         return metrics
 
     # ----------------------------------------------------------------------------------------- loop
-    def _report(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-        with open(self.run_dir / "workers.log", "a") as f:
-            f.write(f"[step {self.env_steps}] {text}\n")
-
     def run(self) -> RunResult:
         logger, start = self.start_logging()
         stopped_by = "steps"

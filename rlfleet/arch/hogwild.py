@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +36,14 @@ from torch import nn
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import set_lr
+from rlfleet.arch.parallel import ParallelRunner
 from rlfleet.arch.shared import LocalCopy, algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerPool
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
-from rlfleet.optim import HOGWILD_OPTIMIZERS, build_optimizer, is_shared
+from rlfleet.optim import build_optimizer, is_shared
 from rlfleet.run.collector import Collector
-from rlfleet.run.config import ConfigError
-from rlfleet.run.train import RunBase, RunResult, _StopRequest
+from rlfleet.run.train import RunResult, _StopRequest
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
 
@@ -139,20 +137,13 @@ def _worker_process(worker_id, incarnation, spec, shared, optimizer, counter, st
         worker.close()
 
 
-class HogwildRunner(RunBase):
+class HogwildRunner(ParallelRunner):
     """The monitor of a `hogwild` run (see the module docstring)."""
 
+    arch = "hogwild"
+
     def check_config(self) -> None:
-        cfg = self.cfg
-        if self.algo.data != "rollout":
-            raise ConfigError(
-                f"{cfg.algo} learns from replay; the hogwild architecture runs on-policy algorithms "
-                "(a2c/a3c, pg, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
-            )
-        if cfg.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
-        if cfg.optimizer not in HOGWILD_OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+        self.check_parallel(on_policy_only=True, uses_optimizer=True)
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
@@ -173,47 +164,18 @@ class HogwildRunner(RunBase):
         self.optimizer = None
         if is_shared(cfg.optimizer):
             self.optimizer = build_optimizer(cfg.optimizer, trainable_params(self.shared), self.algo_cfg.lr)
-        ctx = torch.multiprocessing.get_context("spawn")
-        self.counter = ctx.Value("q", 0)
-        self._episodes = 0
-        self.returns: deque[float] = deque(maxlen=100)
+        self.start_counters()
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
         self._write_config({"optimizer": cfg.optimizer, "workers": cfg.workers})
 
-    @property
-    def env_steps(self) -> int:
-        return int(self.counter.value)
+    def _extra_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
 
-    @property
-    def episodes(self) -> int:
-        return self._episodes
-
-    def _payload(self, with_data: bool) -> dict[str, Any]:
-        payload = super()._payload(with_data)
-        payload["hogwild"] = {
-            "episodes": self._episodes,
-            "returns": list(self.returns),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-        }
-        return payload
-
-    def _restore(self, payload: dict[str, Any]) -> None:
-        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
-        self.state.update(payload["state"])
-        self.counter.value = int(payload["env_steps"])
-        saved = payload.get("hogwild") or {}
-        self._episodes = int(saved.get("episodes", 0))
-        self.returns.extend(saved.get("returns", []))
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
         if self.optimizer is not None and saved.get("optimizer") is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
-
-    def _report_crash(self, text: str, logger) -> None:
-        message = f"{text}\nrestarting it from the shared parameters"
-        print(message, file=sys.stderr, flush=True)
-        with open(self.run_dir / "workers.log", "a") as f:
-            f.write(f"[step {self.env_steps}] {message}\n")
 
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> RunResult:
@@ -258,10 +220,9 @@ class HogwildRunner(RunBase):
                                 updates += n_updates
                                 metrics = worker_metrics or metrics
                         for crash in pool.check():
-                            self._report_crash(crash.describe(), logger)
+                            self._report(f"{crash.describe()}\nrestarting it from the shared parameters")
                             logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
-                    self._episodes += len(new_returns)
-                    self.returns.extend(new_returns)
+                    self.count_returns(new_returns)
                     reason = self.after_update(
                         logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
                     )
@@ -292,6 +253,4 @@ class HogwildRunner(RunBase):
         with contextlib.suppress(queue.Empty, OSError, EOFError):
             while True:
                 _, _, _, returns, _ = reports.get_nowait()
-                self._episodes += len(returns)
-                self.returns.extend(returns)
-
+                self.count_returns(returns)
