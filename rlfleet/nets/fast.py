@@ -4,7 +4,8 @@ A 64×64 actor-critic on a batch of 8 runs several times faster in NumPy than in
 NumPy arrays are *views* of the live torch parameters (no copies), so optimiser steps, `load_state_dict`
 and writes by other processes into shared memory are seen at once; if a parameter's storage moves (e.g.
 `share_memory_()`), the views are taken again. Only plain stacks of Linear and element-wise activations
-are compiled; anything else (CNNs, LSTMs) returns None and the caller uses PyTorch.
+are compiled; anything else (CNNs, LSTMs) returns None and the caller uses PyTorch. Sampling (categorical and
+diagonal Gaussian) uses the caller's NumPy generator.
 """
 
 from __future__ import annotations
@@ -110,3 +111,21 @@ def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+_HALF_LOG_2PI = 0.5 * np.log(2 * np.pi)
+
+
+def gaussian_log_prob(actions: np.ndarray, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    """Log-density of `[B, A]` actions under a diagonal Gaussian, summed over the A dims (float32 `[B]`)."""
+    z = (actions - mean) * np.exp(-log_std)
+    return (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1).astype(np.float32)
+
+
+def sample_gaussian(mean: np.ndarray, log_std: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Sample a diagonal Gaussian per row and return (float32 actions `[B, A]`, log-probabilities `[B]`)."""
+    noise = rng.standard_normal(mean.shape, dtype=np.float32)
+    actions = (mean + np.exp(log_std) * noise).astype(np.float32)
+    return actions, (-0.5 * (noise * noise).sum(-1) - log_std.sum(-1) - mean.shape[-1] * _HALF_LOG_2PI).astype(
+        np.float32
+    )

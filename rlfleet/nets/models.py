@@ -1,8 +1,9 @@
-"""Complete networks built from an encoder and heads: an actor-critic and a Q-network."""
+"""Complete networks built from an encoder, an optional LSTM core and heads: an actor-critic and a Q-network."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -12,34 +13,69 @@ from torch.distributions import Categorical
 
 from rlfleet.nets.encoders import make_encoder
 from rlfleet.nets.fast import compile_numpy
-from rlfleet.nets.heads import CategoricalHead, DuelingQHead, QHead, ValueHead
+from rlfleet.nets.heads import (
+    LOG_STD_RANGE,
+    MIN_VARIANCE,
+    CategoricalHead,
+    DiagGaussian,
+    DuelingQHead,
+    GaussianHead,
+    QHead,
+    ValueHead,
+)
+from rlfleet.nets.recurrent import LSTMCore, State
 
 
 class ActorCritic(nn.Module):
-    """Categorical policy and state value, with a shared trunk (images) or separate ones (vectors)."""
+    """A policy and a state value over a feed-forward or recurrent trunk.
+
+    The policy is categorical for a `Discrete` action space (or an int: the number of actions) and a
+    diagonal Gaussian (`GaussianHead`, with `log_std` and `init_std`) for a 1-D `Box`. Vector
+    observations get separate actor and critic encoders unless `shared`; images share one CNN. With
+    `lstm` > 0, one encoder and an `LSTMCore` of that many cells feed both heads: call `unroll` with the
+    recurrent state instead of `forward`.
+    """
 
     def __init__(
         self,
         obs_space: gym.Space,
-        n_actions: int,
+        action_space: gym.Space | int,
         encoder: str = "auto",
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
         shared: bool = False,
         critic: bool = True,
+        log_std: str = "state_independent",
+        init_std: float = 1.0,
+        lstm: int = 0,
     ):
         super().__init__()
+        if isinstance(action_space, int):
+            action_space = gym.spaces.Discrete(action_space)
+        self.obs_ndim = len(obs_space.shape or ())
         self.actor_body = make_encoder(obs_space, encoder, hidden, activation)
-        self.policy = CategoricalHead(self.actor_body.out_dim, n_actions)
+        features = self.actor_body.out_dim
+        self.core: LSTMCore | None = None
+        if lstm > 0:
+            self.core = LSTMCore(features, lstm)
+            features, shared = lstm, True
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        self.policy: GaussianHead | CategoricalHead
+        if self.continuous:
+            self.policy = GaussianHead(features, int(np.prod(action_space.shape)), log_std, init_std)
+        else:
+            self.policy = CategoricalHead(features, int(action_space.n))
         self.shared = shared
         self.critic_body = None
         self.value_head = None
         if critic:
             if not shared:
                 self.critic_body = make_encoder(obs_space, encoder, hidden, activation)
-            self.value_head = ValueHead(self.actor_body.out_dim)
+            self.value_head = ValueHead(features)
 
-    def forward(self, obs: torch.Tensor) -> tuple[Categorical, torch.Tensor | None]:
+    def forward(self, obs: torch.Tensor) -> tuple[Categorical | DiagGaussian, torch.Tensor | None]:
+        if self.core is not None:
+            raise ValueError("this ActorCritic has an LSTM core: call unroll(obs, state, starts)")
         features = self.actor_body(obs)
         dist = self.policy(features)
         if self.value_head is None:
@@ -47,22 +83,71 @@ class ActorCritic(nn.Module):
         critic_features = features if self.critic_body is None else self.critic_body(obs)
         return dist, self.value_head(critic_features)
 
-    def numpy_forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """(logits, values) computed in NumPy for MLP bodies (fast acting), or None for other encoders."""
+    def unroll(
+        self, obs: torch.Tensor, state: State | None, starts: torch.Tensor | None = None
+    ) -> tuple[Categorical | DiagGaussian, torch.Tensor | None, State]:
+        """Run the LSTM trunk over `[T, B, ...]` observations (or one step of `[B, ...]`).
+
+        `state` is the state before the first step (None: zeros); `starts[t, b]` = 1 zeroes it before
+        step t (an episode begins there). The policy and values are over the `T * B` steps, time-major
+        (row t * B + b); the state after the last step comes back for the next call.
+        """
+        if self.core is None:
+            raise ValueError("unroll needs an ActorCritic with an LSTM core (lstm > 0)")
+        if obs.dim() == self.obs_ndim + 1:
+            obs = obs.unsqueeze(0)
+            starts = None if starts is None else starts.unsqueeze(0)
+        steps, batch = obs.shape[:2]
+        if state is None:
+            state = self.core.initial_state(batch)
+        features = self.actor_body(obs.reshape(steps * batch, *obs.shape[2:]))
+        out, state = self.core(features.reshape(steps, batch, -1), state, starts)
+        out = out.reshape(steps * batch, -1)
+        value = None if self.value_head is None else self.value_head(out)
+        return self.policy(out), value, state
+
+    def numpy_forward(self, obs: np.ndarray) -> tuple[Any, np.ndarray | None] | None:
+        """(policy parameters, values) computed in NumPy for MLP bodies (fast acting), or None otherwise.
+
+        The policy parameters are the logits for a categorical policy, `(mean, log_std)` for a Gaussian.
+        """
         if not hasattr(self, "_np"):
-            branches = [(self.actor_body, self.policy.linear)]
-            if self.value_head is not None:
-                critic_body = self.critic_body if self.critic_body is not None else self.actor_body
-                branches.append((critic_body, self.value_head.linear))
-            self._np = compile_numpy(*branches)
+            self._np = self._compile_numpy()
         if self._np is None:
             return None
         out = self._np(obs)
-        return out[0], (out[1][:, 0] if len(out) > 1 else None)
+        value = out.pop()[:, 0] if self.value_head is not None else None
+        if not self.continuous:
+            return out[0], value
+        policy = self.policy
+        mean = out[0]
+        if policy.kind == "state_independent":
+            log_std = np.broadcast_to(policy.log_std.detach().numpy(), mean.shape)
+        elif policy.kind == "state_dependent":
+            log_std = np.clip(out[1], *LOG_STD_RANGE)
+        else:
+            log_std = 0.5 * np.log(np.logaddexp(0.0, out[1]) + MIN_VARIANCE)
+        return (mean, log_std), value
+
+    def _compile_numpy(self):
+        if self.core is not None:
+            return None
+        if self.continuous:
+            branches = [(self.actor_body, self.policy.mean)]
+            if self.policy.std_linear is not None:
+                branches.append((self.actor_body, self.policy.std_linear))
+        else:
+            branches = [(self.actor_body, self.policy.linear)]
+        if self.value_head is not None:
+            critic_body = self.critic_body if self.critic_body is not None else self.actor_body
+            branches.append((critic_body, self.value_head.linear))
+        return compile_numpy(*branches)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.value_head is None:
             return torch.zeros(obs.shape[0])
+        if self.core is not None:
+            raise ValueError("this ActorCritic has an LSTM core: its values come from unroll(obs, state, starts)")
         body = self.actor_body if self.critic_body is None else self.critic_body
         return self.value_head(body(obs))
 

@@ -24,15 +24,27 @@ class LSTMCore(nn.Module):
         zeros = torch.zeros(batch, self.out_dim, device=device)
         return zeros, zeros.clone()
 
-    def forward(self, features: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+    @staticmethod
+    def reset(state: State, done) -> State:
+        """A new state with the rows of `done` (a `[B]` bool mask, NumPy or torch) zeroed; `state` is not changed."""
+        keep = (~torch.as_tensor(done, dtype=torch.bool)).to(state[0].dtype).unsqueeze(-1)
+        return state[0] * keep, state[1] * keep
+
+    def forward(
+        self, features: torch.Tensor, state: State, starts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """Outputs `[T, B, H]` (or `[B, H]`) and the state after the last step; `starts=None`: no resets."""
         single = features.dim() == 2
         if single:
-            features, starts = features.unsqueeze(0), starts.unsqueeze(0)
+            features = features.unsqueeze(0)
+            starts = None if starts is None else starts.unsqueeze(0)
         h, c = state
         outputs = []
         for t in range(features.shape[0]):
-            keep = (1.0 - starts[t].float()).unsqueeze(-1)
-            h, c = self.cell(features[t], (h * keep, c * keep))
+            if starts is not None:
+                keep = (1.0 - starts[t].float()).unsqueeze(-1)
+                h, c = h * keep, c * keep
+            h, c = self.cell(features[t], (h, c))
             outputs.append(h)
         out = torch.stack(outputs)
         return (out[0] if single else out), (h, c)
