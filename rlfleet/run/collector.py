@@ -3,6 +3,12 @@
 It relies on the vector-env contract of `rlfleet.envs.make_vector_env` (same-step autoreset): when a
 sub-env ends, `step` returns its reset observation in `obs` and the true last observation in
 `info["final_obs"]`; the episode's real (unclipped) return is read with `finished_episodes(info)`.
+
+Recurrent policies: whatever `act` returns as its state is passed back on the next step. When it is not
+None, envs whose episode just ended get a fresh state from `algo.reset_state(state, done)`, values are
+asked for with that state (`algo.value(obs, state)`), and rollouts store `starts` (1 where an
+observation is the first of its episode) beside the segment's initial state. A feed-forward policy
+(state None) costs nothing extra.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ class Step:
     next_obs: Any
     terminated: np.ndarray
     truncated: np.ndarray
+    starts: np.ndarray
+    """1 where `obs` is the first observation of an episode."""
+    state: Any = None
+    """The policy's state after acting on `obs` (before any reset): the state that goes with `next_obs`."""
 
 
 def _substitute_final(obs: Any, info: dict, done: np.ndarray) -> Any:
@@ -62,6 +72,7 @@ class Collector:
         self.n_envs = envs.num_envs
         self.obs, _ = envs.reset(seed=seed)
         self.state = None
+        self.starts = np.ones(self.n_envs, dtype=bool)  # does self.obs begin an episode, per env
         self.env_steps = 0
         self.episodes = 0
         self.returns: deque[float] = deque(maxlen=history)
@@ -69,16 +80,22 @@ class Collector:
         self.new_returns: list[float] = []
 
     def step(self, explore: bool = True) -> Step:
-        obs = self.obs
-        act, extras, self.state = self.algo.act(obs, self.state, explore)
+        obs, starts = self.obs, self.starts
+        act, extras, state = self.algo.act(obs, self.state, explore)
         next_obs, rew, terminated, truncated, info = self.envs.step(act)
         done = terminated | truncated
         true_next = _substitute_final(next_obs, info, done)
+        self.state = state
         if done.any():
             self._record(info)
-        self.obs = next_obs
+            if state is not None:  # recurrent policy: the envs that autoreset start from a fresh state
+                self.state = self.algo.reset_state(state, done)
+        self.obs, self.starts = next_obs, done
         self.env_steps += self.n_envs
-        return Step(obs, act, extras, rew.astype(np.float32), true_next, terminated, truncated)
+        return Step(obs, act, extras, rew.astype(np.float32), true_next, terminated, truncated, starts, state)
+
+    def _value(self, obs: Any, state: Any) -> np.ndarray:
+        return self.algo.value(obs) if state is None else self.algo.value(obs, state)
 
     def _record(self, info: dict) -> None:
         for _, ret, length in finished_episodes(info):
@@ -88,14 +105,18 @@ class Collector:
             self.episodes += 1
 
     def collect_rollout(self, storage: RolloutStorage) -> Segment:
-        """Fill `storage` with T steps of every env and return the segment with its bootstrap values."""
+        """Fill `storage` with T steps of every env and return the segment with its bootstrap values.
+
+        For a recurrent policy the segment also holds `starts` and the policy's state before its first
+        step (`initial_state`, None at the very start of a run: the algorithm's zero state).
+        """
         initial_state = self.state
         zeros = np.zeros(self.n_envs, dtype=np.float32)
         for t in range(storage.length):
             s = self.step()
             bootstrap = zeros
             if s.truncated.any():
-                bootstrap = np.where(s.truncated, self.algo.value(s.next_obs), 0.0).astype(np.float32)
+                bootstrap = np.where(s.truncated, self._value(s.next_obs, s.state), 0.0).astype(np.float32)
             storage.write(
                 t,
                 obs=s.obs,
@@ -106,7 +127,9 @@ class Collector:
                 bootstrap=bootstrap,
                 **s.extras,
             )
-        last_value = np.asarray(self.algo.value(self.obs), dtype=np.float32)
+            if s.state is not None:
+                storage.write(t, starts=s.starts)
+        last_value = np.asarray(self._value(self.obs, self.state), dtype=np.float32)
         return Segment(storage.batch(), self.obs, last_value, initial_state)
 
     def collect(self, buffer, n_step: int | None = None, n_episode: int | None = None, explore=True) -> int:

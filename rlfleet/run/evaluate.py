@@ -13,7 +13,9 @@ def evaluate(algo, envs, n_episodes: int, seed: int) -> np.ndarray:
     """Run exactly one episode in each of `n_episodes` envs with the greedy policy; returns their returns.
 
     `envs` is a vector env with at least `n_episodes` sub-envs (built with `training=False`, so returns
-    are the real, unclipped ones). Finished envs keep stepping (autoreset) but are no longer counted.
+    are the real, unclipped ones). Finished envs keep stepping (autoreset) but are no longer counted. A
+    recurrent policy's state (what `act` returns) is carried across steps and reset with
+    `algo.reset_state` where an episode ends, as the `Collector` does.
     """
     if envs.num_envs < n_episodes:
         raise ValueError(f"evaluation needs {n_episodes} envs, got a vector env of {envs.num_envs}")
@@ -26,7 +28,10 @@ def evaluate(algo, envs, n_episodes: int, seed: int) -> np.ndarray:
         act, _, state = algo.act(obs, state, explore=False)
         obs, rew, terminated, truncated, _ = envs.step(act)
         returns += np.where(finished, 0.0, rew)
-        finished |= terminated | truncated
+        done = terminated | truncated
+        if state is not None and done.any():  # a recurrent policy starts the next episode from a fresh state
+            state = algo.reset_state(state, done)
+        finished |= done
     return returns[:n_episodes]
 
 
