@@ -12,6 +12,18 @@ The contract every algorithm class keeps (architectures call nothing else):
 - replay algorithms: `make_buffer(n_envs, total_steps, seed)`, `loss(batch)`, `update(batch) -> metrics`
   (with "priorities" for prioritized replay);
 - `state_dict()` / `load_state_dict()`, plus `cfg`, `optimizer`, `params`.
+
+Recurrent algorithms (`act` returns a state that is not None; state None means "zeros"):
+
+- `reset_state(state, done) -> state`: a new state with the envs of the `[N]` bool mask `done` (their
+  episode just ended) reset; the given state is not modified. Whoever steps envs calls it after every
+  step in which an env finished (`Collector`, `evaluate`);
+- `value(obs, state)`: the bootstrap value continued from `state`;
+- `process(segment)` reads `segment.data.starts` (`[T, N]`, 1 where an observation begins an episode)
+  and `segment.initial_state` (the state before the segment's first step; None: zeros).
+
+Box actions: `act` returns env-ready actions (rescaled to the bounds and clipped) and puts the policy's
+own, unclipped sample into `extras["raw_act"]`, from which the loss takes its log-probabilities.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Small functions the algorithms share: space checks, optimisation step, ε-greedy, schedules, target sync."""
+"""Small functions the algorithms share: space checks, acting with an ActorCritic (categorical, Gaussian, LSTM),
+action rescaling, recurrent batches, optimisation step, ε-greedy, schedules, target sync."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.nets.fast import log_softmax, sample_categorical
+from rlfleet.data.batch import Batch
+from rlfleet.nets.fast import gaussian_log_prob, log_softmax, sample_categorical, sample_gaussian
+from rlfleet.nets.recurrent import LSTMCore
 
 
 class UnsupportedSpaceError(ValueError):
@@ -24,6 +27,61 @@ def require_discrete(action_space: gym.Space, algo: str) -> int:
             "use an algorithm for continuous actions or a discrete env"
         )
     return int(action_space.n)
+
+
+def require_discrete_or_box(action_space: gym.Space, algo: str) -> gym.Space:
+    """The space itself if it is Discrete or a 1-D float Box with finite bounds; otherwise a clear error."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return action_space
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        if not np.issubdtype(action_space.dtype, np.floating):
+            raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
+        return action_space
+    raise UnsupportedSpaceError(
+        f"algorithm {algo!r} handles Discrete or 1-D Box action spaces, but the env has {action_space}; "
+        "flatten the action space or use another env"
+    )
+
+
+class ActionBounds:
+    """Maps a Gaussian policy's actions to a Box env's actions: [-1, 1] ↦ [low, high], then clip.
+
+    The policy learns in a normalised space: its mean starts near 0 (the middle of the bounds) and σ is
+    in units of half the range, whatever the env's scale. Sampled actions are left unclipped for the
+    log-probability (algorithms store them as the `raw_act` extra); only the env sees
+    `clip(offset + scale · raw, low, high)`. A dimension with an infinite bound is not rescaled (scale 1,
+    offset 0) and is clipped only on its finite side.
+    """
+
+    def __init__(self, space: gym.spaces.Box):
+        low = np.asarray(space.low, dtype=np.float64)
+        high = np.asarray(space.high, dtype=np.float64)
+        finite = np.isfinite(low) & np.isfinite(high)
+        self.low, self.high = low.astype(np.float32), high.astype(np.float32)
+        low, high = np.where(finite, low, -1.0), np.where(finite, high, 1.0)
+        self.scale = ((high - low) / 2).astype(np.float32)
+        self.offset = ((high + low) / 2).astype(np.float32)
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        return np.clip(raw * self.scale + self.offset, self.low, self.high).astype(np.float32)
+
+
+def action_bounds(action_space: gym.Space) -> ActionBounds | None:
+    """An `ActionBounds` for a Box action space, None for a discrete one."""
+    return ActionBounds(action_space) if isinstance(action_space, gym.spaces.Box) else None
+
+
+def to_env_actions(actions: np.ndarray, extras: dict, bounds: ActionBounds | None) -> np.ndarray:
+    """The actions to step the env with; for a Box space the policy's own actions go into `extras["raw_act"]`."""
+    if bounds is None:
+        return actions
+    extras["raw_act"] = actions
+    return bounds(actions)
+
+
+def policy_actions(data: Batch) -> np.ndarray:
+    """The actions a rollout's policy took, in the policy's space (`raw_act` for Box, else `act`)."""
+    return data.raw_act if "raw_act" in data else data.act
 
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
@@ -98,33 +156,80 @@ def sample_final_epsilons(
     return rng.choice(np.asarray(choices, dtype=np.float64), size=n, p=np.asarray(probs, dtype=np.float64))
 
 
-def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator):
-    """Act with an ActorCritic: (actions, log-probabilities, values or None), NumPy in and out.
+def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator, state=None):
+    """Act with an ActorCritic: (actions, log-probabilities, values or None, state), NumPy in and out.
 
-    MLP policies run in NumPy (see `rlfleet.nets.fast`); others in PyTorch. Exploring samples the
-    policy, otherwise the most probable action is taken.
+    Feed-forward MLP policies run in NumPy (see `rlfleet.nets.fast`); CNN and LSTM ones in PyTorch
+    (an LSTM one step from `state`, None meaning zeros; feed-forward models pass `state` through).
+    Exploring samples the policy with `rng`; otherwise a categorical policy takes its most probable action
+    and a Gaussian its mean. Gaussian actions are float32 `[B, A]` in the policy's normalised space.
     """
     fast = model.numpy_forward(obs)
     if fast is not None:
-        logits, value = fast
+        params, value = fast
     else:
         with torch.inference_mode():
-            dist, value_t = model(obs_tensor(obs))
-            logits = dist.logits.numpy()
+            if model.core is None:
+                dist, value_t = model(obs_tensor(obs))
+            else:
+                dist, value_t, state = model.unroll(obs_tensor(obs), state)
+            params = (dist.mean.numpy(), dist.log_std.numpy()) if model.continuous else dist.logits.numpy()
             value = None if value_t is None else value_t.numpy()
+    if model.continuous:
+        mean, log_std = params
+        if explore:
+            return (*sample_gaussian(mean, log_std, rng), value, state)
+        mean = mean.astype(np.float32)
+        return mean, gaussian_log_prob(mean, mean, log_std), value, state
     if explore:
-        return (*sample_categorical(logits, rng), value)
-    actions = logits.argmax(-1)
-    return actions, log_softmax(logits)[np.arange(len(actions)), actions], value
+        return (*sample_categorical(params, rng), value, state)
+    actions = params.argmax(-1)
+    return actions, log_softmax(params)[np.arange(len(actions)), actions], value, state
 
 
-def state_values(model, obs: np.ndarray) -> np.ndarray:
-    """V(obs) of an ActorCritic as a NumPy array (zeros without a critic)."""
+def state_values(model, obs: np.ndarray, state=None) -> np.ndarray:
+    """V(obs) of an ActorCritic as a NumPy array (zeros without a critic); an LSTM one continues from `state`."""
+    if model.core is not None:
+        if model.value_head is None:
+            return np.zeros(len(obs), dtype=np.float32)
+        with torch.inference_mode():
+            return model.unroll(obs_tensor(obs), state)[1].numpy()
     fast = model.numpy_forward(obs)
     if fast is not None:
-        return fast[1] if fast[1] is not None else np.zeros(len(fast[0]), dtype=np.float32)
+        return fast[1] if fast[1] is not None else np.zeros(len(obs), dtype=np.float32)
     with torch.inference_mode():
         return model.value(obs_tensor(obs)).numpy()
+
+
+def sequence_batch(batch: Batch, starts: np.ndarray, initial_state, core: LSTMCore) -> Batch:
+    """A `[T, N, ...]` segment batch as N sequences for an LSTM policy to replay.
+
+    Every leaf becomes `[N, T, ...]`, so splitting the Batch splits whole sequences; `starts` (1 where an
+    episode begins) and the state before the segment, `h0`/`c0` `[N, H]` (zeros when `initial_state` is
+    None: the run's first segment), go with them.
+    """
+    n = starts.shape[1]
+    out = batch.apply(lambda leaf: leaf.swapaxes(0, 1))
+    h, c = initial_state if initial_state is not None else core.initial_state(n)
+    out["starts"] = starts.swapaxes(0, 1)
+    out["h0"], out["c0"] = h.numpy(), c.numpy()
+    return out
+
+
+def unroll_sequences(model, b: Batch):
+    """Replay a (torch) `sequence_batch` through an LSTM ActorCritic.
+
+    Returns (policy, values, steps): the policy and values over the T * N steps, time-major, and a Batch
+    of the other `[N, T, ...]` leaves flattened in the same order.
+    """
+
+    def time_major(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(0, 1)
+
+    dist, value, _ = model.unroll(time_major(b.obs), (b.h0, b.c0), time_major(b.starts))
+    rest = Batch({k: v for k, v in b.items() if k not in ("obs", "starts", "h0", "c0")})
+    steps = rest.apply(lambda x: time_major(x).reshape(-1, *x.shape[2:]))
+    return dist, value, steps
 
 
 def q_values(model, obs: np.ndarray) -> np.ndarray:

@@ -4,7 +4,8 @@ Per segment: discounted returns-to-go G_t inside each episode, optionally standa
 `epochs` passes of minibatch SGD on −E[log π(a|s) · (G − b(s))]. Without a baseline, the steps of an
 episode still running at the segment end have no complete return yet and are left out of the loss
 (the episode's later steps, in the next segment, are used). With `baseline=True` a value network is
-trained on G and bootstraps unfinished episodes and time-limit truncations instead.
+trained on G and bootstraps unfinished episodes and time-limit truncations instead. Box actions get a
+diagonal Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see `ActionBounds`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import make_optimizer, minibatch_epochs, policy_step, require_discrete, state_values
+from rlfleet.algos.common import (
+    action_bounds,
+    make_optimizer,
+    minibatch_epochs,
+    policy_actions,
+    policy_step,
+    require_discrete_or_box,
+    state_values,
+    to_env_actions,
+)
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
@@ -52,6 +62,10 @@ class Config:
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    log_std: str = "state_independent"
+    """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
+    init_std: float = 1.0
+    """Box actions: σ at initialisation, in units of half the action range."""
     total_steps: int = 200_000
     """Default training budget in env steps."""
 
@@ -65,19 +79,29 @@ class PG:
     data = "rollout"
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        n_actions = require_discrete(action_space, "pg")
+        action_space = require_discrete_or_box(action_space, "pg")
         self.cfg = cfg
         image = len(obs_space.shape or ()) == 3
         self.model = ActorCritic(
-            obs_space, n_actions, cfg.encoder, cfg.hidden, cfg.activation, shared=image, critic=cfg.baseline
+            obs_space,
+            action_space,
+            cfg.encoder,
+            cfg.hidden,
+            cfg.activation,
+            shared=image,
+            critic=cfg.baseline,
+            log_std=cfg.log_std,
+            init_std=cfg.init_std,
         )
+        self.bounds = action_bounds(action_space)
         self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        action, _, _ = policy_step(self.model, obs, explore, self.rng)
-        return action, {}, state
+        action, _, _, _ = policy_step(self.model, obs, explore, self.rng)
+        extras: dict[str, np.ndarray] = {}
+        return to_env_actions(action, extras, self.bounds), extras, state
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return state_values(self.model, obs)
@@ -95,10 +119,9 @@ class PG:
             self.cfg.gamma,
             d.bootstrap if self.cfg.baseline else None,
         )
-        batch = Batch(obs=d.obs, act=d.act, ret=ret)
+        batch = Batch(obs=d.obs, act=policy_actions(d), ret=ret)
         if not self.cfg.baseline:
-            keep = episode_complete_mask(d.terminated, d.truncated).astype(bool)
-            return Batch(obs=d.obs[keep], act=d.act[keep], ret=ret[keep])
+            return batch[episode_complete_mask(d.terminated, d.truncated).astype(bool)]
         return batch.flatten_leading(2)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:

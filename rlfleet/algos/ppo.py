@@ -5,7 +5,9 @@ minibatch SGD on
 
     L = −E[min(ρ A, clip(ρ, 1 ± ε) A)] + vf_coef · E[(R − V)²] − ent_coef · E[H],   ρ = π/π_old,
 
-with optional per-minibatch advantage normalisation and value clipping.
+with optional per-minibatch advantage normalisation and value clipping. Box actions get a diagonal
+Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see `ActionBounds`). With `lstm` > 0
+the minibatches are whole env sequences, replayed through the LSTM from the segment's initial state.
 """
 
 from __future__ import annotations
@@ -17,23 +19,29 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    action_bounds,
     linear,
     make_optimizer,
     minibatch_epochs,
+    policy_actions,
     policy_step,
-    require_discrete,
+    require_discrete_or_box,
+    sequence_batch,
     set_lr,
     state_values,
+    to_env_actions,
+    unroll_sequences,
 )
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.nets.models import ActorCritic
+from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
 class Config:
-    """PPO hyperparameters; the defaults solve CartPole-v1."""
+    """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous)."""
 
     n_envs: int = 8
     """Parallel envs stepped in lockstep by one process."""
@@ -50,7 +58,7 @@ class Config:
     epochs: int = 10
     """Passes over each segment."""
     minibatch_size: int = 64
-    """Samples per gradient step."""
+    """Samples per gradient step (with `lstm`, rounded to whole sequences of `rollout_len` steps)."""
     clip: float = 0.2
     """Surrogate clipping ε."""
     value_clip: float = 0.0
@@ -69,6 +77,12 @@ class Config:
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    lstm: int = 0
+    """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""
+    log_std: str = "state_independent"
+    """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
+    init_std: float = 1.0
+    """Box actions: σ at initialisation, in units of half the action range."""
     total_steps: int = 100_000
     """Default training budget in env steps."""
 
@@ -87,32 +101,61 @@ PRESETS = {
         ent_coef=0.01,
         total_steps=10_000_000,
     ),
+    # low-dimensional continuous control (Box actions; solves Pendulum-v1 in ~50k steps): long segments,
+    # γ = 0.9, a state-independent log σ
+    "continuous": dict(
+        n_envs=8,
+        rollout_len=256,
+        gamma=0.9,
+        gae_lambda=0.95,
+        lr=1e-3,
+        epochs=10,
+        minibatch_size=256,
+        log_std="state_independent",
+        total_steps=150_000,
+    ),
 }
 
 
 class PPO:
-    """Clipped-surrogate PPO with a categorical policy."""
+    """Clipped-surrogate PPO with a categorical or Gaussian policy and an optional LSTM core."""
 
     data = "rollout"
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        n_actions = require_discrete(action_space, "ppo")
+        action_space = require_discrete_or_box(action_space, "ppo")
         if cfg.minibatch_size < 1 or cfg.epochs < 1:
             raise ValueError("minibatch_size and epochs must be >= 1")
         self.cfg = cfg
         image = len(obs_space.shape or ()) == 3
-        self.model = ActorCritic(obs_space, n_actions, cfg.encoder, cfg.hidden, cfg.activation, shared=image)
+        self.model = ActorCritic(
+            obs_space,
+            action_space,
+            cfg.encoder,
+            cfg.hidden,
+            cfg.activation,
+            shared=image,
+            log_std=cfg.log_std,
+            init_std=cfg.init_std,
+            lstm=cfg.lstm,
+        )
+        self.bounds = action_bounds(action_space)
         self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
         self.clip = cfg.clip
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        action, logp, value = policy_step(self.model, obs, explore, self.rng)
-        return action, {"value": value, "logp": logp.astype(np.float32)}, state
+        action, logp, value, state = policy_step(self.model, obs, explore, self.rng, state)
+        extras = {"value": value, "logp": logp.astype(np.float32)}
+        return to_env_actions(action, extras, self.bounds), extras, state
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return state_values(self.model, obs)
+    def reset_state(self, state, done: np.ndarray):
+        """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
+        return LSTMCore.reset(state, done)
+
+    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
+        return state_values(self.model, obs, state)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         if self.cfg.lr_anneal:
@@ -130,11 +173,17 @@ class PPO:
             self.cfg.gae_lambda,
             d.bootstrap,
         )
-        return Batch(obs=d.obs, act=d.act, logp=d.logp, value=d.value, adv=adv, ret=ret).flatten_leading(2)
+        batch = Batch(obs=d.obs, act=policy_actions(d), logp=d.logp, value=d.value, adv=adv, ret=ret)
+        if self.model.core is None:
+            return batch.flatten_leading(2)
+        return sequence_batch(batch, d.starts, segment.initial_state, self.model.core)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         b = batch.to_torch()
-        dist, value = self.model(b.obs)
+        if self.model.core is None:
+            dist, value = self.model(b.obs)
+        else:
+            dist, value, b = unroll_sequences(self.model, b)
         adv = b.adv
         if self.cfg.normalize_advantage and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -160,7 +209,10 @@ class PPO:
 
     def update(self, segment: Segment) -> dict[str, float]:
         batch = self.process(segment)
-        return minibatch_epochs(self, batch, self.cfg.epochs, self.cfg.minibatch_size, self.rng)
+        size = self.cfg.minibatch_size
+        if self.model.core is not None:  # the batch is N sequences of rollout_len steps
+            size = max(1, size // self.cfg.rollout_len)
+        return minibatch_epochs(self, batch, self.cfg.epochs, size, self.rng)
 
     def state_dict(self) -> dict:
         return {
