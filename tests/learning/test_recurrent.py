@@ -1,0 +1,29 @@
+"""Memory: on CartPole without velocities (`rlfleet/CartPoleNoVel-v1`) A2C with an LSTM core must solve the
+task (mean greedy return ≥ 475 over 10 episodes) within a step budget, while the same A2C without the
+LSTM, given the same budget, must stay far below: a feed-forward policy cannot infer the velocities."""
+
+import pytest
+
+from rlfleet import train
+
+ENV = "rlfleet/CartPoleNoVel-v1"
+BUDGET = 150_000  # the lstm preset needs 30k-90k steps over 5 seeds (40k with seed 0)
+
+
+@pytest.mark.learning
+def test_a2c_lstm_solves_cartpole_without_velocities(run_opts):
+    result = train("a2c", ENV, preset="lstm", seed=0, steps=BUDGET, eval_every=10_000, **run_opts)
+    r = result.result
+    assert r["solved"], f"a2c with an LSTM did not solve {ENV} in {BUDGET} steps: eval {r['eval_return_mean']}"
+    assert r["eval_return_mean"] >= 475
+    assert r["solved_at_step"] <= BUDGET
+
+
+@pytest.mark.learning
+def test_feed_forward_a2c_does_not_solve_cartpole_without_velocities(run_opts):
+    result = train(
+        "a2c", ENV, preset="lstm", overrides={"lstm": 0}, seed=0, steps=BUDGET, eval_every=10_000, **run_opts
+    )
+    r = result.result
+    assert not r["solved"]
+    assert r["best_eval_return"] < 200, f"a feed-forward policy got {r['best_eval_return']} without velocities"
