@@ -11,20 +11,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from rlfleet.optim import HOGWILD_OPTIMIZERS, SharedAdam, SharedRMSprop, build_optimizer, is_shared
-
-WORKER_TIMEOUT_S = 60
-
-
-def _step_with_constant_grad(optimizer, grad_value, wait_for, done):
-    """Worker: after `wait_for` (if any), set every parameter's gradient to `grad_value`, step once, set `done`."""
-    torch.set_num_threads(1)
-    if wait_for is not None and not wait_for.wait(WORKER_TIMEOUT_S):
-        raise TimeoutError("the first worker never finished its step")
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            param.grad = torch.full_like(param, grad_value)
-    optimizer.step()
-    done.set()
+from spawned import WORKER_TIMEOUT_S, step_with_constant_grad
 
 
 def run_two_workers(optimizer, grads):
@@ -32,8 +19,8 @@ def run_two_workers(optimizer, grads):
     ctx = mp.get_context("spawn")
     first_done, second_done = ctx.Event(), ctx.Event()
     workers = [
-        ctx.Process(target=_step_with_constant_grad, args=(optimizer, grads[0], None, first_done)),
-        ctx.Process(target=_step_with_constant_grad, args=(optimizer, grads[1], first_done, second_done)),
+        ctx.Process(target=step_with_constant_grad, args=(optimizer, grads[0], None, first_done)),
+        ctx.Process(target=step_with_constant_grad, args=(optimizer, grads[1], first_done, second_done)),
     ]
     for worker in workers:
         worker.start()  # both start at once (import time overlaps); the Event orders their steps
