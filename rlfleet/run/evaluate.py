@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def evaluate(algo, envs, n_episodes: int, seed: int) -> np.ndarray:
+def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None] | None = None) -> np.ndarray:
     """Run exactly one episode in each of `n_episodes` envs with the greedy policy; returns their returns.
 
     `envs` is a vector env with at least `n_episodes` sub-envs (built with `training=False`, so returns
     are the real, unclipped ones). Finished envs keep stepping (autoreset) but are no longer counted. A
     recurrent policy's state (what `act` returns) is carried across steps and reset with
     `algo.reset_state` where an episode ends, as the `Collector` does.
+
+    `on_step(obs, act, rew, done, counted)`, if given, sees every vector step: the observations acted
+    on, the actions, rewards and `terminated | truncated`, and the `[num_envs]` mask of envs whose
+    episode is still counted (recording demonstrations, DAgger).
     """
     if envs.num_envs < n_episodes:
         raise ValueError(f"evaluation needs {n_episodes} envs, got a vector env of {envs.num_envs}")
@@ -26,13 +31,33 @@ def evaluate(algo, envs, n_episodes: int, seed: int) -> np.ndarray:
     state = None
     while not finished[:n_episodes].all():
         act, _, state = algo.act(obs, state, explore=False)
-        obs, rew, terminated, truncated, _ = envs.step(act)
+        next_obs, rew, terminated, truncated, _ = envs.step(act)
         returns += np.where(finished, 0.0, rew)
         done = terminated | truncated
+        if on_step is not None:
+            counted = ~finished
+            counted[n_episodes:] = False
+            on_step(obs, act, rew, done, counted)
+        obs = next_obs
         if state is not None and done.any():  # a recurrent policy starts the next episode from a fresh state
             state = algo.reset_state(state, done)
         finished |= done
     return returns[:n_episodes]
+
+
+def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with."""
+    from rlfleet.algos import resolve
+    from rlfleet.envs import env_spec_info
+    from rlfleet.run.checkpoint import load_checkpoint
+
+    payload = load_checkpoint(checkpoint)
+    run = payload["run_config"]
+    algo_cls, config_cls, _, _ = resolve(run["algo"])
+    info = env_spec_info(run["env"])
+    algo = algo_cls(config_cls(**payload["algo_config"]), info["observation_space"], info["action_space"])
+    algo.load_state_dict(payload["algo"])
+    return algo, run
 
 
 def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
@@ -46,16 +71,9 @@ def evaluate_checkpoint(
     checkpoint: str | Path, episodes: int = 10, seed: int = 12345, video_dir: str | Path | None = None
 ) -> dict[str, Any]:
     """Rebuild the agent of a checkpoint, run `episodes` greedy episodes, optionally save each as a GIF."""
-    from rlfleet.algos import resolve
-    from rlfleet.envs import env_spec_info, make_env, make_vector_env
-    from rlfleet.run.checkpoint import load_checkpoint
+    from rlfleet.envs import make_env, make_vector_env
 
-    payload = load_checkpoint(checkpoint)
-    run = payload["run_config"]
-    algo_cls, config_cls, _, _ = resolve(run["algo"])
-    info = env_spec_info(run["env"])
-    algo = algo_cls(config_cls(**payload["algo_config"]), info["observation_space"], info["action_space"])
-    algo.load_state_dict(payload["algo"])
+    algo, run = load_agent(checkpoint)
     if video_dir is None:
         envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False)
         try:
