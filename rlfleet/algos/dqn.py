@@ -30,11 +30,12 @@ from rlfleet.algos.common import (
 )
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from rlfleet.envs.normalize import ObsNormOptions
 from rlfleet.nets.models import QNetwork
 
 
 @dataclass
-class Config:
+class Config(ObsNormOptions):
     """DQN hyperparameters; the defaults (double + dueling + prioritized, 3-step) solve CartPole-v1."""
 
     n_envs: int = 4

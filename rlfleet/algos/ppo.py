@@ -35,12 +35,13 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
+from rlfleet.envs.normalize import ObsNormOptions
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
-class Config:
+class Config(ObsNormOptions):
     """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous)."""
 
     n_envs: int = 8

@@ -478,8 +478,9 @@ def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
 
     Returns:
         ``{"id", "reward_threshold" (None if unknown), "max_episode_steps" (agent steps, None if
-        unbounded), "is_atari", "observation_space", "action_space"}``; spaces are those seen by an agent
-        (for Atari: the preprocessed, frame-stacked ones).
+        unbounded), "is_atari", "family" ("atari", "mujoco" or None: picks an algorithm's preset of that name),
+        "observation_space", "action_space"}``; spaces are those seen by an agent (for Atari: the
+        preprocessed, frame-stacked ones).
     """
     built = make_env(env, **env_kwargs)
     try:
@@ -495,6 +496,7 @@ def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
             "reward_threshold": spec.reward_threshold if spec is not None else None,
             "max_episode_steps": max_episode_steps,
             "is_atari": is_atari,
+            "family": "atari" if is_atari else "mujoco" if spec is not None and _is_mujoco_spec(spec) else None,
             "observation_space": built.observation_space,
             "action_space": built.action_space,
         }

@@ -42,7 +42,8 @@ class RunConfig:
     n_envs: int | None = None
     """Parallel training envs; None takes the algorithm's `n_envs`."""
     preset: str | None = None
-    """Named set of defaults from the algorithm's PRESETS; Atari envs pick `atari` automatically."""
+    """Named set of defaults from the algorithm's PRESETS; None picks the preset named after the env's family
+    (`atari` for Atari envs, `mujoco` for MuJoCo envs) where the algorithm has one."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Algorithm config fields to set (`--set key=value`)."""
     logdir: str = "runs"
@@ -112,11 +113,14 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 AT_LEAST_ONE = ("n_envs", "rollout_len", "batch_size", "epochs", "buffer_size", "train_freq", "gradient_steps")
 
 
-def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], is_atari: bool = False):
-    """The algorithm's Config with preset and overrides applied (string values are parsed by field type)."""
+def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], env_family: str | None = None):
+    """The algorithm's Config with preset and overrides applied (string values are parsed by field type).
+
+    With no preset given, an env family (`env_spec_info(...)["family"]`: "atari", "mujoco") picks the
+    algorithm's preset of the same name, if it has one."""
     _, config_cls, presets, variant = resolve(algo)
-    if preset is None and is_atari and "atari" in presets:
-        preset = "atari"
+    if preset is None and env_family is not None and env_family in presets:
+        preset = env_family
     if preset is not None and preset not in presets:
         choices = ", ".join(sorted(presets)) or "none"
         raise ConfigError(f"unknown preset {preset!r} for {algo}; choose one of: {choices}")

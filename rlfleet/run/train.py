@@ -24,6 +24,7 @@ from rlfleet.algos import resolve
 from rlfleet.algos.common import UnsupportedSpaceError
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import env_spec_info, make_vector_env
+from rlfleet.envs.normalize import RunningMeanStd, check_normalizable, normalize_observations
 from rlfleet.run import env_state
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rlfleet.run.collector import Collector
@@ -108,7 +109,7 @@ class RunBase(abc.ABC):
         self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
         self.algo_cls = algo_cls
-        self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["is_atari"])
+        self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["family"])
         if cfg.n_envs is not None:
             if cfg.n_envs < 1:
                 raise ConfigError(f"--n-envs must be >= 1, got {cfg.n_envs}")
@@ -130,6 +131,7 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
+        self.obs_stats = self.make_obs_stats()
         self.check_config()
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
@@ -162,18 +164,29 @@ class RunBase(abc.ABC):
         except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
             raise ConfigError(f"bad {self.cfg.algo} config: {exc}") from None
 
+    def make_obs_stats(self) -> RunningMeanStd | None:
+        """The running observation statistics of a run with `obs_norm` (None without): training envs update
+        them, evaluation envs read them (`make_eval_envs`), checkpoints keep them."""
+        if not getattr(self.algo_cfg, "obs_norm", False):
+            return None
+        try:
+            return RunningMeanStd(check_normalizable(self.env_info["observation_space"]), self.algo_cfg.obs_clip)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
     def check_config(self) -> None:  # noqa: B027 (a hook: the single architecture accepts every option)
         """Reject options this architecture cannot run with (before anything is written to disk)."""
 
     def make_eval_envs(self):
         info = self.env_info
-        return make_vector_env(
+        envs = make_vector_env(
             self.cfg.env,
             self.cfg.eval_episodes,
             seed=self.cfg.seed + 10_000,
             mode="sync" if not info["is_atari"] else self.cfg.vector_mode,
             training=False,
         )
+        return normalize_observations(envs, self.obs_stats, update_stats=False)
 
     # ----------------------------------------------------------------------------------------- state
     @property
@@ -209,6 +222,7 @@ class RunBase(abc.ABC):
             "algo": self.algo.state_dict(),
             "env_steps": self.env_steps,
             "state": dict(self.state),
+            **({"obs_norm": self.obs_stats.state_dict()} if self.obs_stats is not None else {}),
         }
 
     def save(self, name: str = "latest") -> Path:
@@ -342,7 +356,8 @@ class Trainer(RunBase):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         n_envs = self.algo_cfg.n_envs
         with workers_ignore_sigint():
-            self.envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+            envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+            self.envs = normalize_observations(envs, self.obs_stats, update_stats=True)
             self.eval_envs = self.make_eval_envs()
         self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
         self.buffer = None
@@ -381,6 +396,8 @@ class Trainer(RunBase):
 
     def _restore(self, payload: dict[str, Any]) -> None:
         self.algo.load_state_dict(payload["algo"])
+        if self.obs_stats is not None:
+            self.obs_stats.load_state_dict(payload["obs_norm"])
         self.state.update(payload["state"])
         c = self.collector
         c.env_steps = int(payload["env_steps"])

@@ -14,6 +14,9 @@ from rlfleet import train
 from rlfleet.run.checkpoint import load_checkpoint
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
+# the same runs with observation normalisation: its running statistics must resume exactly too
+CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", {"obs_norm": "true"})]
+CASE_IDS = [f"{algo}{'-obs_norm' if overrides else ''}" for algo, overrides in CASES]
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -56,11 +59,12 @@ def test_same_seed_same_run(algo: str, run_opts: dict):
         assert differences(first.algo.state_dict(), other.algo.state_dict()) != []
 
 
-@pytest.mark.parametrize("algo", sorted(STEPS))
-def test_stop_and_resume_equals_uninterrupted(algo: str, run_opts: dict):
+@pytest.mark.parametrize(("algo", "overrides"), CASES, ids=CASE_IDS)
+def test_stop_and_resume_equals_uninterrupted(algo: str, overrides: dict, run_opts: dict):
     total = STEPS[algo]
     # evaluations (and best.pt) every 1,000 steps in both runs: resuming must also keep their schedule
-    opts = dict(seed=3, steps=total, eval_every=1_000, eval_episodes=2, stop_return=1e9, **run_opts)
+    opts = dict(seed=3, steps=total, eval_every=1_000, eval_episodes=2, stop_return=1e9, overrides=overrides)
+    opts.update(run_opts)
     whole = train(algo, "CartPole-v1", name="whole", **opts)
     assert whole["stopped_by"] == "steps"
 
@@ -81,3 +85,10 @@ def test_stop_and_resume_equals_uninterrupted(algo: str, run_opts: dict):
     # the resumed run's log continues the first half's: the same rows as the uninterrupted run's
     assert metric_rows(resumed.run_dir) == metric_rows(whole.run_dir)
     assert differences(load_checkpoint(whole.run_dir)["algo"], load_checkpoint(resumed.run_dir)["algo"]) == []
+    if overrides.get("obs_norm"):
+        whole_stats, resumed_stats = (
+            load_checkpoint(whole.run_dir)["obs_norm"],
+            load_checkpoint(resumed.run_dir)["obs_norm"],
+        )
+        assert whole_stats["count"] == whole["env_steps"] + 8  # every observation acted on, the first resets too
+        assert differences(whole_stats, resumed_stats) == []

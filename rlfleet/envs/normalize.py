@@ -1,0 +1,140 @@
+"""Observation normalisation: running mean/variance of training observations and a vector-env wrapper using them.
+
+`RunningMeanStd` keeps the count, mean and variance of every observation seen, merging each `[N, ...]`
+batch from N envs at once with the parallel form of Welford's update (Chan, Golub & LeVeque 1979).
+`NormalizeObservation` wraps a vector env and returns `clip((obs - mean) / sqrt(var + eps), ±clip)`
+as float32, for the observations of `reset` and `step` and for `info["final_obs"]` (the true last
+observations of finished episodes, from which truncated episodes bootstrap). A training env's wrapper
+updates the statistics before normalising; an evaluation env's wrapper shares the same statistics
+object with `update_stats=False`, so evaluation never changes them and sees them frozen as they were.
+
+Every algorithm's `Config` inherits `ObsNormOptions` (`--set obs_norm=true`, or a preset); the run
+(`rlfleet.run.train`) builds the statistics, wraps its training and evaluation envs, and keeps the
+statistics in its checkpoints, from which `--resume` and `rlfleet eval` restore them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import VectorEnv, VectorWrapper
+
+
+@dataclass
+class ObsNormOptions:
+    """Config fields every algorithm's `Config` inherits; the run, not the algorithm, acts on them."""
+
+    obs_norm: bool = False
+    """Normalise observations by the running mean and variance of the training observations: training
+    env steps update them, evaluation uses them frozen, checkpoints keep them (float vector observations,
+    single architecture; see `rlfleet.envs.normalize`)."""
+    obs_clip: float = 10.0
+    """With `obs_norm`: normalised observations are clipped to ± this."""
+
+
+class RunningMeanStd:
+    """Count, mean and (population) variance of all samples merged so far, per observation element.
+
+    With no data the statistics are mean 0, variance 1: normalising is then the identity (up to clipping).
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+        if clip <= 0:
+            raise ValueError(f"obs_clip must be positive, got {clip}")
+        self.shape = tuple(shape)
+        self.clip = float(clip)
+        self.eps = float(eps)
+        self.count = 0
+        self.mean = np.zeros(self.shape, dtype=np.float64)
+        self.var = np.ones(self.shape, dtype=np.float64)
+
+    def update(self, batch: np.ndarray) -> None:
+        """Merge a batch `[B, *shape]` into the statistics."""
+        batch = np.asarray(batch, dtype=np.float64).reshape(-1, *self.shape)
+        n = len(batch)
+        if n == 0:
+            return
+        batch_mean = batch.mean(axis=0)
+        batch_var = batch.var(axis=0)
+        if self.count == 0:
+            self.mean, self.var, self.count = batch_mean, batch_var, n
+            return
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta**2 * (self.count * n / total)
+        self.mean = self.mean + delta * (n / total)
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """`clip((obs - mean) / sqrt(var + eps), -clip, clip)` as float32."""
+        out = (np.asarray(obs, dtype=np.float64) - self.mean) / np.sqrt(self.var + self.eps)
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean.copy(), "var": self.var.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mean, var = np.asarray(state["mean"], dtype=np.float64), np.asarray(state["var"], dtype=np.float64)
+        if mean.shape != self.shape or var.shape != self.shape:
+            raise ValueError(f"observation statistics of shape {mean.shape} do not fit observations {self.shape}")
+        self.count, self.mean, self.var = int(state["count"]), mean.copy(), var.copy()
+
+
+def check_normalizable(space: gym.Space) -> tuple[int, ...]:
+    """The observation shape, if observations of `space` can be normalised (a float Box); else ValueError."""
+    if not isinstance(space, gym.spaces.Box) or not np.issubdtype(space.dtype, np.floating):
+        raise ValueError(
+            f"obs_norm normalises float vector observations, but the env has {space}; "
+            "leave obs_norm off for images and dict observations"
+        )
+    return tuple(space.shape)
+
+
+class NormalizeObservation(VectorWrapper):
+    """A vector env whose observations (and `info["final_obs"]`) are normalised by `stats`.
+
+    `update_stats=True` (training envs) merges every batch of observations from `reset` and `step` into
+    `stats` before normalising it; `update_stats=False` (evaluation envs) only reads them. The final
+    observations of finished episodes are normalised with the same statistics as that step's
+    observations, and are not merged (the statistics count each observation the policy acts on once).
+    """
+
+    def __init__(self, env: VectorEnv, stats: RunningMeanStd, update_stats: bool = True):
+        super().__init__(env)
+        self.stats = stats
+        self.update_stats = update_stats
+        self.single_observation_space = gym.spaces.Box(-stats.clip, stats.clip, stats.shape, np.float32)
+        self.observation_space = gym.spaces.Box(-stats.clip, stats.clip, (env.num_envs, *stats.shape), np.float32)
+
+    def _normalize(self, obs: np.ndarray) -> np.ndarray:
+        if self.update_stats:
+            self.stats.update(obs)
+        return self.stats.normalize(obs)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self._normalize(obs), info
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, info = self.env.step(actions)
+        obs = self._normalize(obs)
+        if "final_obs" in info:
+            final = info["final_obs"].copy()
+            for i in np.flatnonzero(info["_final_obs"]):
+                final[i] = self.stats.normalize(final[i])
+            info = {**info, "final_obs": final}
+        return obs, rewards, terminations, truncations, info
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self.env, name)
+
+
+def normalize_observations(envs: VectorEnv, stats: RunningMeanStd | None, update_stats: bool) -> VectorEnv:
+    """`envs` wrapped in `NormalizeObservation` with `stats`, or `envs` itself when `stats` is None."""
+    return envs if stats is None else NormalizeObservation(envs, stats, update_stats)

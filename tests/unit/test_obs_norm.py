@@ -1,0 +1,104 @@
+"""Observation normalisation: running statistics against NumPy, the vector-env wrapper, the config option."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfleet.envs import make_vector_env
+from rlfleet.envs.normalize import NormalizeObservation, RunningMeanStd, check_normalizable
+from rlfleet.run.checkpoint import from_safe, to_safe
+
+
+@pytest.mark.parametrize("batch_sizes", [[1] * 7, [4] * 25, [1, 3, 100, 2, 17, 1, 64]])
+def test_running_statistics_match_numpy_over_the_concatenated_data(batch_sizes: list[int]):
+    rng = np.random.default_rng(0)
+    batches = [rng.normal([3.0, -50.0, 0.0], [0.1, 20.0, 1e-3], size=(n, 3)) for n in batch_sizes]
+    stats = RunningMeanStd((3,))
+    for batch in batches:
+        stats.update(batch)
+    data = np.concatenate(batches)
+    assert stats.count == len(data)
+    np.testing.assert_allclose(stats.mean, data.mean(axis=0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(stats.var, data.var(axis=0), rtol=1e-9, atol=1e-15)
+
+
+def test_running_statistics_of_multi_dimensional_observations():
+    rng = np.random.default_rng(1)
+    batches = [rng.uniform(-5, 5, size=(8, 2, 3)) for _ in range(10)]
+    stats = RunningMeanStd((2, 3))
+    for batch in batches:
+        stats.update(batch)
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(stats.mean, data.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats.var, data.var(axis=0), rtol=1e-10)
+
+
+def test_normalize_identity_without_data_then_standardised_and_clipped():
+    stats = RunningMeanStd((2,), clip=5.0)
+    x = np.array([[0.5, -2.0]])
+    np.testing.assert_allclose(stats.normalize(x), x, rtol=1e-6)
+    data = np.random.default_rng(2).normal([10.0, -1.0], [2.0, 0.5], size=(1000, 2))
+    stats.update(data)
+    z = stats.normalize(data)
+    assert z.dtype == np.float32
+    np.testing.assert_allclose(z.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(z.std(axis=0), 1.0, atol=1e-4)
+    far = stats.normalize(np.array([[1e6, -1e6]]))
+    np.testing.assert_array_equal(far, [[5.0, -5.0]])
+
+
+def test_state_dict_round_trip_through_checkpoint_conversion():
+    stats = RunningMeanStd((3,))
+    stats.update(np.random.default_rng(3).normal(size=(50, 3)))
+    restored = RunningMeanStd((3,))
+    restored.load_state_dict(from_safe(to_safe(stats.state_dict())))
+    assert restored.count == stats.count
+    np.testing.assert_array_equal(restored.mean, stats.mean)
+    np.testing.assert_array_equal(restored.var, stats.var)
+    with pytest.raises(ValueError, match="do not fit"):
+        RunningMeanStd((4,)).load_state_dict(stats.state_dict())
+
+
+def test_only_float_box_observations_are_normalizable():
+    import gymnasium as gym
+
+    assert check_normalizable(gym.spaces.Box(-1, 1, (4,))) == (4,)
+    with pytest.raises(ValueError, match="obs_norm"):
+        check_normalizable(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))
+    with pytest.raises(ValueError, match="obs_norm"):
+        check_normalizable(gym.spaces.Discrete(3))
+
+
+def test_training_wrapper_updates_evaluation_wrapper_reads_and_final_obs_are_normalised():
+    stats = RunningMeanStd((4,))
+    raw = make_vector_env("CartPole-v1", 3, seed=0, mode="sync")
+    train_envs = NormalizeObservation(make_vector_env("CartPole-v1", 3, seed=0, mode="sync"), stats)
+    eval_envs = NormalizeObservation(make_vector_env("CartPole-v1", 2, seed=5, mode="sync"), stats, update_stats=False)
+    seen = [raw.reset(seed=0)[0]]
+    obs, _ = train_envs.reset(seed=0)
+    assert stats.count == 3
+    np.testing.assert_array_equal(obs, stats.normalize(seen[0]))
+    finals = 0
+    for _ in range(60):
+        actions = np.ones(3, dtype=np.int64)
+        raw_obs, _, _, _, raw_info = raw.step(actions)
+        obs, _, _, _, info = train_envs.step(actions)
+        seen.append(raw_obs)
+        np.testing.assert_array_equal(obs, stats.normalize(raw_obs))
+        if "final_obs" in info:
+            for i in np.flatnonzero(info["_final_obs"]):
+                np.testing.assert_array_equal(info["final_obs"][i], stats.normalize(raw_info["final_obs"][i]))
+                finals += 1
+    assert finals > 0, "no episode ended: the final observations were not checked"
+    data = np.concatenate(seen).astype(np.float64)
+    assert stats.count == len(data)
+    np.testing.assert_allclose(stats.mean, data.mean(axis=0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(stats.var, data.var(axis=0), rtol=1e-9, atol=1e-12)
+    before = stats.state_dict()
+    eval_envs.reset(seed=1)
+    eval_envs.step(np.zeros(2, dtype=np.int64))
+    assert stats.count == before["count"] and np.array_equal(stats.mean, before["mean"])
+    assert train_envs.single_observation_space.shape == (4,)
+    for envs in (raw, train_envs, eval_envs):
+        envs.close()
