@@ -10,7 +10,9 @@ object with `update_stats=False`, so evaluation never changes them and sees them
 
 Every algorithm's `Config` inherits `ObsNormOptions` (`--set obs_norm=true`, or a preset); the run
 (`rlfleet.run.train`) builds the statistics, wraps its training and evaluation envs, and keeps the
-statistics in its checkpoints, from which `--resume` and `rlfleet eval` restore them.
+statistics in its checkpoints, from which `--resume` restores them. An agent loaded from a checkpoint
+(`rlfleet eval`, `rlfleet.run.evaluate.load_agent`) acts on raw observations through `ObsNormalizedAgent`,
+which normalises them with the checkpoint's frozen statistics exactly as the run's evaluation envs did.
 """
 
 from __future__ import annotations
@@ -138,3 +140,33 @@ class NormalizeObservation(VectorWrapper):
 def normalize_observations(envs: VectorEnv, stats: RunningMeanStd | None, update_stats: bool) -> VectorEnv:
     """`envs` wrapped in `NormalizeObservation` with `stats`, or `envs` itself when `stats` is None."""
     return envs if stats is None else NormalizeObservation(envs, stats, update_stats)
+
+
+class ObsNormalizedAgent:
+    """An algorithm trained with `obs_norm`, acting on raw observations: `act` and `value` normalise them with
+    frozen statistics first (as the run's evaluation envs did); everything else is the algorithm's own."""
+
+    def __init__(self, algo, stats: RunningMeanStd):
+        self.algo = algo
+        self.stats = stats
+
+    @classmethod
+    def from_checkpoint(cls, algo, payload: dict[str, Any]):
+        """`algo` itself, or wrapped with the statistics of a checkpoint written by a run with `obs_norm`."""
+        saved = payload.get("obs_norm")
+        if saved is None:
+            return algo
+        stats = RunningMeanStd(np.shape(saved["mean"]), clip=payload["algo_config"].get("obs_clip", 10.0))
+        stats.load_state_dict(saved)
+        return cls(algo, stats)
+
+    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+        return self.algo.act(self.stats.normalize(obs), state, explore)
+
+    def value(self, obs: np.ndarray, *state):
+        return self.algo.value(self.stats.normalize(obs), *state)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.algo, name)

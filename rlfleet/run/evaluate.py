@@ -46,9 +46,13 @@ def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None
 
 
 def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with."""
+    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with.
+
+    The agent acts on raw observations: one trained with `obs_norm` normalises them with the checkpoint's
+    frozen statistics (`ObsNormalizedAgent`)."""
     from rlfleet.algos import resolve
     from rlfleet.envs import env_spec_info
+    from rlfleet.envs.normalize import ObsNormalizedAgent
     from rlfleet.run.checkpoint import load_checkpoint
 
     payload = load_checkpoint(checkpoint)
@@ -57,7 +61,7 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
     info = env_spec_info(run["env"])
     algo = algo_cls(config_cls(**payload["algo_config"]), info["observation_space"], info["action_space"])
     algo.load_state_dict(payload["algo"])
-    return algo, run
+    return ObsNormalizedAgent.from_checkpoint(algo, payload), run
 
 
 def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
