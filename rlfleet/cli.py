@@ -1,4 +1,4 @@
-"""The `rlfleet` command: train, eval, plot, list."""
+"""The `rlfleet` command: train, eval, collect, plot, list."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def _train(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
             grad_sets=args.grad_sets,
             serial=args.serial,
+            dataset=args.dataset,
+            expert=args.expert,
             **options,
         )
     r = result.result
@@ -65,6 +67,19 @@ def _eval(args: argparse.Namespace) -> int:
 
     out = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed, video_dir=args.video)
     print(json.dumps(out, indent=2))
+    return 0
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from rlfleet.run.collect import collect_demonstrations
+
+    demos = collect_demonstrations(args.checkpoint, episodes=args.episodes, seed=args.seed)
+    path = demos.save(args.output)
+    returns = demos.episode_returns
+    print(
+        f"{demos.env}: {len(returns)} episodes, {len(demos)} (obs, act) pairs, return {returns.mean():.1f} ± "
+        f"{returns.std():.1f}\ndataset: {path}"
+    )
     return 0
 
 
@@ -115,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints")
     t.add_argument("--vector-mode", default="auto", choices=["auto", "sync", "async", "envpool"])
     t.add_argument(
-        "--arch", help="architecture: single, hogwild, data_parallel, grad_parallel (default: the algorithm's)"
+        "--arch", help="architecture: single, hogwild, data_parallel, grad_parallel, offline (default: the algorithm's)"
     )
     t.add_argument("--workers", type=int, default=2, help="worker processes of a parallel architecture (default: 2)")
     t.add_argument(
@@ -127,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--grad-sets", type=int, default=0, help="gradient sets grad_parallel sums per step (default 0: one per worker)"
     )
     t.add_argument("--serial", action="store_true", help="run a parallel architecture's workers in one process")
+    t.add_argument("--dataset", metavar="FILE", help="demonstrations for bc (written by `rlfleet collect`)")
+    t.add_argument("--expert", metavar="CHECKPOINT", help="bc: DAgger, the expert labels the learner's states")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)
@@ -137,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--video", metavar="DIR", help="record videos of the episodes into DIR")
     e.set_defaults(func=_eval)
+
+    c = sub.add_parser("collect", help="record a checkpoint's greedy episodes as demonstrations for bc")
+    c.add_argument("checkpoint", help="checkpoint file or run folder")
+    c.add_argument("--episodes", type=int, default=20)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("-o", "--output", required=True, metavar="FILE", help="the .npz to write")
+    c.set_defaults(func=_collect)
 
     p = sub.add_parser("plot", help="plot learning curves of run folders")
     p.add_argument("runs", nargs="+", help="run folders")
@@ -152,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlfleet.algos import UnknownAlgorithmError
     from rlfleet.algos.common import UnsupportedSpaceError
+    from rlfleet.data.demos import DatasetError
     from rlfleet.envs import UnknownEnvError
     from rlfleet.run.checkpoint import CheckpointError
     from rlfleet.run.config import ConfigError
@@ -164,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         UnsupportedSpaceError,
         ConfigError,
         CheckpointError,
+        DatasetError,
     ) as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return USAGE_ERROR

@@ -11,6 +11,9 @@ The contract every algorithm class keeps (architectures call nothing else):
   `update(segment) -> metrics`;
 - replay algorithms: `make_buffer(n_envs, total_steps, seed)`, `loss(batch)`, `update(batch) -> metrics`
   (with "priorities" for prioritized replay);
+- dataset (imitation) algorithms, run by the `offline` architecture: `process(demos) -> Batch` (a Batch of
+  `obs` and env actions `act` as training data), `loss(batch)`, `update(minibatch) -> metrics` (one
+  gradient step);
 - `state_dict()` / `load_state_dict()`, plus `cfg`, `optimizer`, `params`.
 
 Recurrent algorithms (`act` returns a state that is not None; state None means "zeros"):
@@ -59,11 +62,12 @@ REGISTRY: dict[str, tuple] = {
     "onestep_q": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "onestep_q"}),
     "sarsa": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "sarsa"}),
     "nstep_q": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "nstep_q"}),
+    "bc": ("rlfleet.algos.bc", "BC", {}),
     "a3c": ("rlfleet.algos.a2c", "A2C", A3C_VARIANT, A3C_PRESETS),
 }
 
 # the architecture an algorithm runs on when none is given
-DEFAULT_ARCH: dict[str, str] = {"a3c": "hogwild"}
+DEFAULT_ARCH: dict[str, str] = {"a3c": "hogwild", "bc": "offline"}
 
 
 class UnknownAlgorithmError(ValueError):

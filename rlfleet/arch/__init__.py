@@ -6,7 +6,9 @@ An architecture runs any compatible algorithm through the algorithm contract (`r
 - `hogwild`: the A3C paper's asynchronous actor-learners, lock-free updates of shared parameters
   (`rlfleet.arch.hogwild`);
 - `data_parallel`: sampler processes feed experience to one learner (`rlfleet.arch.data_parallel`);
-- `grad_parallel`: workers send gradients, the centre steps the shared model (`rlfleet.arch.grad_parallel`).
+- `grad_parallel`: workers send gradients, the centre steps the shared model (`rlfleet.arch.grad_parallel`);
+- `offline`: an imitation algorithm learns from a dataset of demonstrations, DAgger with an expert
+  (`rlfleet.run.offline.OfflineRunner`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "hogwild": ("rlfleet.arch.hogwild", "HogwildRunner", "asynchronous actor-learners on shared parameters (A3C)"),
     "data_parallel": ("rlfleet.arch.data_parallel", "DataParallelRunner", "samplers feed one learner"),
     "grad_parallel": ("rlfleet.arch.grad_parallel", "GradParallelRunner", "workers send gradients to the centre"),
+    "offline": ("rlfleet.run.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
 }
 
 

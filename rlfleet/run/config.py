@@ -46,6 +46,10 @@ class RunConfig:
     (`atari` for Atari envs, `mujoco` for MuJoCo envs) where the algorithm has one."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Algorithm config fields to set (`--set key=value`)."""
+    dataset: str | None = None
+    """Demonstrations (an .npz written by `rlfleet collect`) for an imitation algorithm (bc)."""
+    expert: str | None = None
+    """Checkpoint (file or run folder) of an expert whose greedy actions label the learner's states (DAgger; bc)."""
     logdir: str = "runs"
     """Folder that holds run folders."""
     name: str | None = None

@@ -98,6 +98,11 @@ class RunBase(abc.ABC):
     `episodes`, `_payload_extra(with_data)`/`_restore_extra(payload)` and `run()`.
     """
 
+    log_every = LOG_EVERY
+    """Steps between training-metric log lines."""
+    min_eval_every = 2_000
+    """The default evaluation interval is max(min_eval_every, total steps / 50)."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -122,7 +127,7 @@ class RunBase(abc.ABC):
             value = getattr(cfg, name)
             if value is not None and value < 0:  # a negative interval would never move past the current step
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {value}")
-        self.eval_every = cfg.eval_every or max(2_000, self.total_steps // 50)
+        self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         self.stop_return = cfg.stop_return if cfg.stop_return is not None else info["reward_threshold"]
         if cfg.eval_episodes < 1:
@@ -144,7 +149,7 @@ class RunBase(abc.ABC):
             "updates": 0,
             "next_eval": self.eval_every,
             "next_checkpoint": self.checkpoint_every,
-            "next_log": LOG_EVERY,
+            "next_log": self.log_every,
             "evals": 0,
             "best_eval": -float("inf"),
             "solved_at_step": None,
@@ -265,7 +270,8 @@ class RunBase(abc.ABC):
         if new_returns:
             logger.log(steps, {"charts/episodic_return": float(np.mean(new_returns))}, elapsed)
         if steps >= self.state["next_log"]:
-            self.state["next_log"] += LOG_EVERY * max(1, (steps - self.state["next_log"]) // LOG_EVERY + 1)
+            every = self.log_every
+            self.state["next_log"] += every * max(1, (steps - self.state["next_log"]) // every + 1)
             last_time, last_steps = self._last_log
             sps = (steps - last_steps) / max(now - last_time, 1e-9)
             self._last_log = (now, steps)
@@ -495,11 +501,14 @@ def _runner(cfg: RunConfig) -> type[RunBase]:
     """The runner class of the run's architecture (resolving the algorithm's default into `cfg.arch`)."""
     from rlfleet.algos import resolve
     from rlfleet.arch import default_arch, runner_class
+    from rlfleet.run.offline import check_data_source
 
-    resolve(cfg.algo)  # an unknown algorithm is reported as such, before the architecture
+    algo_cls = resolve(cfg.algo)[0]  # an unknown algorithm is reported as such, before the architecture
     if cfg.arch is None:
         cfg.arch = default_arch(cfg.algo)
-    return runner_class(cfg.arch)
+    runner = runner_class(cfg.arch)
+    check_data_source(cfg, algo_cls)  # --dataset/--expert and imitation algorithms go together
+    return runner
 
 
 __all__ = ["train", "Trainer", "RunResult", "RunConfig", "CheckpointError"]

@@ -1,0 +1,87 @@
+"""Recording demonstrations: a trained agent's greedy episodes as (obs, act) pairs (`rlfleet collect`).
+
+`EpisodeRecorder` is an `on_step` hook of `evaluate`: it keeps the steps of every counted episode, env by
+env, and hands them back as whole episodes one after another. `collect_demonstrations` loads a checkpoint
+the way `rlfleet eval` does and records K episodes in groups of at most `ENVS` envs side by side.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rlfleet.data.demos import Demonstrations
+from rlfleet.run.evaluate import evaluate, load_agent
+
+ENVS = 16  # episodes recorded side by side (one per env)
+
+
+class EpisodeRecorder:
+    """Collects (obs, act, rew) of the counted envs of `evaluate`, one list per env; `labels` replaces `act`.
+
+    `labels(obs, done) -> actions`, if given, is asked for the actions to store instead of those taken
+    (DAgger: the expert's action in every state the learner visits); it sees every step of every env,
+    so a recurrent labeller can carry its own state.
+    """
+
+    def __init__(self, labels=None):
+        self.labels = labels
+        self.episodes: list[tuple[list, list, list]] = []  # finished, in recording order
+        self._open: dict[int, tuple[list, list, list]] = {}
+
+    def __call__(self, obs, act, rew, done, counted) -> None:
+        if self.labels is not None:
+            act = self.labels(obs, done)
+        for i in np.flatnonzero(counted):
+            steps = self._open.setdefault(int(i), ([], [], []))
+            steps[0].append(obs[i])
+            steps[1].append(act[i])
+            steps[2].append(rew[i])
+            if done[i]:
+                self.episodes.append(self._open.pop(int(i)))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(obs, act, rew, starts) of the finished episodes, concatenated in the order they ended."""
+        if not self.episodes:
+            raise ValueError("no finished episode was recorded")
+        obs = np.stack([o for ep in self.episodes for o in ep[0]])
+        act = np.stack([a for ep in self.episodes for a in ep[1]])
+        rew = np.asarray([r for ep in self.episodes for r in ep[2]], dtype=np.float32)
+        starts = np.zeros(len(obs), dtype=bool)
+        starts[np.cumsum([0] + [len(ep[0]) for ep in self.episodes[:-1]])] = True
+        return obs, act, rew, starts
+
+
+def record_episodes(algo, env_id: str, episodes: int, seed: int, recorder: EpisodeRecorder) -> np.ndarray:
+    """Run `episodes` greedy episodes of `algo` on `env_id` (at most `ENVS` at a time) into `recorder`."""
+    from rlfleet.envs import make_vector_env
+
+    returns = []
+    done = 0
+    with_envs = min(episodes, ENVS)
+    envs = make_vector_env(env_id, with_envs, seed=seed, mode="sync", training=False)
+    try:
+        while done < episodes:
+            group = min(with_envs, episodes - done)
+            returns.append(evaluate(algo, envs, group, seed + done, on_step=recorder))
+            done += group
+    finally:
+        envs.close()
+    return np.concatenate(returns)
+
+
+def collect_demonstrations(checkpoint: str | Path, episodes: int, seed: int = 0) -> Demonstrations:
+    """`episodes` greedy episodes of a checkpoint's agent on its own env, as demonstrations."""
+    from rlfleet.envs import env_spec_info
+    from rlfleet.run.config import ConfigError
+
+    if episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+
+    algo, run = load_agent(checkpoint)
+    recorder = EpisodeRecorder()
+    record_episodes(algo, run["env"], episodes, seed, recorder)
+    obs, act, rew, starts = recorder.arrays()
+    action_space = env_spec_info(run["env"])["action_space"]
+    return Demonstrations(obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint))

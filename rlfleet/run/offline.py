@@ -1,0 +1,226 @@
+"""The `offline` architecture: an imitation algorithm learns from a dataset of demonstrations (and DAgger).
+
+One process. The demonstrations (`--dataset`, written by `rlfleet collect`) are checked against the env,
+turned into training data once (`algo.process`), and learned from in shuffled minibatches, one
+`algo.update` per gradient step. **A step of this runner is a gradient step**: `--steps`, `--eval-every`,
+`--checkpoint-every`, the `step` column of `metrics.csv` and `env_steps`/`solved_at_step` in
+`result.json` all count gradient steps (`result.json` also says `gradient_steps` and `dagger_env_steps`).
+Everything else is what every run does (`RunBase`): greedy evaluation on separate envs, best/latest
+checkpoints, stop once solved, `result.json`, `curves.png`; the checkpoints work with `rlfleet eval`.
+
+With an expert checkpoint (`--expert`), DAgger (Ross, Gordon & Bagnell 2011): the budget is split into
+`dagger_iterations` + 1 equal phases; after each phase but the last, the learner runs `dagger_episodes`
+greedy episodes, the expert's greedy action labels every state visited, the pairs join the training data,
+and training continues on the aggregate (a new shuffled epoch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlfleet.data.batch import Batch
+from rlfleet.data.demos import DatasetError, load_demonstrations
+from rlfleet.run.collect import EpisodeRecorder, record_episodes
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.evaluate import load_agent
+from rlfleet.run.train import RunBase, RunResult, _StopRequest
+
+DAGGER_SEED = 20_000  # offset of the DAgger episodes' env seeds from the run's seed
+
+
+def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
+    """Imitation algorithms need `--dataset` and the offline architecture; the others must not get either."""
+    if getattr(algo_cls, "data", None) != "dataset":
+        for flag, value in (("--dataset", cfg.dataset), ("--expert", cfg.expert)):
+            if value is not None:
+                raise ConfigError(
+                    f"{flag} is for imitation algorithms (bc); {cfg.algo} learns from its own env steps: drop {flag}"
+                )
+        if cfg.arch == "offline":
+            raise ConfigError(f"the offline architecture runs imitation algorithms (bc), not {cfg.algo}")
+        return
+    if cfg.arch != "offline":
+        raise ConfigError(f"{cfg.algo} learns from a dataset: it runs on the offline architecture, not {cfg.arch}")
+    if cfg.dataset is None:
+        raise ConfigError(
+            f"{cfg.algo} imitates demonstrations: give --dataset FILE "
+            "(record one with rlfleet collect CHECKPOINT -o FILE)"
+        )
+
+
+class OfflineRunner(RunBase):
+    """Minibatch gradient steps on demonstrations (aggregated with expert-labelled learner states under DAgger)."""
+
+    log_every = 100
+    min_eval_every = 500
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks=None,
+    ):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.state.update(
+            gradient_steps=0,
+            epoch=0,
+            position=0,
+            dagger_round=0,
+            dagger_env_steps=0,
+            dagger_episodes=0,
+            dataset_size=len(self.demos),
+        )
+        self.returns: deque[float] = deque(maxlen=100)
+        self.aggregated = Batch(obs=self.demos.obs[:0], act=self.demos.act[:0])  # expert-labelled learner states
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.data = self.algo.process(Batch.cat([Batch(obs=self.demos.obs, act=self.demos.act), self.aggregated]))
+        self._perm: tuple[tuple[int, int], np.ndarray] | None = None
+        self.eval_envs = self.make_eval_envs()
+        self._write_config(
+            {"dataset": {"path": str(cfg.dataset), "size": len(self.demos), "episodes": int(self.demos.starts.sum())}}
+        )
+
+    def check_config(self) -> None:
+        cfg = self.cfg
+        if cfg.n_envs is not None:
+            raise ConfigError(f"--n-envs does not apply to {cfg.algo} (the offline runner steps no training envs)")
+        info = self.env_info
+        self.demos = load_demonstrations(cfg.dataset)
+        self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"])
+        if len(self.demos) == 0:
+            raise DatasetError(f"dataset {cfg.dataset} holds no demonstrations")
+        self.expert = None
+        if cfg.expert is not None:
+            self.expert, expert_run = load_agent(cfg.expert)
+            if expert_run["env"] != cfg.env:
+                raise ConfigError(f"expert {cfg.expert} was trained on {expert_run['env']!r}, not on {cfg.env!r}")
+
+    # ----------------------------------------------------------------------------------------- state
+    @property
+    def env_steps(self) -> int:
+        """Gradient steps taken (the offline runner's unit of progress)."""
+        return self.state["gradient_steps"]
+
+    @property
+    def episodes(self) -> int:
+        """Learner episodes run for DAgger."""
+        return self.state["dagger_episodes"]
+
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
+        if with_data:
+            payload["offline"] = {
+                "aggregated_obs": self.aggregated.obs,
+                "aggregated_act": self.aggregated.act,
+                "returns": list(self.returns),
+            }
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        size = self.state["dataset_size"]
+        self.algo.load_state_dict(payload["algo"])
+        self.state.update(payload["state"])
+        if self.state["dataset_size"] != size:
+            raise DatasetError(
+                f"dataset {self.cfg.dataset} has {size} pairs, but the run was trained on "
+                f"{self.state['dataset_size']}: resume with the same file"
+            )
+        saved = payload.get("offline") or {}
+        if "aggregated_obs" in saved:
+            self.aggregated = Batch(obs=saved["aggregated_obs"], act=saved["aggregated_act"])
+        self.returns.extend(saved.get("returns", []))
+
+    def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
+        return {
+            **super()._result(stopped_by, wall),
+            "gradient_steps": self.state["gradient_steps"],
+            "dataset": str(self.cfg.dataset),
+            "dataset_size": len(self.demos),
+            "training_size": len(self.data),
+            "dagger_rounds": self.state["dagger_round"],
+            "dagger_env_steps": self.state["dagger_env_steps"],
+        }
+
+    # ----------------------------------------------------------------------------------------- data
+    def _minibatch(self) -> Batch:
+        """The next minibatch of a shuffled pass over the training data (a pass drops its incomplete tail)."""
+        n = len(self.data)
+        size = min(self.algo_cfg.batch_size, n)
+        if self.state["position"] + size > n:
+            self.state["epoch"] += 1
+            self.state["position"] = 0
+        key = (self.state["epoch"], n)
+        if self._perm is None or self._perm[0] != key:  # the pass's order follows from (seed, epoch) alone
+            self._perm = (key, np.random.default_rng([self.cfg.seed, self.state["epoch"]]).permutation(n))
+        start = self.state["position"]
+        self.state["position"] += size
+        return self.data[self._perm[1][start : start + size]]
+
+    def _dagger_due(self) -> bool:
+        rounds = self.algo_cfg.dagger_iterations
+        done = self.state["dagger_round"]
+        if self.expert is None or done >= rounds:
+            return False
+        return self.state["gradient_steps"] >= (done + 1) * self.total_steps // (rounds + 1)
+
+    def _expert_labels(self):
+        """Labels for `EpisodeRecorder`: the expert's greedy actions, its recurrent state carried along."""
+        expert, state = self.expert, None
+
+        def labels(obs, done):
+            nonlocal state
+            act, _, state = expert.act(obs, state, explore=False)
+            if state is not None and done.any():
+                state = expert.reset_state(state, done)
+            return act
+
+        return labels
+
+    def dagger_round(self) -> list[float]:
+        """Run the learner, label the states it visits with the expert, aggregate; the learner's returns."""
+        self.state["dagger_round"] += 1
+        episodes = self.algo_cfg.dagger_episodes
+        seed = self.cfg.seed + DAGGER_SEED + 1_000 * self.state["dagger_round"]
+        recorder = EpisodeRecorder(labels=self._expert_labels())
+        returns = record_episodes(self.algo, self.cfg.env, episodes, seed, recorder)
+        obs, act, _, _ = recorder.arrays()
+        self.aggregated = Batch.cat([self.aggregated, Batch(obs=obs, act=act.astype(self.demos.act.dtype))])
+        self.data = Batch.cat([self.data, self.algo.process(Batch(obs=obs, act=act))])
+        self.state["dagger_env_steps"] += len(obs)
+        self.state["dagger_episodes"] += episodes
+        self.state["epoch"] += 1  # a new pass that includes the new pairs
+        self.state["position"] = 0
+        returns = [float(r) for r in returns]
+        self.returns.extend(returns)
+        return returns
+
+    # ----------------------------------------------------------------------------------------- loop
+    def run(self) -> RunResult:
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        try:
+            with _StopRequest() as stop:
+                while self.state["gradient_steps"] < self.total_steps:
+                    new_returns: list[float] = []
+                    if self._dagger_due():
+                        new_returns = self.dagger_round()
+                        logger.log(self.env_steps, {"charts/training_pairs": len(self.data)})
+                    self.algo.schedule(self.state["gradient_steps"], self.total_steps)
+                    metrics = self.algo.update(self._minibatch())
+                    self.state["gradient_steps"] += 1
+                    reason = self.after_update(logger, start, new_returns, self.returns, metrics, stop.requested)
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+            self.finish(logger, start, stopped_by)
+        finally:
+            logger.close()
+            self.eval_envs.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)
