@@ -16,7 +16,7 @@ from procs import RLFLEET
 from rlfleet.algos import REGISTRY
 from rlfleet.run.checkpoint import load_checkpoint
 
-ALGOS = ("a2c", "a3c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
+ALGOS = ("a2c", "a3c", "bc", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
 RESULT_KEYS = {
     *("solved", "solved_at_step", "solved_at_s", "eval_return_mean", "eval_return_std", "env_steps", "wall_time_s")
 }
@@ -147,7 +147,7 @@ def test_list_shows_every_algorithm(tmp_path: Path):
     assert set(ALGOS) == set(REGISTRY) <= listed
     for name in ALGOS:
         assert f"  {name} " in proc.stdout
-    for arch in ("single", "hogwild", "data_parallel", "grad_parallel"):
+    for arch in ("single", "hogwild", "data_parallel", "grad_parallel", "offline"):
         assert f"  {arch} " in proc.stdout
 
 
