@@ -42,7 +42,7 @@ from rlfleet.nets.recurrent import LSTMCore
 
 @dataclass
 class Config(ObsNormOptions):
-    """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous)."""
+    """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous, mujoco)."""
 
     n_envs: int = 8
     """Parallel envs stepped in lockstep by one process."""
@@ -114,6 +114,32 @@ PRESETS = {
         minibatch_size=256,
         log_std="state_independent",
         total_steps=150_000,
+    ),
+    # MuJoCo locomotion and balance (picked automatically for MuJoCo envs): the settings of rl-zoo3 and
+    # CleanRL's ppo_continuous_action — one env, 2,048-step segments, 10 epochs of 64-sample minibatches,
+    # Adam 3e-4 annealed to 0, γ = 0.99, λ = 0.95, a state-independent log σ starting at σ = 1 (in units of
+    # half the action range), and observations normalised by running statistics
+    "mujoco": dict(
+        obs_norm=True,
+        n_envs=1,
+        rollout_len=2048,
+        gamma=0.99,
+        gae_lambda=0.95,
+        lr=3e-4,
+        lr_anneal=True,
+        epochs=10,
+        minibatch_size=64,
+        clip=0.2,
+        value_clip=0.0,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        normalize_advantage=True,
+        hidden=(64, 64),
+        activation="tanh",
+        log_std="state_independent",
+        init_std=1.0,
+        total_steps=1_000_000,
     ),
 }
 

@@ -3,8 +3,9 @@
 The state of classic-control style envs (and of Gymnasium's wrappers and SyncVectorEnv) is plain data
 held in attributes: numbers, NumPy arrays, random generators, small deques. `snapshot` walks every
 sub-env's wrapper chain and records those attributes; `restore` writes them back into freshly built
-envs. Envs whose state lives elsewhere (a C emulator, a subprocess) are not captured: `snapshot`
-returns None and a resumed run starts new episodes there instead.
+envs. A MuJoCo env's physics (its `MjData`) is recorded too, as MuJoCo's full integration state. Envs
+whose state lives elsewhere (a C emulator, a subprocess) are not captured: `snapshot` returns None and a
+resumed run starts new episodes there instead.
 """
 
 from __future__ import annotations
@@ -59,12 +60,32 @@ def _layers(env: gym.Env) -> list[Any]:
     return layers
 
 
+_MUJOCO_KEY = "__mujoco_state__"
+
+
+def _mujoco(obj: Any) -> tuple[Any, Any, Any] | None:
+    """(mujoco module, MjModel, MjData) of a MuJoCo env layer, else None."""
+    data = vars(obj).get("data")
+    if type(data).__name__ != "MjData" or not type(data).__module__.startswith("mujoco"):
+        return None
+    import mujoco
+
+    return mujoco, obj.model, data
+
+
 def _layer_state(obj: Any) -> dict[str, Any]:
     state = {}
     for key, value in vars(obj).items():
         ok, captured = _capture(value)
         if ok:
             state[key] = captured
+    physics = _mujoco(obj)
+    if physics is not None:  # positions, velocities, actuator state, warm start, controls, time...
+        mujoco, model, data = physics
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        full = np.empty(mujoco.mj_stateSize(model, spec), dtype=np.float64)
+        mujoco.mj_getState(model, data, full, spec)
+        state[_MUJOCO_KEY] = full
     return state
 
 
@@ -100,5 +121,11 @@ def restore(envs: gym.vector.VectorEnv, state: dict[str, Any] | None) -> bool:
         targets += list(zip(_layers(env), layer_states, strict=True))
     for obj, layer_state in targets:
         for key, value in layer_state.items():
+            if key == _MUJOCO_KEY:
+                mujoco, model, data = _mujoco(obj)
+                full = np.asarray(value, dtype=np.float64)
+                mujoco.mj_setState(model, data, full, mujoco.mjtState.mjSTATE_INTEGRATION)
+                mujoco.mj_forward(model, data)
+                continue
             setattr(obj, key, _release(value, getattr(obj, key, None)))
     return True
