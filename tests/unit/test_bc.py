@@ -1,0 +1,152 @@
+"""Imitation: the demonstrations file, the bc loss (classification and rescaled regression), and DAgger."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlfleet import train
+from rlfleet.algos import resolve
+from rlfleet.algos.bc import BC, Config
+from rlfleet.data.batch import Batch
+from rlfleet.data.demos import DatasetError, Demonstrations, load_demonstrations
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
+from rlfleet.run.config import RunConfig
+from rlfleet.run.evaluate import load_agent
+
+
+def demos(n: int = 12, env: str = "CartPole-v1", box: bool = False, seed: int = 0) -> Demonstrations:
+    rng = np.random.default_rng(seed)
+    starts = np.zeros(n, dtype=bool)
+    starts[[0, n // 3, n // 2]] = True
+    if box:
+        space = gym.spaces.Box(np.float32([-2.0]), np.float32([2.0]), dtype=np.float32)
+        act = rng.uniform(-2, 2, size=(n, 1)).astype(np.float32)
+        obs = rng.normal(size=(n, 3)).astype(np.float32)
+    else:
+        space = gym.spaces.Discrete(2)
+        act = rng.integers(2, size=n)
+        obs = rng.normal(size=(n, 4)).astype(np.float32)
+    return Demonstrations(obs, act, rng.normal(size=n).astype(np.float32), starts, env=env, action_space=space)
+
+
+def fake_checkpoint(path: Path, algo: str = "ppo", env: str = "CartPole-v1", seed: int = 3) -> Path:
+    """An untrained agent saved as a checkpoint (what `load_agent` reads)."""
+    algo_cls, config_cls, _, _ = resolve(algo)
+    info = gym.make(env)
+    cfg = config_cls()
+    agent = algo_cls(cfg, info.observation_space, info.action_space, seed=seed)
+    payload = {
+        "run_config": dataclasses.asdict(RunConfig(algo=algo, env=env)),
+        "algo_config": dataclasses.asdict(cfg),
+        "algo": agent.state_dict(),
+        "env_steps": 0,
+        "state": {},
+    }
+    return save_checkpoint(path, payload)
+
+
+# ---------------------------------------------------------------------------------------------- dataset
+@pytest.mark.parametrize("box", [False, True], ids=["discrete", "box"])
+def test_dataset_round_trip(tmp_path: Path, box: bool):
+    env = "Pendulum-v1" if box else "CartPole-v1"
+    d = demos(box=box, env=env)
+    path = d.save(tmp_path / "sub" / "d")  # no .npz suffix added, folders made
+    assert path == tmp_path / "sub" / "d" and path.is_file()
+    back = load_demonstrations(path)
+    np.testing.assert_array_equal(back.obs, d.obs)
+    np.testing.assert_array_equal(back.act, d.act)
+    np.testing.assert_array_equal(back.rew, d.rew)
+    np.testing.assert_array_equal(back.starts, d.starts)
+    assert back.env == env and back.action_kind == ("box" if box else "discrete")
+    assert back.action_space == d.action_space
+    np.testing.assert_allclose(back.episode_returns, [d.rew[0:4].sum(), d.rew[4:6].sum(), d.rew[6:].sum()], rtol=1e-6)
+    with np.load(path, allow_pickle=False) as raw:  # plain arrays only: nothing needs unpickling
+        assert {"obs", "act", "rew", "starts", "episode_returns", "env", "action_kind"} <= set(raw.files)
+
+
+def test_dataset_errors(tmp_path: Path):
+    with pytest.raises(DatasetError, match="no dataset at"):
+        load_demonstrations(tmp_path / "nowhere.npz")
+    (tmp_path / "garbage.npz").write_bytes(b"not a zip file\n" * 20)
+    with pytest.raises(DatasetError, match="cannot read dataset"):
+        load_demonstrations(tmp_path / "garbage.npz")
+    np.savez(tmp_path / "foreign.npz", x=np.zeros(3))
+    with pytest.raises(DatasetError, match="not an rlfleet dataset"):
+        load_demonstrations(tmp_path / "foreign.npz")
+    cartpole = gym.make("CartPole-v1")
+    d = demos()
+    d.check_fits("CartPole-v1", cartpole.observation_space, cartpole.action_space)
+    with pytest.raises(DatasetError, match="recorded on 'CartPole-v1', not on 'Acrobot-v1'"):
+        d.check_fits("Acrobot-v1", cartpole.observation_space, cartpole.action_space)
+    with pytest.raises(DatasetError, match=r"Discrete\(2\), but CartPole-v1 has Discrete\(3\)"):
+        d.check_fits("CartPole-v1", cartpole.observation_space, gym.spaces.Discrete(3))
+    with pytest.raises(DatasetError, match="first observation"):
+        Demonstrations(d.obs, d.act, d.rew, np.zeros(len(d), dtype=bool), "CartPole-v1", d.action_space)
+
+
+# ---------------------------------------------------------------------------------------------- bc
+def test_bc_classifies_a_separable_dataset():
+    rng = np.random.default_rng(0)
+    obs = rng.uniform(-1, 1, size=(256, 2)).astype(np.float32)
+    act = (obs[:, 0] + 0.5 * obs[:, 1] > 0).astype(np.int64)  # a linear boundary
+    space = gym.spaces.Box(-1, 1, (2,), dtype=np.float32)
+    bc = BC(Config(lr=3e-3), space, gym.spaces.Discrete(2), seed=0)
+    data = bc.process(Batch(obs=obs, act=act))
+    first = bc.loss(data)[0].item()
+    for _ in range(300):
+        idx = rng.integers(len(data), size=64)
+        metrics = bc.update(data[idx])
+    assert metrics["cross_entropy"] < 0.2 * first
+    assert bc.loss(data)[1]["accuracy"] >= 0.98
+    actions, extras, state = bc.act(obs, explore=True)  # greedy whatever explore says
+    assert state is None and extras == {}
+    assert (actions == act).mean() >= 0.98
+
+
+def test_bc_regresses_box_actions_in_the_policy_space():
+    space = gym.spaces.Box(np.array([-2.0, 0.0], dtype=np.float32), np.array([2.0, 10.0], dtype=np.float32))
+    obs_space = gym.spaces.Box(-1, 1, (3,), dtype=np.float32)
+    bc = BC(Config(lr=3e-3), obs_space, space, seed=0)
+    rng = np.random.default_rng(1)
+    obs = rng.uniform(-1, 1, size=(128, 3)).astype(np.float32)
+    env_act = np.stack([2.0 * obs[:, 0], 5.0 + 5.0 * obs[:, 1]], axis=1).astype(np.float32)
+    data = bc.process(Batch(obs=obs, act=env_act))
+    # targets: [low, high] ↦ [-1, 1], the inverse of the rescaling acting applies
+    np.testing.assert_allclose(data.act, obs[:, :2], atol=1e-6)
+    np.testing.assert_allclose(bc.process(Batch(obs=obs[:1], act=np.array([[-2.0, 10.0]]))).act, [[-1.0, 1.0]])
+    np.testing.assert_allclose(bc.process(Batch(obs=obs[:1], act=np.array([[9.0, -3.0]]))).act, [[1.0, -1.0]])
+    first = bc.loss(data)[0].item()
+    for _ in range(600):
+        metrics = bc.update(data[rng.integers(len(data), size=64)])
+    assert metrics["mse"] < 0.02 * first
+    actions, _, _ = bc.act(obs)
+    assert actions.dtype == np.float32
+    np.testing.assert_allclose(actions, env_act, atol=0.25)  # back in the env's own units
+
+
+# ---------------------------------------------------------------------------------------------- DAgger
+def test_dagger_aggregates_states_labelled_by_the_expert(tmp_path: Path, run_opts):
+    data = tmp_path / "data.npz"
+    demos(n=60).save(data)
+    expert_path = fake_checkpoint(tmp_path / "expert.pt")
+    overrides = {"dagger_iterations": 2, "dagger_episodes": 3}
+    result = train(
+        "bc", "CartPole-v1", dataset=str(data), expert=str(expert_path), steps=90, overrides=overrides,
+        stop_return=1e9, eval_every=1_000, **run_opts,
+    )  # fmt: skip
+    r = result.result
+    assert r["dagger_rounds"] == 2 and r["episodes"] == 6 and r["gradient_steps"] == 90 == r["env_steps"]
+    payload = load_checkpoint(result.run_dir)
+    obs, act = payload["offline"]["aggregated_obs"], payload["offline"]["aggregated_act"]
+    assert len(obs) == r["dagger_env_steps"] > 0
+    assert r["training_size"] == 60 + len(obs)
+    expert, _ = load_agent(expert_path)
+    np.testing.assert_array_equal(act, expert.act(obs, explore=False)[0])  # every visited state has its label
+    # the states are the learner's: CartPole starts near 0, and the episodes' first states are in there
+    assert np.abs(obs[0]).max() <= 0.05
+    assert payload["state"]["dagger_round"] == 2
