@@ -7,6 +7,15 @@ Transitions from N envs go into a replay buffer; every `train_freq` vector steps
 
 with the Huber loss, weighted by importance weights under prioritized replay; |y − Q| are the new
 priorities. The target network is a hard copy refreshed every `target_update_every` gradient steps.
+
+With `lstm` > 0 (recurrent replay, as R2D2): an LSTM core sits between encoder and head, `act` carries
+its state per env (reset at episode ends by the collector, `reset_state`), and replay holds sequences of
+`burn_in + train_len` steps of one env's stream with the state acting had at their first step (or zeros
+without `stored_state`). Online and target net unroll from that state, zeroing it where episodes
+start; the first `burn_in` steps only warm the state up (no gradient, no loss) and the loss is on the
+remaining `train_len` steps, with n-step Double-Q targets computed inside the sequence: a target
+bootstraps from the net's Q at the next observation, continued one step from the state after the last
+summed step (the final observation of a truncated episode included).
 """
 
 from __future__ import annotations
@@ -24,14 +33,17 @@ from rlfleet.algos.common import (
     hard_update,
     linear,
     make_optimizer,
+    obs_tensor,
     optimize,
     q_values,
     require_discrete,
 )
 from rlfleet.data.batch import Batch
-from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
+from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs.normalize import ObsNormOptions
 from rlfleet.nets.models import QNetwork
+from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
@@ -43,7 +55,7 @@ class Config(ObsNormOptions):
     buffer_size: int = 50_000
     """Replay capacity in transitions."""
     batch_size: int = 64
-    """Minibatch size."""
+    """Minibatch size (in sequences when `lstm` > 0)."""
     learning_starts: int = 1_000
     """Env steps collected before the first update."""
     train_freq: int = 16
@@ -63,7 +75,7 @@ class Config(ObsNormOptions):
     dueling: bool = True
     """Dueling value/advantage head."""
     prioritized: bool = True
-    """Prioritized replay (proportional)."""
+    """Prioritized replay (proportional); feed-forward only: with `lstm` > 0 sequences are drawn uniformly."""
     alpha: float = 0.6
     """Priority exponent."""
     beta: float = 0.4
@@ -82,6 +94,14 @@ class Config(ObsNormOptions):
     """MLP activation."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    lstm: int = 0
+    """0: feed-forward; N: an LSTM core of N cells between encoder and head, trained on replayed sequences."""
+    burn_in: int = 10
+    """Recurrent: steps at the start of each replayed sequence that only warm up the state (no loss)."""
+    train_len: int = 20
+    """Recurrent: steps per replayed sequence that the loss is computed on (after the burn-in)."""
+    stored_state: bool = True
+    """Recurrent: start each sequence from the state acting had there (R2D2's stored state); False: zeros."""
     total_steps: int = 100_000
     """Default training budget in env steps."""
 
@@ -101,6 +121,9 @@ PRESETS = {
         encoder="nature",
         total_steps=10_000_000,
     ),
+    "lstm": dict(
+        lstm=64,
+    ),
 }
 
 
@@ -113,8 +136,12 @@ class DQN:
         require_discrete(action_space, "dqn")
         if cfg.target_update_every < 1 or cfg.batch_size < 1:
             raise ValueError("target_update_every and batch_size must be >= 1")
+        if cfg.lstm < 0 or cfg.burn_in < 0 or cfg.train_len < 1:
+            raise ValueError("lstm and burn_in must be >= 0 and train_len >= 1")
         self.cfg = cfg
-        self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
+        self.q = QNetwork(
+            obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling, cfg.lstm
+        )
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.optimizer = make_optimizer("adam", self.q.parameters(), cfg.lr)
         self.params = list(self.q.parameters())
@@ -123,6 +150,14 @@ class DQN:
         self.updates = 0
 
     def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
+        if self.cfg.lstm > 0:
+            return SequenceReplayBuffer(
+                self.cfg.buffer_size,
+                n_envs,
+                seq_len=self.cfg.burn_in + self.cfg.train_len,
+                state_size=self.cfg.lstm if self.cfg.stored_state else 0,
+                seed=seed,
+            )
         common = dict(capacity=self.cfg.buffer_size, n_envs=n_envs, n_step=self.cfg.n_step, gamma=self.cfg.gamma)
         if not self.cfg.prioritized:
             return ReplayBuffer(**common, seed=seed)
@@ -138,12 +173,22 @@ class DQN:
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         eps = self.eps if explore else 0.0
-        return epsilon_greedy(q_values(self.q, obs), eps, self.rng), {}, state
+        if self.q.core is None:
+            return epsilon_greedy(q_values(self.q, obs), eps, self.rng), {}, state
+        with torch.inference_mode():
+            q, state = self.q.unroll(obs_tensor(obs), state)
+        return epsilon_greedy(q.numpy(), eps, self.rng), {}, state
+
+    def reset_state(self, state, done: np.ndarray):
+        """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
+        return LSTMCore.reset(state, done)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         self.eps = linear(self.cfg.eps_start, self.cfg.eps_final, self.cfg.eps_anneal_steps, env_steps)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
+        if self.q.core is not None:
+            return self._sequence_loss(batch)
         b = batch.to_torch()
         n = len(b.act)
         if self.cfg.double:  # one pass of the online net over s and s' (it picks the next action)
@@ -163,6 +208,39 @@ class DQN:
         loss = (b.weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
         return loss, metrics, td.detach().abs().numpy()
+
+    def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
+        """The recurrent loss over `[B, burn_in + train_len]` sequences (`SequenceReplayBuffer.sample`)."""
+        burn = self.cfg.burn_in
+        ret, last, bootstrap = sequence_nstep(
+            batch.rew[:, burn:], batch.terminated[:, burn:], batch.truncated[:, burn:], self.cfg.n_step, self.cfg.gamma
+        )
+        b = batch.to_torch()
+        obs, next_obs, starts = (x.transpose(0, 1) for x in (b.obs, b.next_obs, b.starts))  # time-major
+        state = (b.h0, b.c0) if "h0" in b else None
+        with torch.no_grad():
+            _, (th, tc) = self.q_target.unroll(obs, state, starts)
+            if burn > 0:  # warm the online state up on the burn-in steps
+                _, (h, c) = self.q.unroll(obs[:burn], state, starts[:burn])
+                state = (h[-1], c[-1])
+        q_all, (h, c) = self.q.unroll(obs[burn:], state, starts[burn:])
+        q = q_all.gather(2, b.act[:, burn:].T.long().unsqueeze(2)).squeeze(2).T  # [B, train_len]
+        with torch.no_grad():
+            # Q at each step's next observation, one step on from the state after that step
+            nxt = next_obs[burn:].reshape(-1, *next_obs.shape[2:])
+            flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
+            next_q_target = self.q_target.unroll(nxt, (flat(th[burn:]), flat(tc[burn:])))[0]
+            if self.cfg.double:
+                next_q_online = self.q.unroll(nxt, (flat(h), flat(c)))[0]
+                next_v = next_q_target.gather(1, next_q_online.argmax(1, keepdim=True)).squeeze(1)
+            else:
+                next_v = next_q_target.max(1).values
+            next_v = next_v.reshape(h.shape[:2]).T  # [B, train_len]
+            y = torch.from_numpy(ret) + torch.from_numpy(bootstrap) * next_v.gather(1, torch.from_numpy(last))
+        td = y - q
+        loss = (b.weight.unsqueeze(1) * F.smooth_l1_loss(q, y, reduction="none")).mean()
+        metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
+        return loss, metrics, td.detach().abs().mean(1).numpy()
 
     def update(self, batch: Batch) -> dict:
         loss, metrics, td_abs = self.loss(batch)

@@ -1,4 +1,5 @@
-"""Replay buffers, uniform and prioritized, over parallel env streams with n-step returns and frame stacks."""
+"""Replay buffers over parallel env streams: uniform and prioritized transitions (n-step returns, frame stacks)
+and uniform fixed-length sequences with stored recurrent states."""
 
 from __future__ import annotations
 
@@ -415,3 +416,145 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._beta_final = float(state["beta_final"])
         self._beta_anneal_steps = int(state["beta_anneal_steps"])
         self._sample_calls = int(state["sample_calls"])
+
+
+class SequenceReplayBuffer(ReplayBuffer):
+    """Uniform replay of ``seq_len`` consecutive steps of one env's stream, for recurrent Q-learning (R2D2).
+
+    The storage is the ring buffer's (``[capacity // n_envs, n_envs, ...]``, preallocated), plus, with
+    ``state_size`` > 0, the policy's recurrent state ``(h, c)`` before it acted on each observation (the
+    "stored state"; ``add(..., state=None)`` stores zeros). A sequence may start at any stored row whose
+    ``seq_len`` rows are all stored and in order (it never runs past the newest row, and the ring's
+    wrap-around is followed), in any env column: every such start is equally likely.
+
+    Sequences are cut from the stream without regard to episodes: they may cross episode ends. ``starts``
+    marks the steps that begin an episode (a done step just before), where a recurrent network zeroes its
+    state, as for on-policy segments; n-step sums must stop at done steps
+    (`rlfleet.data.returns.sequence_nstep`), so no step has to be masked out and every step trains. The
+    first step of a sequence counts as a start when the step before it is done or no longer stored.
+
+    ``sample(B)`` returns a Batch with ``[B, seq_len, ...]`` leaves ``obs, act, rew, next_obs, terminated,
+    truncated, starts`` (``rew``, ``terminated``, ``truncated``, ``starts`` float32), ``h0``/``c0``
+    ``[B, state_size]`` (only when ``state_size`` > 0), ``weight`` ``[B]`` (ones) and ``index`` ``[B]`` (flat
+    index of each sequence's first step).
+    """
+
+    def __init__(
+        self, capacity: int, n_envs: int = 1, seq_len: int = 1, state_size: int = 0, seed: int | None = None
+    ) -> None:
+        super().__init__(capacity, n_envs, seed=seed)
+        if not 1 <= seq_len <= self.rows:
+            raise ValueError(
+                f"seq_len must lie in [1, capacity // n_envs = {self.rows}], got {seq_len}; "
+                "raise the capacity or shorten the sequences"
+            )
+        if state_size < 0:
+            raise ValueError(f"state_size must be >= 0 (0: no stored states), got {state_size}")
+        self.seq_len = int(seq_len)
+        self.state_size = int(state_size)
+        self._states = np.zeros((2, self.rows, self.n_envs, self.state_size), dtype=np.float32) if state_size else None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(len={len(self)}, capacity={self.capacity}, n_envs={self.n_envs}, "
+            f"seq_len={self.seq_len}, state_size={self.state_size})"
+        )
+
+    def add(
+        self,
+        obs: Obs,
+        act: np.ndarray,
+        rew: np.ndarray,
+        next_obs: Obs,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        state: Any = None,
+    ) -> np.ndarray:
+        """As ``ReplayBuffer.add``; ``state`` is the recurrent state ``(h, c)`` (each ``[n_envs, state_size]``,
+        NumPy or torch) the policy acted on ``obs`` from; None stores zeros."""
+        row = self._ptr
+        if self._states is not None and state is not None:
+            h, c = (np.asarray(x, dtype=np.float32) for x in state)
+            if h.shape != (self.n_envs, self.state_size) or c.shape != h.shape:
+                raise ValueError(
+                    f"state must be (h, c) of shape ({self.n_envs}, {self.state_size}) each, got {h.shape} "
+                    f"and {c.shape}"
+                )
+        indices = super().add(obs, act, rew, next_obs, terminated, truncated)
+        if self._states is not None:
+            if state is None:
+                self._states[:, row] = 0.0
+            else:
+                self._states[0, row], self._states[1, row] = h, c
+        return indices
+
+    def _valid_starts(self) -> int:
+        """Rows at which a whole sequence begins (the oldest ``_size - seq_len + 1`` stored rows)."""
+        return max(0, self._size - self.seq_len + 1)
+
+    def _all_indices(self) -> np.ndarray:
+        rows = (self._ptr - self._size + np.arange(self._valid_starts())) % self.rows
+        return (rows[:, None] * self.n_envs + np.arange(self.n_envs)).reshape(-1)
+
+    def _draw_indices(self, batch_size: int) -> np.ndarray:
+        age, env = np.divmod(self._rng.integers(0, self._valid_starts() * self.n_envs, size=batch_size), self.n_envs)
+        return ((self._ptr - self._size + age) % self.rows) * self.n_envs + env
+
+    def sample(self, batch_size: int) -> Batch:
+        """``batch_size`` sequences with uniformly drawn starts (with replacement); ``sample(0)``: one per start."""
+        if self._valid_starts() == 0 and self._size > 0:
+            raise ValueError(
+                f"the buffer holds {self._size} steps per env, fewer than seq_len={self.seq_len}; add more first"
+            )
+        indices = self._indices_for(batch_size)
+        batch = self._gather_sequences(indices)
+        batch["weight"] = np.ones(len(indices), dtype=np.float32)
+        batch["index"] = indices
+        return batch
+
+    def _gather_sequences(self, indices: np.ndarray) -> Batch:
+        storage = self._storage
+        assert storage is not None
+        first, env = np.divmod(indices, self.n_envs)
+        rows = (first[:, None] + np.arange(self.seq_len)) % self.rows  # [B, L]
+        col = env[:, None]
+        terminated = storage["terminated"][rows, col]
+        truncated = storage["truncated"][rows, col]
+        starts = np.empty(rows.shape, dtype=np.float32)
+        starts[:, 1:] = terminated[:, :-1] | truncated[:, :-1]
+        age = (first - (self._ptr - self._size)) % self.rows
+        starts[:, 0] = np.where(age > 0, self._done((first - 1) % self.rows, env), True)
+        batch = Batch(
+            obs=_map_obs(lambda a: a[rows, col], storage["obs"]),
+            act=storage["act"][rows, col],
+            rew=storage["rew"][rows, col],
+            next_obs=_map_obs(lambda a: a[rows, col], storage["next_obs"]),
+            terminated=terminated.astype(np.float32),
+            truncated=truncated.astype(np.float32),
+            starts=starts,
+        )
+        if self._states is not None:
+            batch["h0"] = self._states[0, first, env]
+            batch["c0"] = self._states[1, first, env]
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["seq_len"] = self.seq_len
+        if self._states is not None:
+            state["states"] = torch.from_numpy(self._states[:, : self._size])
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        stored = state.get("states")
+        if (stored is None) != (self._states is None) or (stored is not None and stored.shape[-1] != self.state_size):
+            raise ValueError(
+                f"state is for another state_size; this buffer has state_size={self.state_size}: build the "
+                "buffer with the same recurrent size"
+            )
+        if int(state["seq_len"]) != self.seq_len:
+            raise ValueError(f"state is for seq_len={state['seq_len']}; this buffer has seq_len={self.seq_len}")
+        super().load_state_dict(state)
+        if self._states is not None:
+            self._states[:] = 0.0
+            self._states[:, : self._size] = stored.numpy()

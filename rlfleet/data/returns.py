@@ -108,3 +108,34 @@ def td_targets(
     """One-step targets y_t = r_t + γ V(s_{t+1}) over a segment, where `values[t]` = V(obs[t])."""
     next_v, _ = next_state_values(values, terminated, truncated, bootstrap, last_value)
     return (rew + gamma * next_v).astype(np.float32)
+
+
+def sequence_nstep(
+    rew: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, n: int, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step returns for every step of `[B, T]` sequences, each kept inside its sequence and its episode.
+
+    For step t the sum runs over steps t, t+1, … until n steps, the first done step (included) or the
+    sequence end. Returns `(ret, last, bootstrap)`: the discounted reward sums, the index of the last step
+    summed (the target bootstraps from the value of *that step's* next observation: the final one where it
+    was truncated), and the bootstrap factor γ^k, 0 where that last step terminated.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    term = terminated.astype(bool)
+    done = term | truncated.astype(bool)
+    batch, steps = rew.shape
+    t = np.arange(steps)
+    ret = np.zeros((batch, steps), dtype=np.float64)
+    last = np.broadcast_to(t, (batch, steps)).copy()
+    discount = np.ones((batch, steps), dtype=np.float64)
+    alive = np.ones((batch, steps), dtype=bool)
+    for k in range(n):
+        idx = np.minimum(t + k, steps - 1)
+        alive &= t + k < steps
+        ret += np.where(alive, gamma**k * rew[:, idx], 0.0)
+        last = np.where(alive, idx, last)
+        discount = np.where(alive, gamma ** (k + 1), discount)
+        alive &= ~done[:, idx]
+    ended = np.take_along_axis(term, last, axis=1)
+    return ret.astype(np.float32), last, np.where(ended, 0.0, discount).astype(np.float32)

@@ -153,7 +153,11 @@ class ActorCritic(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Q(s, ·) for discrete actions, optionally with a dueling head."""
+    """Q(s, ·) for discrete actions, optionally with a dueling head.
+
+    With `lstm` > 0 an `LSTMCore` of that many cells sits between the encoder and the head: call `unroll`
+    with the recurrent state instead of `forward`.
+    """
 
     def __init__(
         self,
@@ -163,17 +167,44 @@ class QNetwork(nn.Module):
         hidden: Sequence[int] = (128, 128),
         activation: str = "relu",
         dueling: bool = False,
+        lstm: int = 0,
     ):
         super().__init__()
+        self.obs_ndim = len(obs_space.shape or ())
         self.body = make_encoder(obs_space, encoder, hidden, activation)
+        self.core: LSTMCore | None = LSTMCore(self.body.out_dim, lstm) if lstm > 0 else None
         head = DuelingQHead if dueling else QHead
-        self.head = head(self.body.out_dim, n_actions)
+        self.head = head(self.body.out_dim if self.core is None else lstm, n_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.core is not None:
+            raise ValueError("this QNetwork has an LSTM core: call unroll(obs, state, starts)")
         return self.head(self.body(obs))
 
+    def unroll(
+        self, obs: torch.Tensor, state: State | None, starts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """Q over `[T, B, ...]` observations from `state` (None: zeros), `[T, B, A]`, and the state after every
+        step, `(h, c)` each `[T, B, H]`; `starts[t, b]` = 1 zeroes the state before step t. One step of
+        `[B, ...]` observations gives `[B, A]` and the next state, `[B, H]` each."""
+        if self.core is None:
+            raise ValueError("unroll needs a QNetwork with an LSTM core (lstm > 0)")
+        single = obs.dim() == self.obs_ndim + 1
+        if single:
+            obs = obs.unsqueeze(0)
+            starts = None if starts is None else starts.unsqueeze(0)
+        steps, batch = obs.shape[:2]
+        if state is None:
+            state = self.core.initial_state(batch)
+        features = self.body(obs.reshape(steps * batch, *obs.shape[2:])).reshape(steps, batch, -1)
+        hs, cs = self.core.states(features, state, starts)
+        q = self.head(hs.reshape(steps * batch, -1)).reshape(steps, batch, -1)
+        return (q[0], (hs[0], cs[0])) if single else (q, (hs, cs))
+
     def numpy_forward(self, obs: np.ndarray) -> np.ndarray | None:
-        """Q(s, ·) computed in NumPy for MLP bodies (fast acting), or None for other encoders."""
+        """Q(s, ·) computed in NumPy for MLP bodies (fast acting), or None for other encoders and LSTM cores."""
+        if self.core is not None:
+            return None
         if not hasattr(self, "_np"):
             if isinstance(self.head, DuelingQHead):
                 self._np = compile_numpy((self.body, self.head.value), (self.body, self.head.advantage))

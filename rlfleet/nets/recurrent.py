@@ -38,13 +38,19 @@ class LSTMCore(nn.Module):
         if single:
             features = features.unsqueeze(0)
             starts = None if starts is None else starts.unsqueeze(0)
+        hs, cs = self.states(features, state, starts)
+        return (hs[0] if single else hs), (hs[-1], cs[-1])
+
+    def states(self, features: torch.Tensor, state: State, starts: torch.Tensor | None = None) -> State:
+        """The state `(h, c)` after every step of `[T, B, F]` features, each `[T, B, H]` (before any reset
+        for the next step): what a one-step continuation from step t, e.g. to a final observation, needs."""
         h, c = state
-        outputs = []
+        hs, cs = [], []
         for t in range(features.shape[0]):
             if starts is not None:
                 keep = (1.0 - starts[t].float()).unsqueeze(-1)
                 h, c = h * keep, c * keep
             h, c = self.cell(features[t], (h, c))
-            outputs.append(h)
-        out = torch.stack(outputs)
-        return (out[0] if single else out), (h, c)
+            hs.append(h)
+            cs.append(c)
+        return torch.stack(hs), torch.stack(cs)

@@ -6,8 +6,9 @@ sub-env ends, `step` returns its reset observation in `obs` and the true last ob
 
 Recurrent policies: whatever `act` returns as its state is passed back on the next step. When it is not
 None, envs whose episode just ended get a fresh state from `algo.reset_state(state, done)`, values are
-asked for with that state (`algo.value(obs, state)`), and rollouts store `starts` (1 where an
-observation is the first of its episode) beside the segment's initial state. A feed-forward policy
+asked for with that state (`algo.value(obs, state)`), rollouts store `starts` (1 where an
+observation is the first of its episode) beside the segment's initial state, and replay buffers get the
+state each observation was acted on from (`buffer.add(..., state=…)`, None at a run's first step). A feed-forward policy
 (state None) costs nothing extra.
 """
 
@@ -138,8 +139,12 @@ class Collector:
             raise ValueError("give exactly one of n_step and n_episode")
         start_steps, start_episodes = self.env_steps, self.episodes
         while True:
+            state = self.state  # what a recurrent policy acts on self.obs from: a sequence buffer stores it
             s = self.step(explore)
-            buffer.add(s.obs, s.act, s.rew, s.next_obs, s.terminated, s.truncated)
+            if s.state is None:
+                buffer.add(s.obs, s.act, s.rew, s.next_obs, s.terminated, s.truncated)
+            else:
+                buffer.add(s.obs, s.act, s.rew, s.next_obs, s.terminated, s.truncated, state=state)
             if n_step is not None and self.env_steps - start_steps >= n_step:
                 break
             if n_episode is not None and self.episodes - start_episodes >= n_episode:
