@@ -63,6 +63,9 @@ REGISTRY: dict[str, tuple] = {
     "sarsa": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "sarsa"}),
     "nstep_q": ("rlfleet.algos.nstep_q", "NStepQ", {"target": "nstep_q"}),
     "bc": ("rlfleet.algos.bc", "BC", {}),
+    "ddpg": ("rlfleet.algos.ddpg", "DDPG", {}),
+    "td3": ("rlfleet.algos.td3", "TD3", {}),
+    "sac": ("rlfleet.algos.sac", "SAC", {}),
     "a3c": ("rlfleet.algos.a2c", "A2C", A3C_VARIANT, A3C_PRESETS),
 }
 

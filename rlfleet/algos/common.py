@@ -1,5 +1,5 @@
 """Small functions the algorithms share: space checks, acting with an ActorCritic (categorical, Gaussian, LSTM),
-action rescaling, recurrent batches, optimisation step, ε-greedy, schedules, target sync."""
+action rescaling, recurrent batches, optimisation step, ε-greedy, schedules, target sync (hard and Polyak)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,28 @@ def require_discrete_or_box(action_space: gym.Space, algo: str) -> gym.Space:
     )
 
 
+def require_box(action_space: gym.Space, algo: str) -> int:
+    """Number of action dimensions of a 1-D float Box space, or a clear error naming the algorithm and the space."""
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        raise UnsupportedSpaceError(
+            f"algorithm {algo!r} needs a continuous (1-D Box) action space, but the env has {action_space}; "
+            "use an algorithm for discrete actions (dqn, ppo, ...) or a continuous env"
+        )
+    if not np.issubdtype(action_space.dtype, np.floating):
+        raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
+    return int(action_space.shape[0])
+
+
+def flat_obs_dim(obs_space: gym.Space, algo: str) -> int:
+    """Size of a Box observation flattened (what an MLP on [s, a] takes), or a clear error for other spaces."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise UnsupportedSpaceError(
+            f"algorithm {algo!r} needs Box observations, but the env has {obs_space}; "
+            "flatten it with gymnasium.wrappers.FlattenObservation"
+        )
+    return int(np.prod(obs_space.shape))
+
+
 class ActionBounds:
     """Maps a Gaussian policy's actions to a Box env's actions: [-1, 1] ↦ [low, high], then clip.
 
@@ -64,6 +86,10 @@ class ActionBounds:
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         return np.clip(raw * self.scale + self.offset, self.low, self.high).astype(np.float32)
+
+    def normalize(self, actions: np.ndarray) -> np.ndarray:
+        """The inverse map, env actions ↦ the policy's space (a replay buffer holds what the env was given)."""
+        return ((actions - self.offset) / self.scale).astype(np.float32)
 
 
 def action_bounds(action_space: gym.Space) -> ActionBounds | None:
@@ -87,7 +113,10 @@ def policy_actions(data: Batch) -> np.ndarray:
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
 
 
-def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float, **kwargs) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params: Iterable[nn.Parameter] | Iterable[dict], lr: float, **kwargs
+) -> torch.optim.Optimizer:
+    """`name` over parameters or parameter groups (dicts with "params" and their own "lr", as in torch)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
     if name == "rmsprop":
@@ -95,17 +124,27 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float, **kwarg
     if name == "adam":
         kwargs = {"eps": 1e-5, **kwargs}
         params = list(params)
-        if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
+        tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+        if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors):
             kwargs.setdefault("fused", True)  # one kernel for all parameters: ~3x faster steps for small nets
     return OPTIMIZERS[name](params, lr=lr, **kwargs)
 
 
 def optimize(
-    optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: Sequence[nn.Parameter], max_grad_norm: float
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    params: Sequence[nn.Parameter],
+    max_grad_norm: float | None,
 ) -> float:
-    """zero_grad, backward, clip the global gradient norm (if > 0), step; returns the pre-clip norm."""
+    """zero_grad, backward, clip the global gradient norm (if > 0), step; returns the pre-clip norm.
+
+    `max_grad_norm` None neither clips nor measures (NaN comes back): the cheapest step, for small
+    replay updates taken every env step."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if max_grad_norm is None:
+        optimizer.step()
+        return float("nan")
     norm = nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     optimizer.step()
     return float(norm)
@@ -241,8 +280,27 @@ def q_values(model, obs: np.ndarray) -> np.ndarray:
         return model(obs_tensor(obs)).numpy()
 
 
+def uniform_actions(n: int, act_dim: int, rng: np.random.Generator) -> np.ndarray:
+    """`[n, act_dim]` float32 actions drawn uniformly from [-1, 1] (the warm-up of off-policy continuous agents)."""
+    return rng.uniform(-1.0, 1.0, size=(n, act_dim)).astype(np.float32)
+
+
+def gaussian_exploration(actions: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
+    """Deterministic actions in [-1, 1] plus N(0, std²) noise, clipped back to [-1, 1] (DDPG, TD3)."""
+    if std <= 0:
+        return actions
+    noise = rng.standard_normal(actions.shape, dtype=np.float32)
+    return np.clip(actions + std * noise, -1.0, 1.0).astype(np.float32)
+
+
 def hard_update(target: nn.Module, source: nn.Module) -> None:
     target.load_state_dict(source.state_dict())
+
+
+def soft_update(target: Sequence[torch.Tensor], source: Sequence[torch.Tensor], tau: float) -> None:
+    """Polyak averaging of target parameters toward the online ones: θ' ← (1 − τ) θ' + τ θ, in one fused op."""
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target), list(source), tau)
 
 
 def obs_tensor(obs: np.ndarray) -> torch.Tensor:

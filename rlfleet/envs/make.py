@@ -72,6 +72,8 @@ __all__ = [
 EnvSource = str | Callable[[], gym.Env]
 
 CARTPOLE_NO_VELOCITY_ID = "rlfleet/CartPoleNoVel-v1"
+KNOWN_REWARD_THRESHOLDS: dict[str, float] = {"Pendulum-v1": -250.0}
+"""The "solved" return of ids whose Gymnasium spec has none (Pendulum: Tianshou's and the seed's −250)."""
 VECTOR_MODES: tuple[str, ...] = ("auto", "sync", "async", "envpool")
 ATARI_OPTIONS: tuple[str, ...] = (
     "frame_stack",
@@ -473,6 +475,15 @@ def _time_limit_steps(env: gym.Env) -> int | None:
     return None
 
 
+def _reward_threshold(spec: EnvSpec | None) -> float | None:
+    """The spec's reward_threshold, else the one in `KNOWN_REWARD_THRESHOLDS`, else None."""
+    if spec is None:
+        return None
+    if spec.reward_threshold is not None:
+        return spec.reward_threshold
+    return KNOWN_REWARD_THRESHOLDS.get(spec.id)
+
+
 def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
     """Describe an env cheaply (builds one with :func:`make_env`, reads it, closes it).
 
@@ -493,7 +504,7 @@ def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
                 max_episode_steps = int(spec.kwargs["max_num_frames_per_episode"]) // ATARI_FRAME_SKIP
         return {
             "id": spec.id if spec is not None else None,
-            "reward_threshold": spec.reward_threshold if spec is not None else None,
+            "reward_threshold": _reward_threshold(spec),
             "max_episode_steps": max_episode_steps,
             "is_atari": is_atari,
             "family": "atari" if is_atari else "mujoco" if spec is not None and _is_mujoco_spec(spec) else None,

@@ -1,0 +1,165 @@
+"""DDPG: deep deterministic policy gradient (Lillicrap et al. 2016) for Box actions.
+
+A deterministic actor μ(s) = tanh(MLP(s)) in [-1, 1] (rescaled to the env's bounds by `ActionBounds`)
+explores with Gaussian noise; after a warm-up of uniform random actions, every `train_freq` env steps
+the learner takes `gradient_steps` replay minibatches and
+
+- regresses the critic on y = r + γ (1 − terminated) Q'(s', μ'(s'))   (bootstrapping on truncation),
+- ascends the actor along Q(s, μ(s)),
+- moves the target networks toward the online ones: θ' ← (1 − τ) θ' + τ θ.
+
+The critic and actor losses are summed into one backward pass and one Adam step: the actor's loss reads the
+critic through detached weights, so each network gets exactly its own gradient (the actor sees the critic
+before this step's update, as in the original implementations that run both updates together).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlfleet.algos.common import (
+    ActionBounds,
+    flat_obs_dim,
+    gaussian_exploration,
+    make_optimizer,
+    optimize,
+    require_box,
+    soft_update,
+    to_env_actions,
+    uniform_actions,
+)
+from rlfleet.data.batch import Batch
+from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.nets.continuous import DeterministicActor, QEnsemble
+
+
+@dataclass
+class Config:
+    """DDPG hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~6k env steps."""
+
+    n_envs: int = 1
+    """Parallel envs stepped in lockstep by one process."""
+    buffer_size: int = 100_000
+    """Replay capacity in transitions."""
+    batch_size: int = 64
+    """Minibatch size."""
+    learning_starts: int = 1_000
+    """Env steps collected before the first update."""
+    random_steps: int = 1_000
+    """Env steps of uniformly random actions at the start (exploration warm-up)."""
+    train_freq: int = 1
+    """Vector-env steps between training phases."""
+    gradient_steps: int = 1
+    """Gradient steps per training phase."""
+    gamma: float = 0.98
+    """Discount factor."""
+    n_step: int = 1
+    """Steps of real reward before bootstrapping."""
+    tau: float = 0.01
+    """Polyak rate of the target networks: θ' ← (1 − τ) θ' + τ θ after every update."""
+    actor_lr: float = 1e-3
+    """Learning rate of the actor (Adam)."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critic (Adam)."""
+    exploration_noise: float = 0.1
+    """σ of the Gaussian noise added to μ(s) while exploring, in units of half the action range."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the actor and the critic MLPs."""
+    activation: str = "relu"
+    """MLP activation: relu, tanh or elu."""
+    total_steps: int = 50_000
+    """Default training budget in env steps."""
+
+
+PRESETS: dict[str, dict] = {}
+
+
+class DDPG:
+    """Deterministic actor and one Q(s, a) critic with Polyak-averaged targets, over a replay buffer."""
+
+    data = "replay"
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+        self.act_dim = require_box(action_space, "ddpg")
+        obs_dim = flat_obs_dim(obs_space, "ddpg")
+        if cfg.batch_size < 1 or not 0.0 < cfg.tau <= 1.0:
+            raise ValueError("batch_size must be >= 1 and tau in (0, 1]")
+        self.cfg = cfg
+        self.bounds = ActionBounds(action_space)
+        self.actor = DeterministicActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation)
+        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=1)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        groups = [
+            {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
+            {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
+        ]
+        self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
+        self.params = [p for g in groups for p in g["params"]]
+        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self.rng = np.random.default_rng(seed)
+        self.env_steps = 0
+        self.updates = 0
+
+    def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
+        cfg = self.cfg
+        return ReplayBuffer(cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
+
+    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+        if explore and self.env_steps < self.cfg.random_steps:
+            raw = uniform_actions(len(obs), self.act_dim, self.rng)
+        else:
+            raw = self.actor.numpy_act(obs)
+            if explore:
+                raw = gaussian_exploration(raw, self.cfg.exploration_noise, self.rng)
+        extras: dict[str, np.ndarray] = {}
+        return to_env_actions(raw, extras, self.bounds), extras, state
+
+    def schedule(self, env_steps: int, total_steps: int) -> None:
+        self.env_steps = env_steps
+
+    def td_target(self, b: Batch) -> torch.Tensor:
+        """y = r + γ^k (1 − terminated) Q'(s', μ'(s')) for a torch batch."""
+        with torch.no_grad():
+            next_q = self.critic_target(b.next_obs, self.actor_target(b.next_obs))[0]
+            return b.rew + b.discount * (1.0 - b.terminated) * next_q
+
+    def update(self, batch: Batch) -> dict:
+        """One gradient step on critic and actor, then the soft target update; metrics are 0-dim tensors."""
+        act = torch.from_numpy(self.bounds.normalize(batch.act))
+        b = batch.to_torch()
+        y = self.td_target(b)
+        q = self.critic(b.obs, act)[0]
+        critic_loss = (q - y).pow(2).mean()
+        actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
+        optimize(self.optimizer, critic_loss + actor_loss, self.params, None)
+        soft_update(self._targets, self.params, self.cfg.tau)
+        self.updates += 1
+        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q.detach().mean()}
+
+    def state_dict(self) -> dict:
+        return {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "actor_target": self.actor_target.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "env_steps": self.env_steps,
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.actor_target.load_state_dict(state["actor_target"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]
+        self.env_steps = int(state["env_steps"])
+        self.updates = int(state["updates"])

@@ -1,0 +1,195 @@
+"""SAC: soft actor-critic (Haarnoja et al. 2018, with the automatic temperature of the follow-up paper).
+
+A tanh-squashed Gaussian policy a = tanh(μ(s) + σ(s) ε) in [-1, 1] (rescaled to the env's bounds by
+`ActionBounds`) acts after a warm-up of uniform random actions; every `train_freq` env steps the learner
+takes `gradient_steps` replay minibatches and
+
+- regresses twin critics on y = r + γ (1 − terminated) (min_k Q'_k(s', a') − α log π(a'|s')), a' ~ π(·|s'),
+- minimises the policy loss E[α log π(a|s) − min_k Q_k(s, a)] with reparameterised a ~ π(·|s), where
+  log π includes the tanh correction −Σ log(1 − tanh(u)²) (`squashed_gaussian_log_prob`),
+- tunes α by descending −log α · (log π(a|s) + H̄), H̄ = −target_entropy_scale · |A| (or keeps α fixed),
+- moves the target critics toward the online ones: θ' ← (1 − τ) θ' + τ θ.
+
+The three losses share one backward pass and one Adam step (the original implementation also runs the
+three updates together); the policy's loss reads the critics through detached weights and α is a constant
+in the critic and policy losses, so each parameter gets exactly its own gradient. The policy is evaluated
+on s and s' in one pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from rlfleet.algos.common import (
+    ActionBounds,
+    flat_obs_dim,
+    make_optimizer,
+    optimize,
+    require_box,
+    soft_update,
+    to_env_actions,
+    uniform_actions,
+)
+from rlfleet.data.batch import Batch
+from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
+
+
+@dataclass
+class Config:
+    """SAC hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps."""
+
+    n_envs: int = 1
+    """Parallel envs stepped in lockstep by one process."""
+    buffer_size: int = 100_000
+    """Replay capacity in transitions."""
+    batch_size: int = 64
+    """Minibatch size."""
+    learning_starts: int = 1_000
+    """Env steps collected before the first update."""
+    random_steps: int = 1_000
+    """Env steps of uniformly random actions at the start (exploration warm-up)."""
+    train_freq: int = 1
+    """Vector-env steps between training phases."""
+    gradient_steps: int = 1
+    """Gradient steps per training phase."""
+    gamma: float = 0.98
+    """Discount factor."""
+    n_step: int = 1
+    """Steps of real reward before bootstrapping."""
+    tau: float = 0.01
+    """Polyak rate of the target critics: θ' ← (1 − τ) θ' + τ θ after every update."""
+    actor_lr: float = 1e-3
+    """Learning rate of the policy (Adam)."""
+    critic_lr: float = 1e-3
+    """Learning rate of the twin critics (Adam)."""
+    alpha: float = 0.2
+    """Entropy temperature α: its initial value with `auto_alpha`, else the fixed value."""
+    auto_alpha: bool = True
+    """Tune α so that the policy's entropy tracks the target (False: keep `alpha` fixed)."""
+    alpha_lr: float = 1e-3
+    """Learning rate of log α (Adam)."""
+    target_entropy_scale: float = 1.0
+    """The target entropy is −target_entropy_scale · |A| nats (the paper's heuristic: −|A|)."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the policy and the critic MLPs."""
+    activation: str = "relu"
+    """MLP activation: relu, tanh or elu."""
+    total_steps: int = 50_000
+    """Default training budget in env steps."""
+
+
+PRESETS: dict[str, dict] = {}
+
+
+class SAC:
+    """Squashed Gaussian policy, twin Q(s, a) critics with Polyak targets and a tuned temperature, over replay."""
+
+    data = "replay"
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+        self.act_dim = require_box(action_space, "sac")
+        obs_dim = flat_obs_dim(obs_space, "sac")
+        if cfg.batch_size < 1 or not 0.0 < cfg.tau <= 1.0 or cfg.alpha <= 0:
+            raise ValueError("batch_size must be >= 1, tau in (0, 1] and alpha > 0")
+        self.cfg = cfg
+        self.bounds = ActionBounds(action_space)
+        self.actor = SquashedGaussianActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation)
+        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=2)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.auto_alpha)
+        self.target_entropy = -cfg.target_entropy_scale * self.act_dim
+        groups = [
+            {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
+            {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
+        ]
+        if cfg.auto_alpha:
+            groups.append({"params": [self.log_alpha], "lr": cfg.alpha_lr})
+        self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
+        self.params = [p for g in groups for p in g["params"]]
+        self._critic_params = list(self.critic.parameters())
+        self._targets = list(self.critic_target.parameters())
+        self.rng = np.random.default_rng(seed)
+        self.env_steps = 0
+        self.updates = 0
+
+    def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
+        cfg = self.cfg
+        return ReplayBuffer(cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
+
+    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+        if explore and self.env_steps < self.cfg.random_steps:
+            raw = uniform_actions(len(obs), self.act_dim, self.rng)
+        else:
+            raw = self.actor.numpy_act(obs, explore, self.rng)  # greedy: tanh of the mean
+        extras: dict[str, np.ndarray] = {}
+        return to_env_actions(raw, extras, self.bounds), extras, state
+
+    def schedule(self, env_steps: int, total_steps: int) -> None:
+        self.env_steps = env_steps
+
+    @property
+    def alpha(self) -> float:
+        return float(self.log_alpha.exp())
+
+    def td_target(self, b: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, alpha: torch.Tensor):
+        """y = r + γ^k (1 − terminated) (min_k Q'_k(s', a') − α log π(a'|s')) for sampled a' ~ π(·|s')."""
+        with torch.no_grad():
+            next_v = self.critic_target(b.next_obs, next_act).min(0).values - alpha * next_logp
+            return b.rew + b.discount * (1.0 - b.terminated) * next_v
+
+    def update(self, batch: Batch) -> dict:
+        """One step on critics, policy and α (one backward), then the soft target update; 0-dim tensor metrics."""
+        act = torch.from_numpy(self.bounds.normalize(batch.act))
+        b = batch.to_torch()
+        n = len(act)
+        alpha = self.log_alpha.detach().exp()
+        actions, logp = self.actor.sample(torch.cat([b.obs, b.next_obs]))
+        y = self.td_target(b, actions[n:].detach(), logp[n:].detach(), alpha)
+        q = self.critic(b.obs, act)  # [2, B]
+        critic_loss = 0.5 * (q - y).pow(2).mean(1).sum()
+        logp = logp[:n]
+        q_pi = self.critic(b.obs, actions[:n], detach=True).min(0).values
+        actor_loss = (alpha * logp - q_pi).mean()
+        loss = critic_loss + actor_loss
+        if self.cfg.auto_alpha:
+            loss = loss - self.log_alpha * (logp.detach().mean() + self.target_entropy)
+        optimize(self.optimizer, loss, self.params, None)
+        soft_update(self._targets, self._critic_params, self.cfg.tau)
+        self.updates += 1
+        return {
+            "critic_loss": critic_loss.detach(),
+            "actor_loss": actor_loss.detach(),
+            "alpha": alpha,
+            "entropy": -logp.detach().mean(),
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "env_steps": self.env_steps,
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]
+        self.env_steps = int(state["env_steps"])
+        self.updates = int(state["updates"])

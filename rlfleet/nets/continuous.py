@@ -1,0 +1,144 @@
+"""Networks of the off-policy continuous-control agents (DDPG, TD3, SAC): a deterministic tanh actor, a
+tanh-squashed Gaussian actor, and K critics Q_k(s, a) evaluated together in one batched pass.
+
+Actions are in the policy's normalised space [-1, 1] (`ActionBounds` maps them to the env's bounds). The
+actors are plain MLPs, so acting runs in NumPy (`rlfleet.nets.fast`) without PyTorch's per-op overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rlfleet.nets.encoders import ACTIVATIONS, MLP
+from rlfleet.nets.fast import compile_numpy
+from rlfleet.nets.heads import LOG_STD_RANGE
+
+_LOG_2 = math.log(2.0)
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def squashed_gaussian_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """log π(tanh(u)) for u ~ N(mean, σ²) per dim, summed over the last dim (SAC, Haarnoja et al. 2018, App. C).
+
+    The change of variables a = tanh(u) subtracts log(1 − tanh(u)²) per dim, computed in the stable form
+    2 (log 2 − u − softplus(−2u)), which stays finite where tanh(u) rounds to ±1.
+    """
+    z = (u - mean) * torch.exp(-log_std)
+    gaussian = -0.5 * z.pow(2) - log_std - _HALF_LOG_2PI
+    return (gaussian - 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
+
+
+def _flat_mlp(in_dim: int, hidden: Sequence[int], activation: str) -> MLP:
+    """An MLP with PyTorch's default Linear initialisation (what DDPG/TD3/SAC implementations use)."""
+    body = MLP(in_dim, hidden, activation)
+    for module in body.modules():
+        if isinstance(module, nn.Linear):
+            module.reset_parameters()
+    return body
+
+
+class DeterministicActor(nn.Module):
+    """μ(s) = tanh(MLP(s)) in [-1, 1]^A (DDPG, TD3)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"):
+        super().__init__()
+        self.body = _flat_mlp(obs_dim, hidden, activation)
+        self.head = nn.Linear(self.body.out_dim, act_dim)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.head(self.body(obs)))
+
+    def numpy_act(self, obs: np.ndarray) -> np.ndarray:
+        """μ(obs) as a float32 NumPy array (NumPy forward for MLP bodies, else PyTorch in inference mode)."""
+        if not hasattr(self, "_np"):
+            self._np = compile_numpy((self.body, self.head))
+        if self._np is not None:
+            return np.tanh(self._np(obs)[0])
+        with torch.inference_mode():
+            return self(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+
+class SquashedGaussianActor(nn.Module):
+    """π(·|s) = tanh(N(μ(s), σ(s)²)) (SAC): one linear head gives μ and log σ (clamped to `LOG_STD_RANGE`)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"):
+        super().__init__()
+        self.act_dim = act_dim
+        self.body = _flat_mlp(obs_dim, hidden, activation)
+        self.head = nn.Linear(self.body.out_dim, 2 * act_dim)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log σ) of the Gaussian before the squashing."""
+        mean, log_std = self.head(self.body(obs)).split(self.act_dim, dim=-1)
+        return mean, log_std.clamp(*LOG_STD_RANGE)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised actions a = tanh(μ + σ ε) and their log-probabilities log π(a|s) (`[B]`)."""
+        mean, log_std = self(obs)
+        u = mean + log_std.exp() * torch.randn_like(mean)
+        return torch.tanh(u), squashed_gaussian_log_prob(u, mean, log_std)
+
+    def numpy_act(self, obs: np.ndarray, explore: bool, rng: np.random.Generator) -> np.ndarray:
+        """tanh of a sample (explore) or of the mean, as float32 NumPy actions."""
+        if not hasattr(self, "_np"):
+            self._np = compile_numpy((self.body, self.head))
+        if self._np is not None:
+            out = self._np(obs)[0]
+        else:
+            with torch.inference_mode():
+                out = self.head(self.body(torch.as_tensor(obs, dtype=torch.float32))).numpy()
+        mean = out[:, : self.act_dim]
+        if explore:
+            log_std = np.clip(out[:, self.act_dim :], *LOG_STD_RANGE)
+            mean = mean + np.exp(log_std) * rng.standard_normal(mean.shape, dtype=np.float32)
+        return np.tanh(mean).astype(np.float32)
+
+
+class QEnsemble(nn.Module):
+    """K critics Q_k(s, a), MLPs on [s, a], computed together: each layer is one batched matmul over k.
+
+    `forward(obs, act)` returns `[K, B]`. Twin critics (TD3, SAC) cost one pass instead of two. With
+    `detach=True` the weights are detached: gradients reach the actions (an actor's loss) but not the
+    critics. Each member is initialised as an independent `nn.Linear` stack (PyTorch's default init).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "relu",
+        n: int = 2,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        if n < 1:
+            raise ValueError(f"a critic ensemble needs n >= 1 members, got {n}")
+        self.n = n
+        self.activation = ACTIVATIONS[activation]()
+        sizes = [obs_dim + act_dim, *hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default: U(−1/√fan_in, 1/√fan_in) for both
+            self.weights.append(nn.Parameter(torch.empty(n, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        x = torch.cat([obs.reshape(len(obs), -1).float(), act], dim=-1)
+        h = x.unsqueeze(0).expand(self.n, *x.shape)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            if detach:
+                w, b = w.detach(), b.detach()
+            h = torch.baddbmm(b, h, w)
+            if i < last:
+                h = self.activation(h)
+        return h.squeeze(-1)
