@@ -16,7 +16,7 @@ from procs import RLFLEET
 from rlfleet.algos import REGISTRY
 from rlfleet.run.checkpoint import load_checkpoint
 
-ALGOS = ("a2c", "a3c", "bc", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
+ALGOS = ("a2c", "a3c", "bc", "ddpg", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sac", "sarsa", "td3")
 RESULT_KEYS = {
     *("solved", "solved_at_step", "solved_at_s", "eval_return_mean", "eval_return_std", "env_steps", "wall_time_s")
 }
@@ -72,6 +72,9 @@ MORE_USAGE_ERRORS = {
     "set-zero-envs": ((*TRAIN, "--set", "n_envs=0"), ["n_envs"]),
     "set-bad-activation": ((*TRAIN, "--set", "activation=gelu"), ["'gelu'", "relu", "tanh"]),
     "n-envs-zero": ((*TRAIN, "--n-envs", "0"), ["--n-envs", "0"]),
+    "sac-discrete": (("train", "sac", "--env", "CartPole-v1"), ["'sac'", "continuous", "Discrete(2)"]),
+    "td3-discrete": (("train", "td3", "--env", "CartPole-v1"), ["'td3'", "continuous", "Discrete(2)"]),
+    "ddpg-discrete": (("train", "ddpg", "--env", "CartPole-v1"), ["'ddpg'", "continuous", "Discrete(2)"]),
     "dqn-preset-unknown": (("train", "dqn", "--env", "CartPole-v1", "--preset", "paper"), ["'paper'", "atari"]),
     "unknown-arch": ((*TRAIN, "--arch", "gossamer"), ["'gossamer'", "single", "hogwild", "data_parallel"]),
     "replay-on-hogwild": (("train", "dqn", "--env", "CartPole-v1", "--arch", "hogwild"), ["dqn", "replay", "hogwild"]),
