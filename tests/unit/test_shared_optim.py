@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 import torch.multiprocessing as mp
+from spawned import WORKER_TIMEOUT_S, step_with_constant_grad
 from torch import nn
 
 from rlfleet.optim import HOGWILD_OPTIMIZERS, SharedAdam, SharedRMSprop, build_optimizer, is_shared
-from spawned import WORKER_TIMEOUT_S, step_with_constant_grad
 
 
 def run_two_workers(optimizer, grads):
