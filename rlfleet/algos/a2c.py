@@ -142,6 +142,18 @@ PRESETS = {
 }
 
 
+# Presets of `a3c` (the A2C loss on the `hogwild` architecture; its variant settings are in the registry).
+A3C_PRESETS = {
+    # the paper's Atari settings: Mnih 2013 network, η = 7e-4 annealed over the run, gradients clipped at 40
+    "atari": dict(lr=7e-4, encoder="mnih2013", max_grad_norm=40.0, total_steps=40_000_000),
+    # the paper's recurrent agent for low-dimensional input: 128 LSTM cells after the encoder
+    "lstm": dict(PRESETS["lstm"]),
+    # the paper's continuous agent (separate 200-unit policy and value networks, σ² by softplus, β = 1e-4);
+    # each worker steps its own few envs
+    "continuous": dict(PRESETS["continuous"]),
+}
+
+
 class A2C:
     """Advantage actor-critic with a categorical or Gaussian policy and an optional LSTM core."""
 

@@ -20,8 +20,8 @@ from rlfleet.run.train import train
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 
 
-def spec(algo: str, optimizer: str = "sgd", **overrides) -> WorkerSpec:
-    cfg, _ = build_algo_config(algo, None, overrides)
+def spec(algo: str, optimizer: str = "sgd", preset: str | None = None, **overrides) -> WorkerSpec:
+    cfg, _ = build_algo_config(algo, preset, overrides)
     return WorkerSpec(algo, cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000, optimizer=optimizer,
                       lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
 
@@ -107,6 +107,53 @@ def test_serial_hogwild_run_writes_its_run_folder(tmp_path):
     for name in ("config.json", "metrics.csv", "curves.png", "result.json", "checkpoints/latest.pt"):
         assert (run / name).exists(), name
     assert json.loads((run / "config.json").read_text())["workers"] == 2
+
+
+def test_lstm_worker_carries_its_own_state_across_segments():
+    """The recurrent agent: a worker's hidden state survives the pull of new shared weights between its
+    segments (the next segment starts from it), and the LSTM's weights are among the shared parameters."""
+    s = spec("a3c", optimizer="shared_rmsprop", preset="lstm")
+    algo = shared_algo(s)
+    shared = share_algo(algo)
+    lstm_params = {id(p) for name, p in algo.model.named_parameters() if name.startswith("core.")}
+    assert lstm_params and lstm_params <= {id(p) for p in trainable_params(shared)}
+    before = {name: p.detach().clone() for name, p in algo.model.named_parameters() if name.startswith("core.")}
+    worker = HogwildWorker(s, shared, build_optimizer("shared_rmsprop", trainable_params(shared), 1e-3), 0)
+    try:
+        worker.step(global_steps=0)
+        carried = worker.collector.state
+        assert carried is not None
+        first = [t.clone() for t in carried]
+        segments = []
+        original = worker.collector.collect_rollout
+        worker.collector.collect_rollout = lambda storage: segments.append(original(storage)) or segments[-1]
+        worker.step(global_steps=s.algo_cfg.n_envs * s.algo_cfg.rollout_len)
+        assert all(torch.equal(a, b) for a, b in zip(segments[0].initial_state, first, strict=True))
+        assert any(not torch.equal(before[n], p) for n, p in algo.model.named_parameters() if n.startswith("core."))
+    finally:
+        worker.close()
+
+
+def test_continuous_worker_acts_within_the_bounds():
+    """The paper's continuous agent on hogwild: Gaussian actions rescaled into Pendulum's [-2, 2]."""
+    spaces = (gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
+    cfg, _ = build_algo_config("a3c", "continuous", {})
+    s = WorkerSpec("a3c", cfg, "Pendulum-v1", *spaces, seed=0, total_steps=100_000, optimizer="shared_rmsprop",
+                   lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
+    algo = resolve("a3c")[0](cfg, *spaces, seed=0)
+    shared = share_algo(algo)
+    worker = HogwildWorker(s, shared, build_optimizer("shared_rmsprop", trainable_params(shared), 1e-3), 0)
+    try:
+        segments = []
+        original = worker.collector.collect_rollout
+        worker.collector.collect_rollout = lambda storage: segments.append(original(storage)) or segments[-1]
+        steps, metrics = worker.step(global_steps=0)
+        data = segments[0].data
+        assert steps == cfg.n_envs * cfg.rollout_len and np.isfinite(metrics["grad_norm"])
+        assert np.all(np.abs(data.act) <= 2.0) and "raw_act" in data
+        assert np.allclose(data.act, np.clip(2.0 * data.raw_act, -2.0, 2.0))
+    finally:
+        worker.close()
 
 
 def test_algo_modules_are_the_networks():
