@@ -137,7 +137,7 @@ class SAC:
 
     @property
     def alpha(self) -> float:
-        return float(self.log_alpha.exp())
+        return float(self.log_alpha.detach().exp())
 
     def td_target(self, b: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, alpha: torch.Tensor):
         """y = r + γ^k (1 − terminated) (min_k Q'_k(s', a') − α log π(a'|s')) for sampled a' ~ π(·|s')."""
