@@ -394,6 +394,8 @@ class Trainer(RunBase):
                 "episodes": self.collector.episodes,
                 "returns": list(self.collector.returns),
                 "lengths": list(self.collector.lengths),
+                "state": self.collector.state,  # a recurrent policy's state goes with obs (None: feed-forward)
+                "starts": self.collector.starts,
             }
             payload["envs"] = env_state.snapshot(self.envs)
             if self.buffer is not None:
@@ -414,6 +416,8 @@ class Trainer(RunBase):
             c.lengths.extend(col["lengths"])
             if env_state.restore(self.envs, payload.get("envs")):
                 c.obs = col["obs"]
+                c.state = col.get("state")
+                c.starts = col.get("starts", c.starts)
         if "torch_rng" in payload:
             torch.set_rng_state(payload["torch_rng"])
         if self.buffer is not None and "buffer" in payload:

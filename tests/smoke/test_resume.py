@@ -15,8 +15,10 @@ from rlfleet.run.checkpoint import load_checkpoint
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
 # the same runs with observation normalisation: its running statistics must resume exactly too
-CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", {"obs_norm": "true"})]
-CASE_IDS = [f"{algo}{'-obs_norm' if overrides else ''}" for algo, overrides in CASES]
+# and recurrent DQN: its collector's LSTM state and the buffer's stored states must resume exactly
+RECURRENT_DQN = {"lstm": 8, "hidden": "32", "batch_size": 8, "burn_in": 2, "train_len": 4, "gradient_steps": 4}
+CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", {"obs_norm": "true"}), ("dqn", RECURRENT_DQN)]
+CASE_IDS = [f"{algo}{''.join(f'-{k}' for k in overrides if k in ('obs_norm', 'lstm'))}" for algo, overrides in CASES]
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
