@@ -24,7 +24,11 @@ STEPS = 2_000
 OVERRIDES = {"dqn": {"learning_starts": "1500", "buffer_size": "5000"}}
 
 
-@pytest.mark.parametrize("algo", sorted(REGISTRY))
+# algorithms for Box actions only: Pong's actions are discrete (their clean refusal is a CLI test)
+BOX_ONLY = {"ddpg", "td3", "sac"}
+
+
+@pytest.mark.parametrize("algo", sorted(set(REGISTRY) - BOX_ONLY))
 def test_algorithm_runs_on_pong(algo: str, run_opts: dict):
     started = time.perf_counter()
     result = train(
