@@ -150,3 +150,23 @@ def test_dagger_aggregates_states_labelled_by_the_expert(tmp_path: Path, run_opt
     # the states are the learner's: CartPole starts near 0, and the episodes' first states are in there
     assert np.abs(obs[0]).max() <= 0.05
     assert payload["state"]["dagger_round"] == 2
+
+
+def test_an_interrupted_dagger_run_resumes_exactly(tmp_path: Path, run_opts):
+    data = tmp_path / "data.npz"
+    demos(n=60).save(data)
+    expert = fake_checkpoint(tmp_path / "expert.pt")
+    kw = dict(
+        dataset=str(data), expert=str(expert), steps=120, overrides={"dagger_iterations": 3, "dagger_episodes": 2},
+        stop_return=1e9, eval_every=40, checkpoint_every=40, **run_opts,
+    )  # fmt: skip
+    full = train("bc", "CartPole-v1", name="full", **kw)
+    part = train("bc", "CartPole-v1", name="part", callbacks=[lambda info: info["env_steps"] >= 50], **kw)
+    assert part["stopped_by"] == "interrupted" and part["gradient_steps"] == 50
+    resumed = train(resume=part.run_dir, progress=False)
+    a, b = load_checkpoint(full.run_dir), load_checkpoint(resumed.run_dir)
+    for key in ("gradient_steps", "epoch", "position", "dagger_round", "dagger_env_steps"):
+        assert a["state"][key] == b["state"][key], key
+    np.testing.assert_array_equal(a["offline"]["aggregated_obs"], b["offline"]["aggregated_obs"])
+    for name, tensor in a["algo"]["model"].items():
+        assert (tensor == b["algo"]["model"][name]).all(), name
