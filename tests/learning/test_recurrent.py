@@ -1,4 +1,4 @@
-"""Memory: on CartPole without velocities (`rlfleet/CartPoleNoVel-v1`) A2C with an LSTM core must solve the
+"""Memory: on CartPole without velocities (`rlfleet/CartPoleNoVel-v1`) A2C and DQN with an LSTM core must solve the
 task (mean greedy return ≥ 475 over 10 episodes) within a step budget, while the same A2C without the
 LSTM, given the same budget, must stay far below: a feed-forward policy cannot infer the velocities."""
 
@@ -27,3 +27,15 @@ def test_feed_forward_a2c_does_not_solve_cartpole_without_velocities(run_opts):
     r = result.result
     assert not r["solved"]
     assert r["best_eval_return"] < 200, f"a feed-forward policy got {r['best_eval_return']} without velocities"
+
+
+DQN_BUDGET = 80_000  # the dqn lstm preset solves in 40k steps with seed 0
+
+
+@pytest.mark.learning
+def test_recurrent_dqn_solves_cartpole_without_velocities(run_opts):
+    result = train("dqn", ENV, preset="lstm", seed=0, steps=DQN_BUDGET, eval_every=5_000, **run_opts)
+    r = result.result
+    assert r["solved"], f"dqn with an LSTM did not solve {ENV} in {DQN_BUDGET} steps: eval {r['eval_return_mean']}"
+    assert r["eval_return_mean"] >= 475
+    assert r["solved_at_step"] <= DQN_BUDGET
