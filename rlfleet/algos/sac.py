@@ -39,12 +39,13 @@ from rlfleet.algos.common import (
 )
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.envs.normalize import ObsNormOptions
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
 
 
 @dataclass
-class Config:
-    """SAC hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps."""
+class Config(ObsNormOptions):
+    """SAC hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
     n_envs: int = 1
     """Parallel envs stepped in lockstep by one process."""
@@ -86,7 +87,30 @@ class Config:
     """Default training budget in env steps."""
 
 
-PRESETS: dict[str, dict] = {}
+# MuJoCo locomotion (picked automatically for MuJoCo envs): rl-zoo3's and CleanRL's SAC settings — replay of
+# 1M transitions, 10k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, 256-256 ReLU
+# MLPs, α tuned toward −|A| nats; observations are not normalised (as in both)
+PRESETS: dict[str, dict] = {
+    "mujoco": dict(
+        n_envs=1,
+        buffer_size=1_000_000,
+        batch_size=256,
+        learning_starts=10_000,
+        random_steps=10_000,
+        train_freq=1,
+        gradient_steps=1,
+        gamma=0.99,
+        n_step=1,
+        tau=0.005,
+        hidden=(256, 256),
+        activation="relu",
+        actor_lr=3e-4,
+        critic_lr=3e-4,
+        alpha_lr=3e-4,
+        auto_alpha=True,
+        total_steps=1_000_000,
+    ),
+}
 
 
 class SAC:

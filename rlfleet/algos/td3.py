@@ -35,12 +35,13 @@ from rlfleet.algos.common import (
 )
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.envs.normalize import ObsNormOptions
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
 @dataclass
-class Config:
-    """TD3 hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~6k env steps."""
+class Config(ObsNormOptions):
+    """TD3 hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~6k env steps (preset: mujoco)."""
 
     n_envs: int = 1
     """Parallel envs stepped in lockstep by one process."""
@@ -82,7 +83,32 @@ class Config:
     """Default training budget in env steps."""
 
 
-PRESETS: dict[str, dict] = {}
+# MuJoCo locomotion (picked automatically for MuJoCo envs): the TD3 paper's and CleanRL's settings — replay of
+# 1M transitions, 25k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, exploration
+# noise 0.1, policy delay 2, target smoothing noise 0.2 clipped at 0.5, 256-256 ReLU MLPs
+PRESETS: dict[str, dict] = {
+    "mujoco": dict(
+        n_envs=1,
+        buffer_size=1_000_000,
+        batch_size=256,
+        learning_starts=25_000,
+        random_steps=25_000,
+        train_freq=1,
+        gradient_steps=1,
+        gamma=0.99,
+        n_step=1,
+        tau=0.005,
+        hidden=(256, 256),
+        activation="relu",
+        actor_lr=3e-4,
+        critic_lr=3e-4,
+        exploration_noise=0.1,
+        policy_delay=2,
+        target_noise=0.2,
+        target_noise_clip=0.5,
+        total_steps=1_000_000,
+    ),
+}
 
 
 class TD3:
