@@ -130,7 +130,11 @@ def _state_to_torch(state: Any) -> Any:
 
 
 class TransitionBlock:
-    """`length` vector-env steps of transitions, with the `add` of a replay buffer (fed by `Collector.collect`)."""
+    """`length` vector-env steps of transitions, with the `add` of a replay buffer (fed by `Collector.collect`).
+
+    A recurrent policy's state (what it acted on each `obs` from) is kept as `h` and `c`, zeros where the
+    collector gave None (a run's first step), so a sequence buffer gets the states acting had.
+    """
 
     FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
 
@@ -139,7 +143,12 @@ class TransitionBlock:
         self.t = 0
         self.data: dict[str, Any] = {}
 
-    def add(self, obs, act, rew, next_obs, terminated, truncated) -> None:
+    def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
+        if state is not None:
+            for key, value in zip(("h", "c"), _state_to_numpy(state), strict=True):
+                if key not in self.data:
+                    self.data[key] = np.zeros((self.length, *value.shape), value.dtype)
+                self.data[key][self.t] = value
         for key, value in zip(self.FIELDS, (obs, act, rew, next_obs, terminated, truncated), strict=True):
             if key not in self.data:
                 self.data[key] = _map(lambda v: np.empty((self.length, *np.shape(v)), np.asarray(v).dtype), value)
@@ -297,7 +306,11 @@ class DataParallelRunner(ParallelRunner):
         self._consume(items)
         block = concat_blocks([item.data for item in items])
         for t in range(len(block["rew"])):
-            self.buffer.add(*(_map(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS))
+            step = (_map(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS)
+            if "h" in block:  # a recurrent policy's states, for a sequence buffer
+                self.buffer.add(*step, state=(block["h"][t], block["c"][t]))
+            else:
+                self.buffer.add(*step)
         if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
             return {}, 0
         metrics: dict[str, float] = {}

@@ -242,3 +242,17 @@ def test_every_algorithm_runs_serially_on_both_architectures(algo, arch, run_opt
     r = train(algo, "CartPole-v1", arch=arch, workers=2, serial=True, steps=600, eval_every=600, eval_episodes=2,
               stop_return=1e9, overrides=overrides, **run_opts).result  # fmt: skip
     assert r["env_steps"] >= 600 and r["updates"] > 0 and r["eval_return_mean"] is not None
+
+
+def test_transition_blocks_carry_recurrent_states_for_sequence_replay(run_opts):
+    block = TransitionBlock(3)
+    zeros = np.zeros(2)
+    for t in range(3):
+        state = None if t == 0 else (torch.full((2, 4), float(t)), torch.full((2, 4), -float(t)))
+        block.add(np.zeros((2, 1)), zeros, zeros, np.zeros((2, 1)), zeros > 0, zeros > 0, state=state)
+    np.testing.assert_array_equal(block.data["h"][:, 0, 0], [0.0, 1.0, 2.0])  # None (a run's first step): zeros
+    np.testing.assert_array_equal(block.data["c"][:, 1, 3], [0.0, -1.0, -2.0])
+    r = train("dqn", "rlfleet/CartPoleNoVel-v1", arch="data_parallel", workers=2, serial=True, steps=600,
+              eval_every=600, eval_episodes=2, stop_return=1e9, **run_opts,
+              overrides={"lstm": 8, "learning_starts": 100, "batch_size": 4, "gradient_steps": 2}).result  # fmt: skip
+    assert r["env_steps"] >= 600 and r["updates"] > 0
