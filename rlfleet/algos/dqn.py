@@ -238,11 +238,10 @@ class DQN:
         q = q_all.gather(2, b.act[:, burn:].T.long().unsqueeze(2)).squeeze(2).T  # [B, train_len]
         with torch.no_grad():
             # Q at each step's next observation, one step on from the state after that step
-            nxt = next_obs[burn:].reshape(-1, *next_obs.shape[2:])
-            flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
-            next_q_target = self.q_target.unroll(nxt, (flat(th[burn:]), flat(tc[burn:])))[0]
+            nxt = next_obs[burn:].flatten(0, 1)
+            next_q_target = self.q_target.unroll(nxt, (th[burn:].flatten(0, 1), tc[burn:].flatten(0, 1)))[0]
             if self.cfg.double:
-                next_q_online = self.q.unroll(nxt, (flat(h), flat(c)))[0]
+                next_q_online = self.q.unroll(nxt, (h.flatten(0, 1), c.flatten(0, 1)))[0]
                 next_v = next_q_target.gather(1, next_q_online.argmax(1, keepdim=True)).squeeze(1)
             else:
                 next_v = next_q_target.max(1).values

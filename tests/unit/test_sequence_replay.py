@@ -288,3 +288,20 @@ def test_recurrent_act_carries_and_resets_state():
     assert state[0].shape == (3, 8)
     reset = algo.reset_state(state, np.array([True, False, False]))
     assert (reset[0][0] == 0).all() and torch.equal(reset[0][1:], state[0][1:])
+
+
+def test_targets_bootstrap_from_the_final_observation_on_truncation_but_not_on_termination():
+    algo = recurrent_dqn()
+    algo.cfg.n_step = 1
+    k = algo.cfg.burn_in + 2  # a trained step
+
+    def loss_with(ended: str, shift: float) -> float:
+        batch = sequence_batch()
+        batch.terminated[:], batch.truncated[:], batch.starts[:] = 0.0, 0.0, 0.0
+        batch[ended][:, k] = 1.0
+        batch.starts[:, k + 1] = 1.0
+        batch.next_obs[:, k] += shift
+        return algo.loss(batch)[0].item()
+
+    assert loss_with("terminated", 5.0) == pytest.approx(loss_with("terminated", 0.0), rel=1e-6)
+    assert loss_with("truncated", 5.0) != pytest.approx(loss_with("truncated", 0.0), rel=1e-6)
