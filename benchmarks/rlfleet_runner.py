@@ -1,7 +1,8 @@
-"""Time-to-solve CartPole-v1 for one rlfleet run, through rlfleet's CLI in a subprocess.
+"""Time-to-solve CartPole-v1 (Pendulum-v1 for ddpg, td3, sac) for one rlfleet run, through rlfleet's CLI.
 
 Runs ``rlfleet train ALGO --env CartPole-v1 --seed S --eval-every 2000 --eval-episodes 10 --stop-return 475
---time-limit T --logdir DIR --name NAME`` with ``OMP_NUM_THREADS=1`` and no ``--set`` override (rlfleet's
+--time-limit T --logdir DIR --name NAME`` (``--env Pendulum-v1 --stop-return -250`` for the algorithms for
+Box actions) with ``OMP_NUM_THREADS=1`` and no ``--set`` override (rlfleet's
 defaults are what is measured), reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
 ``solved_at_step``, ``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the
 same JSON line as the peer runners. The timings are rlfleet's own: the CLI measures from the start of
@@ -19,17 +20,19 @@ import tempfile
 from pathlib import Path
 
 from peers.common import (
-    ENV_ID,
+    CONTINUOUS_ALGOS,
     EVAL_EPISODES,
     EVAL_EVERY_STEPS,
-    SOLVED_RETURN,
+    SOLVED_RETURNS,
     RunResult,
     arg_parser,
     emit,
+    env_for,
     library_versions,
 )
 
-ALGOS = ["ppo", "a2c", "dqn", "pg", "a3c"]  # a3c: hogwild with the CLI's default 2 worker processes
+# a3c: hogwild with the CLI's default 2 worker processes; ddpg, td3, sac: on Pendulum-v1 (see `env_for`)
+ALGOS = ["ppo", "a2c", "dqn", "pg", "a3c", *CONTINUOUS_ALGOS]
 
 
 def rlfleet_executable() -> str:
@@ -46,11 +49,11 @@ def train(algo: str, seed: int, time_limit: float, logdir: Path) -> dict:
     name = f"{algo}-seed{seed}"
     command = [
         rlfleet_executable(), "train", algo,
-        "--env", ENV_ID,
+        "--env", env_for(algo),
         "--seed", str(seed),
         "--eval-every", str(EVAL_EVERY_STEPS),
         "--eval-episodes", str(EVAL_EPISODES),
-        "--stop-return", f"{SOLVED_RETURN:g}",
+        "--stop-return", f"{SOLVED_RETURNS[env_for(algo)]:g}",
         "--time-limit", f"{time_limit:g}",
         "--logdir", str(logdir),
         "--name", name,

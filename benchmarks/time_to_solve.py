@@ -21,7 +21,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from peers.common import DEFAULT_TIME_LIMIT_S, ENV_ID, EVAL_EPISODES, EVAL_EVERY_STEPS, SOLVED_RETURN
+from peers.common import (
+    CONTINUOUS_ALGOS,
+    DEFAULT_TIME_LIMIT_S,
+    ENV_ID,
+    EVAL_EPISODES,
+    EVAL_EVERY_STEPS,
+    SOLVED_RETURN,
+    SOLVED_RETURNS,
+    env_for,
+)
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO = BENCHMARKS.parent
@@ -32,8 +41,11 @@ TORCH_PIN = "torch==2.13.0"
 
 FRAMEWORKS = ("rlfleet", "sb3", "tianshou")
 ALGOS = ("ppo", "a2c", "dqn", "pg", "a3c")
-UNSUPPORTED = {("sb3", "pg"), ("sb3", "a3c"), ("tianshou", "a3c")}
-"""Pairs with no implementation in that framework: reported as n/a, never run."""
+"""Timed on CartPole-v1 by default; `--algos` may also name CONTINUOUS_ALGOS (ddpg, td3, sac: on Pendulum-v1)."""
+UNSUPPORTED = {("sb3", "pg"), ("sb3", "a3c"), ("tianshou", "a3c")} | {
+    (peer, algo) for peer in ("sb3", "tianshou") for algo in CONTINUOUS_ALGOS
+}
+"""Pairs with no implementation in that framework (or not yet in its runner): reported as n/a, never run."""
 RUNNERS = {
     "rlfleet": BENCHMARKS / "rlfleet_runner.py",
     "sb3": BENCHMARKS / "peers" / "sb3_runner.py",
@@ -45,7 +57,8 @@ RUN_GRACE_S = 300.0
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated subset of " + ",".join(ALGOS))
+    choices = (*ALGOS, *CONTINUOUS_ALGOS)
+    parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated subset of " + ",".join(choices))
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, run in this order")
     parser.add_argument("--seeds", type=int, default=5, help="number of seeds: 0 .. N-1")
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock s per run")
@@ -54,7 +67,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--setup-only", action="store_true", help="create/update the peers' venv and exit")
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out and skip them")
     args = parser.parse_args()
-    args.algos = split_choices(parser, "--algos", args.algos, ALGOS)
+    args.algos = split_choices(parser, "--algos", args.algos, choices)
     args.frameworks = split_choices(parser, "--frameworks", args.frameworks, FRAMEWORKS)
     return args
 
@@ -220,8 +233,10 @@ def summarize(document: dict[str, Any]) -> str:
     """The markdown summary of a results document."""
     config, machine = document["config"], document["machine"]
     limit = config["time_limit_s"]
+    envs = list(dict.fromkeys(env_for(algo) for algo in config["algos"]))
+    solved_at = " / ".join(f"{SOLVED_RETURNS[env]:g} ({env})" for env in envs)
     lines = [
-        f"# Time-to-solve {ENV_ID}",
+        f"# Time-to-solve {' and '.join(envs)}",
         "",
         f"Machine: {machine['cpu_model']}, {machine['cpu_cores']} cores; Python {machine['python']}"
         + (f" (peers: {machine['peers_python']})" if "peers_python" in machine else "")
@@ -230,7 +245,7 @@ def summarize(document: dict[str, Any]) -> str:
         "",
         f"Protocol: one process per run, 1 torch thread, CPU; greedy evaluation of {EVAL_EPISODES} episodes "
         f"every {EVAL_EVERY_STEPS:,} env steps, its time counting; solved at the first evaluation with mean "
-        f"return >= {SOLVED_RETURN:g}; wall-clock limit {limit:g} s; "
+        f"return >= {solved_at}; wall-clock limit {limit:g} s; "
         f"{config['seeds']} seed{'s' if config['seeds'] != 1 else ''}.",
         "",
         "| algo | framework | version | median time-to-solve (s) | min–max (s) | median env steps | "
@@ -241,9 +256,10 @@ def summarize(document: dict[str, Any]) -> str:
     for algo in config["algos"]:
         medians: dict[str, float] = {}
         rows: dict[str, list[str]] = {}
+        label = algo if len(envs) == 1 else f"{algo} ({env_for(algo)})"
         for framework in config["frameworks"]:
             if (framework, algo) in UNSUPPORTED:
-                rows[framework] = [algo, framework, "n/a", "n/a", "n/a", "n/a", "n/a", ""]
+                rows[framework] = [label, framework, "n/a", "n/a", "n/a", "n/a", "n/a", ""]
                 continue
             runs = [
                 r
@@ -269,7 +285,7 @@ def summarize(document: dict[str, Any]) -> str:
             version = next((r["version"] for r in runs if "version" in r), "?")
             steps = f"{statistics.median(r['solved_at_step'] for r in solved):,.0f}" if solved else "–"
             rows[framework] = [
-                algo,
+                label,
                 framework,
                 version,
                 f"{medians[framework]:.1f}{mark}",
@@ -318,6 +334,7 @@ def main() -> None:
                 "eval_every_steps": EVAL_EVERY_STEPS,
                 "eval_episodes": EVAL_EPISODES,
                 "solved_return": SOLVED_RETURN,
+                "solved_returns": SOLVED_RETURNS,
                 "torch_threads": 1,
                 "device": "cpu",
             },

@@ -20,6 +20,18 @@ EVAL_EPISODES = 10
 """Evaluation episodes, run side by side: one episode in each env of a vector env of ``EVAL_EPISODES``
 separate CartPole-v1 envs (as rlfleet's evaluator does), batching the policy's forward passes."""
 SOLVED_RETURN = 475.0
+CONTINUOUS_ENV_ID = "Pendulum-v1"
+"""Where the algorithms for Box actions only (ddpg, td3, sac) are timed: CartPole's actions are discrete."""
+CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
+SOLVED_RETURNS = {ENV_ID: SOLVED_RETURN, CONTINUOUS_ENV_ID: -250.0}
+"""The solved mean return of each env (Pendulum-v1: the Tianshou paper's −250)."""
+
+
+def env_for(algo: str) -> str:
+    """The env an algorithm is timed on: Pendulum-v1 for the Box-only algorithms, CartPole-v1 for the others."""
+    return CONTINUOUS_ENV_ID if algo in CONTINUOUS_ALGOS else ENV_ID
+
+
 DEFAULT_TIME_LIMIT_S = 300.0
 EVAL_SEED_OFFSET = 10_000
 """The peer runners seed the evaluation vector env of run ``seed`` with ``seed + EVAL_SEED_OFFSET``."""
