@@ -149,8 +149,9 @@ A3C_PRESETS = {
     # the paper's recurrent agent for low-dimensional input: 128 LSTM cells after the encoder
     "lstm": dict(PRESETS["lstm"]),
     # the paper's continuous agent (separate 200-unit policy and value networks, σ² by softplus, β = 1e-4);
-    # each worker steps its own few envs
-    "continuous": dict(PRESETS["continuous"]),
+    # each worker steps its own 8 envs and updates as often as one a2c process does, so 2 workers make
+    # twice the updates per global step: half the learning rate, over a longer run
+    "continuous": dict(PRESETS["continuous"], lr=2.5e-4, total_steps=500_000),
 }
 
 

@@ -79,7 +79,7 @@ def test_shared_rmsprop_matches_paper_formula_by_hand():
 def test_shared_rmsprop_defaults_and_eager_shared_state():
     model = shared_linear()
     opt = SharedRMSprop(model.parameters())
-    assert opt.defaults == {"lr": 7e-4, "alpha": 0.99, "eps": 1e-5, "weight_decay": 0.0}
+    assert opt.defaults == {"lr": 7e-4, "alpha": 0.99, "eps": 1e-10, "weight_decay": 0.0}
     assert len(opt.state) == 2  # created at construction, before any step
     assert all(t.is_shared() for t in state_tensors(opt))
     extra = nn.Parameter(torch.ones(4))
@@ -235,8 +235,8 @@ def test_build_optimizer_kinds_and_defaults():
 
     rms = build_optimizer("rmsprop", params, lr=1e-3)
     assert type(rms) is SharedRMSprop and rms is not build_optimizer("rmsprop", params, lr=1e-3)
-    assert (rms.defaults["alpha"], rms.defaults["eps"]) == (0.99, 1e-5)
-    assert build_optimizer("rmsprop", params, lr=1e-3, eps=1e-5).defaults["eps"] == 1e-5
+    assert (rms.defaults["alpha"], rms.defaults["eps"]) == (0.99, 1e-10)
+    assert build_optimizer("rmsprop", params, lr=1e-3, eps=1e-3).defaults["eps"] == 1e-3
 
     sgd = build_optimizer("sgd", params, lr=1e-2)
     assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.9
