@@ -29,7 +29,7 @@ def test_feed_forward_a2c_does_not_solve_cartpole_without_velocities(run_opts):
     assert r["best_eval_return"] < 200, f"a feed-forward policy got {r['best_eval_return']} without velocities"
 
 
-DQN_BUDGET = 80_000  # the dqn lstm preset solves in 40k steps with seed 0
+DQN_BUDGET = 70_000  # the dqn lstm preset solves in 35k-50k steps over 3 seeds (35k with seed 0)
 
 
 @pytest.mark.learning
