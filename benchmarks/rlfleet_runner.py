@@ -1,9 +1,11 @@
-"""Time-to-solve CartPole-v1 (Pendulum-v1 for ddpg, td3, sac) for one rlfleet run, through rlfleet's CLI.
+"""Time-to-solve CartPole-v1 or Pendulum-v1 for one rlfleet run, through rlfleet's CLI.
 
 Runs ``rlfleet train ALGO --env CartPole-v1 --seed S --eval-every 2000 --eval-episodes 10 --stop-return 475
---time-limit T --logdir DIR --name NAME`` (``--env Pendulum-v1 --stop-return -250`` for the algorithms for
-Box actions) with ``OMP_NUM_THREADS=1`` and no ``--set`` override (rlfleet's
-defaults are what is measured), reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
+--time-limit T --logdir DIR --name NAME`` (``--env Pendulum-v1 --stop-return -250`` on Pendulum-v1: the
+default env of ddpg, td3 and sac, and ppo, a2c or a3c's with ``--env Pendulum-v1``) with ``OMP_NUM_THREADS=1``
+and no ``--preset`` or ``--set`` override: rlfleet's defaults are what is measured (on a Box-action
+classic-control env such as Pendulum-v1 the CLI itself picks the algorithm's ``continuous`` preset, where
+it has one). It reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
 ``solved_at_step``, ``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the
 same JSON line as the peer runners. The timings are rlfleet's own: the CLI measures from the start of
 training, after imports and env/model construction, with the evaluations' time counting.
@@ -20,19 +22,20 @@ import tempfile
 from pathlib import Path
 
 from peers.common import (
-    CONTINUOUS_ALGOS,
+    ALGOS_BY_ENV,
     EVAL_EPISODES,
     EVAL_EVERY_STEPS,
     SOLVED_RETURNS,
     RunResult,
     arg_parser,
     emit,
-    env_for,
     library_versions,
+    parse_run_args,
 )
 
-# a3c: hogwild with the CLI's default 2 worker processes; ddpg, td3, sac: on Pendulum-v1 (see `env_for`)
-ALGOS = ["ppo", "a2c", "dqn", "pg", "a3c", *CONTINUOUS_ALGOS]
+# a3c: hogwild with the CLI's default 2 worker processes
+SUPPORTED = {(algo, env) for env, algos in ALGOS_BY_ENV.items() for algo in algos}
+ALGOS = sorted({algo for algo, _ in SUPPORTED})
 
 
 def rlfleet_executable() -> str:
@@ -44,16 +47,16 @@ def rlfleet_executable() -> str:
     return found
 
 
-def train(algo: str, seed: int, time_limit: float, logdir: Path) -> dict:
+def train(algo: str, env_id: str, seed: int, time_limit: float, logdir: Path) -> dict:
     """Run one ``rlfleet train`` and return its ``result.json``; its own output goes to stderr."""
-    name = f"{algo}-seed{seed}"
+    name = f"{algo}-{env_id}-seed{seed}"
     command = [
         rlfleet_executable(), "train", algo,
-        "--env", env_for(algo),
+        "--env", env_id,
         "--seed", str(seed),
         "--eval-every", str(EVAL_EVERY_STEPS),
         "--eval-episodes", str(EVAL_EPISODES),
-        "--stop-return", f"{SOLVED_RETURNS[env_for(algo)]:g}",
+        "--stop-return", f"{SOLVED_RETURNS[env_id]:g}",
         "--time-limit", f"{time_limit:g}",
         "--logdir", str(logdir),
         "--name", name,
@@ -66,7 +69,7 @@ def train(algo: str, seed: int, time_limit: float, logdir: Path) -> dict:
     return json.loads((logdir / name / "result.json").read_text())
 
 
-def to_run_result(algo: str, seed: int, time_limit: float, result: dict) -> RunResult:
+def to_run_result(algo: str, env_id: str, seed: int, time_limit: float, result: dict) -> RunResult:
     solved = bool(result["solved"])
     if solved:
         stop_reason = "solved"
@@ -78,6 +81,7 @@ def to_run_result(algo: str, seed: int, time_limit: float, result: dict) -> RunR
         framework="rlfleet",
         version=library_versions("rlfleet")["rlfleet"],
         algo=algo,
+        env=env_id,
         seed=seed,
         solved=solved,
         solved_at_s=result["solved_at_s"] if solved else None,
@@ -96,13 +100,13 @@ def to_run_result(algo: str, seed: int, time_limit: float, result: dict) -> RunR
 def main() -> None:
     parser = arg_parser("rlfleet", ALGOS)
     parser.add_argument("--logdir", type=Path, help="keep rlfleet's run folder here (default: a temp dir)")
-    args = parser.parse_args()
+    args = parse_run_args(parser, SUPPORTED)
     if args.logdir is not None:
-        result = train(args.algo, args.seed, args.time_limit, args.logdir)
+        result = train(args.algo, args.env, args.seed, args.time_limit, args.logdir)
     else:
         with tempfile.TemporaryDirectory(prefix="rlfleet-tts-") as tmp:
-            result = train(args.algo, args.seed, args.time_limit, Path(tmp))
-    emit(to_run_result(args.algo, args.seed, args.time_limit, result))
+            result = train(args.algo, args.env, args.seed, args.time_limit, Path(tmp))
+    emit(to_run_result(args.algo, args.env, args.seed, args.time_limit, result))
 
 
 if __name__ == "__main__":

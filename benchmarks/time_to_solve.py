@@ -1,9 +1,11 @@
-"""Time-to-solve CartPole-v1: rlfleet side by side with Stable-Baselines3 and Tianshou, one run at a time.
+"""Time-to-solve CartPole-v1 and Pendulum-v1: rlfleet side by side with Stable-Baselines3 and Tianshou.
 
-Creates (or reuses) the peers' venv, then runs one process per (framework, algo, seed), never two at
+Creates (or reuses) the peers' venv, then runs one process per (framework, algo, env, seed), never two at
 once, interleaving the frameworks within each seed so that drift in the machine's speed affects them all
-alike. Raw results are saved to ``--out`` (JSON) after every run; ``--resume`` skips the runs already
-there. The summary table is printed and written next to it as markdown. See benchmarks/README.md.
+alike. Each algorithm is timed on its own env (``env_for``: Pendulum-v1 for ddpg, td3 and sac, CartPole-v1
+for the others) unless ``--env`` names one. Raw results are saved to ``--out`` (JSON) after every run;
+``--resume`` skips the runs already there. The summary table is printed and written next to it as
+markdown. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from peers.common import (
-    CONTINUOUS_ALGOS,
+    ALGOS_BY_ENV,
+    CONTINUOUS_ENV_ID,
     DEFAULT_TIME_LIMIT_S,
     ENV_ID,
+    ENV_IDS,
     EVAL_EPISODES,
     EVAL_EVERY_STEPS,
     SOLVED_RETURN,
@@ -40,12 +44,19 @@ TORCH_PIN = "torch==2.13.0"
 """Installed first in the peers' venv: the CPU build from the local wheel, not a CUDA build from PyPI."""
 
 FRAMEWORKS = ("rlfleet", "sb3", "tianshou")
-ALGOS = ("ppo", "a2c", "dqn", "pg", "a3c")
-"""Timed on CartPole-v1 by default; `--algos` may also name CONTINUOUS_ALGOS (ddpg, td3, sac: on Pendulum-v1)."""
-UNSUPPORTED = {("sb3", "pg"), ("sb3", "a3c"), ("tianshou", "a3c")} | {
-    (peer, algo) for peer in ("sb3", "tianshou") for algo in CONTINUOUS_ALGOS
+DEFAULT_ALGOS = {ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"), CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo")}
+"""``--algos``' default: with ``--env``, that env's; without, CartPole-v1's (each algorithm on its own env)."""
+UNSUPPORTED = {
+    ("sb3", "pg", ENV_ID),  # SB3 has no vanilla policy gradient
+    ("sb3", "a3c", ENV_ID),  # a3c (hogwild A2C) is rlfleet's only
+    ("tianshou", "a3c", ENV_ID),
+    ("sb3", "a2c", CONTINUOUS_ENV_ID),  # no Pendulum-v1 settings in the peer runners
+    ("sb3", "a3c", CONTINUOUS_ENV_ID),
+    ("tianshou", "a2c", CONTINUOUS_ENV_ID),
+    ("tianshou", "a3c", CONTINUOUS_ENV_ID),
 }
-"""Pairs with no implementation in that framework (or not yet in its runner): reported as n/a, never run."""
+"""(framework, algo, env) with no implementation in that framework or no settings in its runner: reported as
+n/a, never run. Every (algo, env) of ``ALGOS_BY_ENV`` not listed here is run by every framework."""
 RUNNERS = {
     "rlfleet": BENCHMARKS / "rlfleet_runner.py",
     "sb3": BENCHMARKS / "peers" / "sb3_runner.py",
@@ -57,19 +68,41 @@ RUN_GRACE_S = 300.0
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    choices = (*ALGOS, *CONTINUOUS_ALGOS)
-    parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated subset of " + ",".join(choices))
+    default_algos = "; ".join(f"{env}: {','.join(algos)}" for env, algos in DEFAULT_ALGOS.items())
+    parser.add_argument("--env", choices=ENV_IDS, help="time every algo on this env (default: each on its own)")
+    parser.add_argument("--algos", help=f"comma-separated (default, by --env: {default_algos})")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, run in this order")
     parser.add_argument("--seeds", type=int, default=5, help="number of seeds: 0 .. N-1")
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock s per run")
-    parser.add_argument("--out", type=Path, default=BENCHMARKS / "results" / "cartpole.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="default: results/pendulum.json when every algo is timed on Pendulum-v1, else results/cartpole.json",
+    )
     parser.add_argument("--peers-venv", type=Path, default=PEERS_VENV)
     parser.add_argument("--setup-only", action="store_true", help="create/update the peers' venv and exit")
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out and skip them")
     args = parser.parse_args()
-    args.algos = split_choices(parser, "--algos", args.algos, choices)
+    # without --env, any algorithm, each on its own env; with --env, those that can be timed on it
+    envs = ENV_IDS if args.env is None else (args.env,)
+    choices = tuple(dict.fromkeys(algo for env in envs for algo in ALGOS_BY_ENV[env]))
+    default = ",".join(DEFAULT_ALGOS[args.env or ENV_ID])
+    args.algos = split_choices(parser, "--algos", args.algos or default, choices)
     args.frameworks = split_choices(parser, "--frameworks", args.frameworks, FRAMEWORKS)
+    if args.out is None:
+        on_pendulum = all(env_of(args.env, algo) == CONTINUOUS_ENV_ID for algo in args.algos)
+        args.out = BENCHMARKS / "results" / ("pendulum.json" if on_pendulum else "cartpole.json")
     return args
+
+
+def env_of(env: str | None, algo: str) -> str:
+    """The env ``algo`` is timed on: ``env`` (the ``--env`` option / the config's ``env``), else its own."""
+    return env or env_for(algo)
+
+
+def run_env(record: dict[str, Any]) -> str:
+    """The env of a run record; records written before envs were recorded are on the algorithm's own env."""
+    return record.get("env") or env_for(record["algo"])
 
 
 def split_choices(parser: argparse.ArgumentParser, flag: str, value: str, choices: tuple[str, ...]) -> list[str]:
@@ -180,21 +213,25 @@ def machine_info(peers_python: Path | None) -> dict[str, Any]:
     return info
 
 
-def run_once(python: Path, framework: str, algo: str, seed: int, time_limit: float, log_dir: Path) -> dict[str, Any]:
+def run_once(
+    python: Path, framework: str, algo: str, env_id: str, seed: int, time_limit: float, log_dir: Path
+) -> dict[str, Any]:
     """Run one runner process to completion; return its JSON record, or an error record if it failed."""
     command = [
         str(python),
         str(RUNNERS[framework]),
         "--algo",
         algo,
+        "--env",
+        env_id,
         "--seed",
         str(seed),
         "--time-limit",
         f"{time_limit:g}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    log_path = log_dir / f"{framework}_{algo}_seed{seed}.log"
-    failure = {"framework": framework, "algo": algo, "seed": seed, "solved": False, "log": str(log_path)}
+    log_path = log_dir / f"{framework}_{algo}_{env_id}_seed{seed}.log"
+    failure = {"framework": framework, "algo": algo, "env": env_id, "seed": seed, "solved": False, "log": str(log_path)}
     started = time.perf_counter()
     with log_path.open("w") as stderr:
         # own session: on timeout the whole process group goes (rlfleet_runner starts the rlfleet CLI)
@@ -233,8 +270,9 @@ def summarize(document: dict[str, Any]) -> str:
     """The markdown summary of a results document."""
     config, machine = document["config"], document["machine"]
     limit = config["time_limit_s"]
-    envs = list(dict.fromkeys(env_for(algo) for algo in config["algos"]))
-    solved_at = " / ".join(f"{SOLVED_RETURNS[env]:g} ({env})" for env in envs)
+    timed = [(algo, env_of(config.get("env"), algo)) for algo in config["algos"]]
+    envs = list(dict.fromkeys(env for _, env in timed))
+    solved_at = " / ".join(f"{SOLVED_RETURNS[env]:g}" + (f" ({env})" if len(envs) > 1 else "") for env in envs)
     lines = [
         f"# Time-to-solve {' and '.join(envs)}",
         "",
@@ -253,18 +291,18 @@ def summarize(document: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     notes: set[str] = set()
-    for algo in config["algos"]:
+    for algo, env in timed:
         medians: dict[str, float] = {}
         rows: dict[str, list[str]] = {}
-        label = algo if len(envs) == 1 else f"{algo} ({env_for(algo)})"
+        label = algo if len(envs) == 1 else f"{algo} ({env})"
         for framework in config["frameworks"]:
-            if (framework, algo) in UNSUPPORTED:
+            if (framework, algo, env) in UNSUPPORTED:
                 rows[framework] = [label, framework, "n/a", "n/a", "n/a", "n/a", "n/a", ""]
                 continue
             runs = [
                 r
                 for r in document["runs"]
-                if r["framework"] == framework and r["algo"] == algo and r["seed"] < config["seeds"]
+                if (r["framework"], r["algo"], run_env(r)) == (framework, algo, env) and r["seed"] < config["seeds"]
             ]
             if not runs:
                 continue
@@ -319,7 +357,13 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log_dir = args.out.parent / "logs"
     log_dir.mkdir(exist_ok=True)
-    config = {"algos": args.algos, "frameworks": args.frameworks, "seeds": args.seeds, "time_limit_s": args.time_limit}
+    config = {
+        "algos": args.algos,
+        "env": args.env,
+        "frameworks": args.frameworks,
+        "seeds": args.seeds,
+        "time_limit_s": args.time_limit,
+    }
     now = datetime.now(UTC).isoformat(timespec="seconds")
     if args.resume and args.out.exists():
         document: dict[str, Any] = json.loads(args.out.read_text())
@@ -329,7 +373,7 @@ def main() -> None:
         document.setdefault("resumed", []).append(now)
     else:
         document = {
-            "benchmark": f"time-to-solve {ENV_ID}",
+            "benchmark": "time-to-solve " + " and ".join(dict.fromkeys(env_of(args.env, a) for a in args.algos)),
             "protocol": {
                 "eval_every_steps": EVAL_EVERY_STEPS,
                 "eval_episodes": EVAL_EPISODES,
@@ -343,20 +387,20 @@ def main() -> None:
             "started": now,
             "runs": [],
         }
-    done = {(r["framework"], r["algo"], r["seed"]) for r in document["runs"]}
+    done = {(r["framework"], r["algo"], run_env(r), r["seed"]) for r in document["runs"]}
 
     plan = [
-        (seed, algo, fw)
+        (seed, algo, env, fw)
         for seed in range(args.seeds)
-        for algo in args.algos
+        for algo, env in ((algo, env_of(args.env, algo)) for algo in args.algos)
         for fw in args.frameworks
-        if (fw, algo) not in UNSUPPORTED and (fw, algo, seed) not in done
+        if (fw, algo, env) not in UNSUPPORTED and (fw, algo, env, seed) not in done
     ]
-    for index, (seed, algo, framework) in enumerate(plan, start=1):
+    for index, (seed, algo, env, framework) in enumerate(plan, start=1):
         python = Path(sys.executable) if framework == "rlfleet" else peers_python
         assert python is not None
-        log(f"[{index}/{len(plan)}] {framework} {algo} seed {seed}")
-        record = run_once(python, framework, algo, seed, args.time_limit, log_dir)
+        log(f"[{index}/{len(plan)}] {framework} {algo} {env} seed {seed}")
+        record = run_once(python, framework, algo, env, seed, args.time_limit, log_dir)
         document["runs"].append(record)
         save(document, args.out)
         if "error" in record:

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
@@ -18,17 +19,23 @@ ENV_ID = "CartPole-v1"
 EVAL_EVERY_STEPS = 2_000
 EVAL_EPISODES = 10
 """Evaluation episodes, run side by side: one episode in each env of a vector env of ``EVAL_EPISODES``
-separate CartPole-v1 envs (as rlfleet's evaluator does), batching the policy's forward passes."""
+separate envs (as rlfleet's evaluator does), batching the policy's forward passes."""
 SOLVED_RETURN = 475.0
 CONTINUOUS_ENV_ID = "Pendulum-v1"
 """Where the algorithms for Box actions only (ddpg, td3, sac) are timed: CartPole's actions are discrete."""
 CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
+ENV_IDS = (ENV_ID, CONTINUOUS_ENV_ID)
 SOLVED_RETURNS = {ENV_ID: SOLVED_RETURN, CONTINUOUS_ENV_ID: -250.0}
 """The solved mean return of each env (Pendulum-v1: the Tianshou paper's −250)."""
+ALGOS_BY_ENV = {
+    ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"),
+    CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo", "a2c", "a3c"),
+}
+"""The algorithms that can be timed on each env (by rlfleet; the peers' runners cover subsets)."""
 
 
 def env_for(algo: str) -> str:
-    """The env an algorithm is timed on: Pendulum-v1 for the Box-only algorithms, CartPole-v1 for the others."""
+    """The env an algorithm is timed on by default: Pendulum-v1 for the Box-only algorithms, else CartPole-v1."""
     return CONTINUOUS_ENV_ID if algo in CONTINUOUS_ALGOS else ENV_ID
 
 
@@ -39,11 +46,12 @@ EVAL_SEED_OFFSET = 10_000
 
 @dataclass
 class RunResult:
-    """One (framework, algo, seed) run, printed by a runner as a single JSON line on stdout."""
+    """One (framework, algo, env, seed) run, printed by a runner as a single JSON line on stdout."""
 
     framework: str
     version: str
     algo: str
+    env: str
     seed: int
     solved: bool
     solved_at_s: float | None
@@ -63,12 +71,25 @@ class RunResult:
 
 
 def arg_parser(framework: str, algos: list[str]) -> argparse.ArgumentParser:
-    """The CLI every runner shares: ``--algo``, ``--seed``, ``--time-limit``."""
-    parser = argparse.ArgumentParser(description=f"Time-to-solve {ENV_ID} for one {framework} run.")
+    """The CLI every runner shares: ``--algo``, ``--env``, ``--seed``, ``--time-limit``.
+
+    Parse with :func:`parse_run_args`, which fills in ``--env``'s default, the algorithm's own env.
+    """
+    parser = argparse.ArgumentParser(description=f"Time-to-solve for one {framework} run.")
     parser.add_argument("--algo", required=True, choices=algos)
+    parser.add_argument("--env", choices=ENV_IDS, help="default: the algorithm's own env (see env_for)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock seconds")
     return parser
+
+
+def parse_run_args(parser: argparse.ArgumentParser, supported: Collection[tuple[str, str]]) -> argparse.Namespace:
+    """Parse a runner's CLI; ``--env`` defaults to ``env_for(algo)``; ``(algo, env)`` must be in ``supported``."""
+    args = parser.parse_args()
+    args.env = args.env or env_for(args.algo)
+    if (args.algo, args.env) not in supported:
+        parser.error(f"no {args.algo} settings for {args.env} in this runner")
+    return args
 
 
 def library_versions(*names: str) -> dict[str, str]:
@@ -93,10 +114,13 @@ class Tracker:
 
     Call :meth:`start` right before training starts; at each training-loop boundary ask :meth:`eval_due`,
     and if it is, evaluate (the evaluation's time counts) and pass the mean return to :meth:`record`,
-    which says whether training must stop: solved, wall-clock limit or step limit reached.
+    which says whether training must stop: solved (mean return >= ``SOLVED_RETURNS[env]``), wall-clock limit or
+    step limit reached.
     """
 
-    def __init__(self, time_limit_s: float, step_limit: int) -> None:
+    def __init__(self, env: str, time_limit_s: float, step_limit: int) -> None:
+        self.env = env
+        self.solved_return = SOLVED_RETURNS[env]
         self.time_limit_s = time_limit_s
         self.step_limit = step_limit
         self.next_eval_step = EVAL_EVERY_STEPS
@@ -121,7 +145,7 @@ class Tracker:
         self.evals.append((env_steps, round(elapsed, 4), float(mean_return)))
         while self.next_eval_step <= env_steps:
             self.next_eval_step += EVAL_EVERY_STEPS
-        if mean_return >= SOLVED_RETURN:
+        if mean_return >= self.solved_return:
             self.stop_reason = "solved"
         elif elapsed >= self.time_limit_s:
             self.stop_reason = "time_limit"
@@ -139,6 +163,7 @@ class Tracker:
             framework=framework,
             version=version,
             algo=algo,
+            env=self.env,
             seed=seed,
             solved=solved,
             solved_at_s=last[1] if solved and last else None,

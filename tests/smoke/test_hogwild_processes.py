@@ -32,10 +32,8 @@ def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def wait_for_workers(
-    proc: subprocess.Popen, run: Path, n: int, timeout: float = 120, reported: bool = True
-) -> dict[str, int]:
-    """The workers' pids once all `n` are up (and, with `reported`, once metrics.csv has a row)."""
+def wait_for_workers(proc: subprocess.Popen, run: Path, n: int, timeout: float = 120) -> dict[str, int]:
+    """The workers' pids once all `n` are up and metrics.csv has a row (they have reported)."""
     deadline = time.monotonic() + timeout
     while True:
         assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
@@ -43,7 +41,7 @@ def wait_for_workers(
         if (run / "workers.json").exists():
             pids = json.loads((run / "workers.json").read_text())
             metrics = run / "metrics.csv"
-            if len(pids) == n and (not reported or metrics.exists() and len(metrics.read_text().splitlines()) > 1):
+            if len(pids) == n and metrics.exists() and len(metrics.read_text().splitlines()) > 1:
                 return pids
         time.sleep(0.05)
 
@@ -63,12 +61,14 @@ def test_a_crashing_worker_is_reported_and_restarted(tmp_path, monkeypatch):
 
 @pytest.mark.learning
 def test_sigkilled_worker_is_restarted_and_the_run_still_solves(tmp_path):
-    proc = start(tmp_path, "a3c", "--env", "CartPole-v1", "--workers", "2", "--steps", "400000")
+    # the first evaluation, and so the earliest stop, is at 50k env steps: the kill lands mid-run, once the
+    # workers have reported their first segments
+    proc = start(
+        tmp_path, "a3c", "--env", "CartPole-v1", "--workers", "2", "--steps", "400000", "--eval-every", "50000"
+    )
     sid, run = proc.pid, tmp_path / "r"
     try:
-        # a3c can solve CartPole within seconds of its first step: kill the worker as soon as it is listed, so the
-        # run cannot have stopped before
-        pids = wait_for_workers(proc, run, 2, reported=False)
+        pids = wait_for_workers(proc, run, 2)
         os.kill(pids["0"], signal.SIGKILL)
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err
