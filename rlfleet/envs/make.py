@@ -484,12 +484,22 @@ def _reward_threshold(spec: EnvSpec | None) -> float | None:
     return KNOWN_REWARD_THRESHOLDS.get(spec.id)
 
 
+def _family(spec: EnvSpec | None, is_atari: bool, action_space: gym.Space) -> str | None:
+    """Which preset an env picks when none is given: Atari, MuJoCo, other Box actions, or none (defaults)."""
+    if is_atari:
+        return "atari"
+    if spec is not None and _is_mujoco_spec(spec):
+        return "mujoco"
+    return "continuous" if isinstance(action_space, gym.spaces.Box) else None
+
+
 def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
     """Describe an env cheaply (builds one with :func:`make_env`, reads it, closes it).
 
     Returns:
         ``{"id", "reward_threshold" (None if unknown), "max_episode_steps" (agent steps, None if
-        unbounded), "is_atari", "family" ("atari", "mujoco" or None: picks an algorithm's preset of that name),
+        unbounded), "is_atari", "family" ("atari", "mujoco", "continuous" for any other env with Box actions,
+        or None: picks an algorithm's preset of that name),
         "observation_space", "action_space"}``; spaces are those seen by an agent (for Atari: the
         preprocessed, frame-stacked ones).
     """
@@ -507,7 +517,7 @@ def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
             "reward_threshold": _reward_threshold(spec),
             "max_episode_steps": max_episode_steps,
             "is_atari": is_atari,
-            "family": "atari" if is_atari else "mujoco" if spec is not None and _is_mujoco_spec(spec) else None,
+            "family": _family(spec, is_atari, built.action_space),
             "observation_space": built.observation_space,
             "action_space": built.action_space,
         }

@@ -43,7 +43,8 @@ class RunConfig:
     """Parallel training envs; None takes the algorithm's `n_envs`."""
     preset: str | None = None
     """Named set of defaults from the algorithm's PRESETS; None picks the preset named after the env's family
-    (`atari` for Atari envs, `mujoco` for MuJoCo envs) where the algorithm has one."""
+    (`atari` for Atari envs, `mujoco` for MuJoCo envs, `continuous` for other envs with Box actions) where the
+    algorithm has one."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Algorithm config fields to set (`--set key=value`)."""
     dataset: str | None = None
@@ -120,8 +121,8 @@ AT_LEAST_ONE = ("n_envs", "rollout_len", "batch_size", "epochs", "buffer_size", 
 def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], env_family: str | None = None):
     """The algorithm's Config with preset and overrides applied (string values are parsed by field type).
 
-    With no preset given, an env family (`env_spec_info(...)["family"]`: "atari", "mujoco") picks the
-    algorithm's preset of the same name, if it has one."""
+    With no preset given, an env family (`env_spec_info(...)["family"]`: "atari", "mujoco", "continuous")
+    picks the algorithm's preset of the same name, if it has one."""
     _, config_cls, presets, variant = resolve(algo)
     if preset is None and env_family is not None and env_family in presets:
         preset = env_family

@@ -23,6 +23,7 @@ from rlfleet.envs import (
     make_env,
     make_vector_env,
 )
+from rlfleet.run.config import build_algo_config
 
 HAS_ALE = importlib.util.find_spec("ale_py") is not None
 HAS_ENVPOOL = importlib.util.find_spec("envpool") is not None
@@ -120,8 +121,21 @@ def test_env_spec_info_cartpole() -> None:
     assert info["is_atari"] is False
     assert info["observation_space"].shape == (4,)
     assert info["action_space"] == gym.spaces.Discrete(2)
+    assert info["family"] is None  # the algorithms' own defaults
     callable_info = env_spec_info(functools.partial(time_limited_cartpole, 7))
     assert callable_info["max_episode_steps"] == 7 and callable_info["reward_threshold"] is None
+
+
+def test_box_actions_pick_the_continuous_preset() -> None:
+    """Pendulum-v1 with no --preset gets ppo's, a2c's and a3c's `continuous` preset; sac has none and keeps its
+    defaults; an explicit preset wins."""
+    family = env_spec_info("Pendulum-v1")["family"]
+    assert family == "continuous"
+    for algo in ("ppo", "a2c", "a3c"):
+        cfg, preset = build_algo_config(algo, None, {}, family)
+        assert preset == "continuous" and cfg.gamma == 0.9
+    assert build_algo_config("sac", None, {}, family)[1] is None
+    assert build_algo_config("ppo", "atari", {}, family)[1] == "atari"
 
 
 # ----------------------------------------------------------------------------- velocity-masked CartPole
