@@ -88,7 +88,7 @@ def parse_run_args(parser: argparse.ArgumentParser, supported: Collection[tuple[
     args = parser.parse_args()
     args.env = args.env or env_for(args.algo)
     if (args.algo, args.env) not in supported:
-        parser.error(f"no {args.algo} settings for {args.env} in this runner")
+        parser.error(f"this runner does not time {args.algo} on {args.env}")
     return args
 
 

@@ -1,9 +1,13 @@
-"""Time-to-solve CartPole-v1 for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
+"""Time-to-solve CartPole-v1 or Pendulum-v1 for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
 
-Hyperparameters: the ``CartPole-v1`` entry of ``rl_zoo3/hyperparams/{algo}.yml`` as shipped inside the
-installed rl-zoo3 2.9.2 package (read at run time, not copied), pre-processed the way rl-zoo3's
-``ExperimentManager`` does it (``n_envs``, ``n_timesteps``, ``lin_<x>`` schedules, ``normalize``,
-``policy_kwargs`` strings, ``env_kwargs``). With rl-zoo3 2.9.2 these are:
+Hyperparameters: the env's entry (``CartPole-v1`` or ``Pendulum-v1``) of ``rl_zoo3/hyperparams/{algo}.yml``
+as shipped inside the installed rl-zoo3 2.9.2 package (read at run time, not copied), pre-processed the way
+rl-zoo3's ``ExperimentManager`` does it (``n_envs``, ``n_timesteps``, ``lin_<x>`` schedules, ``normalize``,
+``policy_kwargs`` strings, ``train_freq`` lists, ``env_kwargs``, ``noise_type``/``noise_std`` ->
+``NormalActionNoise`` or ``OrnsteinUhlenbeckActionNoise`` with that std on every action dimension). Other keys
+(``use_sde``, ``sde_sample_freq``, ...) go to the model's constructor as they are. With rl-zoo3 2.9.2 these are:
+
+CartPole-v1:
 
 - ppo: n_envs=8, n_timesteps=1e5, policy=MlpPolicy, n_steps=32, batch_size=256, gae_lambda=0.8,
   gamma=0.98, n_epochs=20, ent_coef=0.0, learning_rate=lin_0.001, clip_range=lin_0.2
@@ -14,14 +18,30 @@ installed rl-zoo3 2.9.2 package (read at run time, not copied), pre-processed th
   policy_kwargs="dict(net_arch=[256, 256])"
 - pg: SB3 has no vanilla policy gradient (REINFORCE); not run.
 
+Pendulum-v1:
+
+- sac: n_timesteps=20000, policy=MlpPolicy, learning_rate=1e-3 (everything else SB3's SAC defaults: 1 env,
+  buffer_size=1e6, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99, train_freq=1,
+  gradient_steps=1, ent_coef="auto" (target entropy -1), net_arch=[256, 256])
+- td3: n_timesteps=20000, policy=MlpPolicy, gamma=0.98, buffer_size=200000, learning_starts=10000,
+  noise_type=normal, noise_std=0.1, gradient_steps=1, train_freq=1, learning_rate=1e-3,
+  policy_kwargs="dict(net_arch=[400, 300])" (SB3 defaults: 1 env, batch_size=256, tau=0.005,
+  policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5)
+- ddpg: the same entry as td3 (SB3's DDPG is its TD3 with one critic, policy_delay=1 and the target policy
+  noise clipped to 0)
+- ppo: n_envs=4, n_timesteps=1e5, policy=MlpPolicy, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10,
+  ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4 (SB3 defaults:
+  batch_size=64, net_arch 64-64 for policy and value)
+
 As in rl-zoo3, training envs are ``make_vec_env(n_envs, seed=seed)`` (DummyVecEnv + Monitor) and the
 model gets ``seed=seed``; ``model.learn(total_timesteps=n_timesteps)`` keeps the schedules exactly as tuned,
 so ``n_timesteps`` is also the run's step limit.
 
 Protocol (benchmarks/README.md): ``torch.set_num_threads(1)``, CPU; a callback evaluates the greedy policy
-(``deterministic=True``) every 2,000 env steps: 10 episodes side by side, one in each of 10 separate CartPole-v1
-envs, the evaluation time counting; the run stops at the first evaluation with mean return >= 475, or at the
-wall-clock limit.
+(``deterministic=True``: the mean action for the Gaussian policies, without action noise) every 2,000 env
+steps: 10 episodes side by side, one in each of 10 separate envs, the evaluation time counting; the run stops
+at the first evaluation with mean return >= the env's solved return (475 for CartPole-v1, -250 for
+Pendulum-v1), or at the wall-clock limit.
 """
 
 from __future__ import annotations
@@ -32,9 +52,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from common import (
+    CONTINUOUS_ENV_ID,
     ENV_ID,
     EVAL_EPISODES,
     EVAL_SEED_OFFSET,
@@ -42,26 +64,33 @@ from common import (
     arg_parser,
     emit,
     library_versions,
+    parse_run_args,
 )
+from gymnasium import spaces
 from rl_zoo3.utils import SimpleLinearSchedule
-from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3 import A2C, DDPG, DQN, PPO, SAC, TD3
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.noise import ActionNoise, NormalActionNoise, OrnsteinUhlenbeckActionNoise
 from stable_baselines3.common.utils import ConstantSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
-ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN}
+ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC, "td3": TD3, "ddpg": DDPG}
+SUPPORTED = {(algo, ENV_ID) for algo in ("ppo", "a2c", "dqn")} | {
+    (algo, CONTINUOUS_ENV_ID) for algo in ("sac", "td3", "ddpg", "ppo")
+}
+"""(algo, env) pairs run by this runner: those with an rl-zoo3 entry that the benchmark times."""
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 PYTHON_STRING_KEYS = ("policy_kwargs", "replay_buffer_kwargs")
 UNSUPPORTED_KEYS = ("env_wrapper", "vec_env_wrapper", "frame_stack", "callback", "monitor_kwargs")
 
 
-def load_zoo_hyperparams(algo: str) -> dict[str, Any]:
-    """The ``CartPole-v1`` entry of the installed rl-zoo3's ``hyperparams/{algo}.yml``."""
+def load_zoo_hyperparams(algo: str, env_id: str) -> dict[str, Any]:
+    """The ``env_id`` entry of the installed rl-zoo3's ``hyperparams/{algo}.yml``."""
     with (resources.files("rl_zoo3") / "hyperparams" / f"{algo}.yml").open() as f:
-        return dict(yaml.safe_load(f)[ENV_ID])
+        return dict(yaml.safe_load(f)[env_id])
 
 
 @dataclass
@@ -73,6 +102,8 @@ class ZooConfig:
     normalize_kwargs: dict[str, Any] | None
     """VecNormalize kwargs, None when the entry does not normalize."""
     env_kwargs: dict[str, Any]
+    noise: tuple[str, float] | None
+    """``(noise_type, noise_std)`` of the exploration noise of off-policy algorithms, None when there is none."""
     model_kwargs: dict[str, Any]
 
 
@@ -114,7 +145,19 @@ def preprocess(hyperparams: dict[str, Any]) -> ZooConfig:
             hp[key] = eval_zoo_string(hp[key])
     if isinstance(hp.get("train_freq"), list):
         hp["train_freq"] = tuple(hp["train_freq"])
-    return ZooConfig(n_envs, n_timesteps, normalize_kwargs, env_kwargs, hp)
+    noise = (hp.pop("noise_type").strip(), float(hp.pop("noise_std"))) if hp.get("noise_type") else None
+    return ZooConfig(n_envs, n_timesteps, normalize_kwargs, env_kwargs, noise, hp)
+
+
+def action_noise(noise_type: str, noise_std: float, action_space: spaces.Space) -> ActionNoise:
+    """rl-zoo3's action noise: zero mean and ``noise_std`` on every dimension of the Box action space."""
+    assert isinstance(action_space, spaces.Box), f"action noise needs Box actions, not {action_space}"
+    mean, sigma = np.zeros(action_space.shape[0]), noise_std * np.ones(action_space.shape[0])
+    if "normal" in noise_type:
+        return NormalActionNoise(mean=mean, sigma=sigma)
+    if "ornstein-uhlenbeck" in noise_type:
+        return OrnsteinUhlenbeckActionNoise(mean=mean, sigma=sigma)
+    raise ValueError(f"unknown rl-zoo3 noise_type {noise_type!r}")
 
 
 class TimeToSolveCallback(BaseCallback):
@@ -137,19 +180,22 @@ class TimeToSolveCallback(BaseCallback):
 
 
 def main() -> None:
-    args = arg_parser("sb3", list(ALGOS)).parse_args()
+    args = parse_run_args(arg_parser("sb3", list(ALGOS)), SUPPORTED)
     torch.set_num_threads(1)
-    config = preprocess(load_zoo_hyperparams(args.algo))
+    config = preprocess(load_zoo_hyperparams(args.algo, args.env))
 
-    train_env: VecEnv = make_vec_env(ENV_ID, n_envs=config.n_envs, seed=args.seed, env_kwargs=config.env_kwargs)
+    train_env: VecEnv = make_vec_env(args.env, n_envs=config.n_envs, seed=args.seed, env_kwargs=config.env_kwargs)
     eval_env: VecEnv = make_vec_env(
-        ENV_ID, n_envs=EVAL_EPISODES, seed=args.seed + EVAL_SEED_OFFSET, env_kwargs=config.env_kwargs
+        args.env, n_envs=EVAL_EPISODES, seed=args.seed + EVAL_SEED_OFFSET, env_kwargs=config.env_kwargs
     )
     if config.normalize_kwargs is not None:
         train_env = VecNormalize(train_env, **config.normalize_kwargs)
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **config.normalize_kwargs)
-    model = ALGOS[args.algo](env=train_env, seed=args.seed, device="cpu", verbose=0, **config.model_kwargs)
-    tracker = Tracker(args.time_limit, step_limit=config.n_timesteps)
+    model_kwargs = dict(config.model_kwargs)
+    if config.noise is not None:
+        model_kwargs["action_noise"] = action_noise(*config.noise, train_env.action_space)
+    model = ALGOS[args.algo](env=train_env, seed=args.seed, device="cpu", verbose=0, **model_kwargs)
+    tracker = Tracker(args.env, args.time_limit, step_limit=config.n_timesteps)
     callback = TimeToSolveCallback(tracker, eval_env)
 
     tracker.start()
