@@ -53,12 +53,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.parallel import ParallelRunner
+from rlfleet.arch.parallel import ParallelRunner, WorkerSpec
 from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo
 from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
 from rlfleet.data.rollout import RolloutStorage, Segment
@@ -70,24 +69,7 @@ from rlfleet.run.train import RunResult, _StopRequest
 QUEUE_SIZE = 2  # items each sampler's queue holds: at most 2 × workers wait for the learner
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
 WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
-FLUSH_S = 2.0  # longest time between writes of the metrics files to disk
 STALL_S = 60.0  # no experience for this long is reported in workers.log (a heartbeat of the samplers)
-
-
-@dataclass
-class SamplerSpec:
-    """What a sampler needs to build its own algorithm and envs (picklable)."""
-
-    algo: str
-    algo_cfg: Any
-    env: str
-    observation_space: gym.Space
-    action_space: gym.Space
-    seed: int
-    total_steps: int
-
-    def worker_seed(self, worker_id: int, incarnation: int) -> int:
-        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
 
 
 @dataclass
@@ -176,7 +158,7 @@ class Sampler:
 
     def __init__(
         self,
-        spec: SamplerSpec,
+        spec: WorkerSpec,
         shared: dict[str, torch.nn.Module],
         weights: WeightVersion,
         worker_id: int,
@@ -252,20 +234,11 @@ class DataParallelRunner(ParallelRunner):
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = SamplerSpec(
-            algo=cfg.algo,
-            algo_cfg=self.algo_cfg,
-            env=cfg.env,
-            observation_space=self.env_info["observation_space"],
-            action_space=self.env_info["action_space"],
-            seed=cfg.seed,
-            total_steps=self.total_steps,
-        )
+        self.spec = self.worker_spec()
         # serial samplers live in this process: the networks need not move to shared memory
         self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
         self.start_counters()  # env steps consumed by the learner
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
-        self.lags: list[int] = []
         self.buffer = None
         if self.algo.data == "replay":
             self.buffer = self.algo.make_buffer(cfg.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed)
@@ -336,7 +309,7 @@ class DataParallelRunner(ParallelRunner):
         pool = None
         samplers: list[Sampler] = []
         pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
-        last_item = last_flush = time.monotonic()
+        last_item = time.monotonic()
         try:
             if self.cfg.serial:
                 samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
@@ -379,21 +352,9 @@ class DataParallelRunner(ParallelRunner):
                         self._report(f"no experience from the samplers for {STALL_S:.0f} s ({pool.alive()} alive)")
                         last_item = time.monotonic()
                     if pool is not None:
-                        for crash in pool.check():
-                            self._report(f"{crash.describe()}\nrestarting it with the learner's current weights")
-                            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
-                    next_log = self.state["next_log"]
+                        self.restart_crashed(pool, logger, "with the learner's current weights")
                     new_returns = [r for item in items for r in item.returns]
-                    reason = self.after_update(
-                        logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
-                    )
-                    if self.state["next_log"] != next_log and self.lags:
-                        lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
-                        logger.log(self.env_steps, lag)
-                        self.lags.clear()
-                        if time.monotonic() - last_flush > FLUSH_S:  # metrics.csv stays current for watchers
-                            logger.flush()
-                            last_flush = time.monotonic()
+                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
                         stopped_by = reason
                         break

@@ -48,14 +48,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner
+from rlfleet.arch.parallel import ParallelRunner, WorkerSpec
 from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
 from rlfleet.data.rollout import RolloutStorage
@@ -68,24 +67,7 @@ from rlfleet.run.train import RunResult, _StopRequest
 QUEUE_SIZE = 2  # gradients each worker's queue holds: at most 2 × workers wait for the centre
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
 WAIT_S = 0.2  # the centre's longest wait for a gradient before it checks workers, Ctrl-C and the clock
-FLUSH_S = 2.0  # longest time between writes of the metrics files to disk
 STALL_S = 60.0  # no gradient for this long is reported in workers.log (a heartbeat of the workers)
-
-
-@dataclass
-class WorkerSpec:
-    """What a worker needs to build its own algorithm and envs (picklable)."""
-
-    algo: str
-    algo_cfg: Any
-    env: str
-    observation_space: gym.Space
-    action_space: gym.Space
-    seed: int
-    total_steps: int
-
-    def worker_seed(self, worker_id: int, incarnation: int) -> int:
-        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
 
 
 @dataclass
@@ -222,15 +204,7 @@ class GradParallelRunner(ParallelRunner):
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = WorkerSpec(
-            algo=cfg.algo,
-            algo_cfg=self.algo_cfg,
-            env=cfg.env,
-            observation_space=self.env_info["observation_space"],
-            action_space=self.env_info["action_space"],
-            seed=cfg.seed,
-            total_steps=self.total_steps,
-        )
+        self.spec = self.worker_spec()
         self.grad_sets = cfg.grad_sets or cfg.workers
         self.credits = max(AHEAD, -(-self.grad_sets // cfg.workers))  # enough for k gradients in flight
         # serial workers live in this process: the networks need not move to shared memory
@@ -240,7 +214,6 @@ class GradParallelRunner(ParallelRunner):
         self.centre = GradientCentre(params, self.optimizer, getattr(self.algo_cfg, "max_grad_norm", 0.0))
         self.start_counters()  # env steps behind the gradients taken in
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
-        self.lags: list[int] = []
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -292,7 +265,7 @@ class GradParallelRunner(ParallelRunner):
         pool = None
         workers: list[GradientWorker] = []
         gathered: list[Gradient] = []  # gradients waiting for the next centre step
-        last_item = last_flush = time.monotonic()
+        last_item = time.monotonic()
         try:
             if self.cfg.serial:
                 workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
@@ -333,20 +306,8 @@ class GradParallelRunner(ParallelRunner):
                         if done.incarnation == pool.incarnations[done.worker]:
                             queues.release(done.worker)
                     if pool is not None:
-                        for crash in pool.check():
-                            self._report(f"{crash.describe()}\nrestarting it with the current shared weights")
-                            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
-                    next_log = self.state["next_log"]
-                    reason = self.after_update(
-                        logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
-                    )
-                    if self.state["next_log"] != next_log and self.lags:
-                        lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
-                        logger.log(self.env_steps, lag)
-                        self.lags.clear()
-                        if time.monotonic() - last_flush > FLUSH_S:  # metrics.csv stays current for watchers
-                            logger.flush()
-                            last_flush = time.monotonic()
+                        self.restart_crashed(pool, logger, "with the current shared weights")
+                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
                         stopped_by = reason
                         break

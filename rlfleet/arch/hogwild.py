@@ -30,13 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import torch
 from torch import nn
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner
+from rlfleet.arch.parallel import ParallelRunner, WorkerSpec
 from rlfleet.arch.shared import LocalCopy, algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerPool
 from rlfleet.data.rollout import RolloutStorage
@@ -49,22 +48,12 @@ REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and
 
 
 @dataclass
-class WorkerSpec:
-    """What a worker needs to build its own algorithm, envs and optimizer (picklable)."""
+class HogwildSpec(WorkerSpec):
+    """What a hogwild worker needs besides the algorithm and envs: its optimizer (picklable)."""
 
-    algo: str
-    algo_cfg: Any
-    env: str
-    observation_space: gym.Space
-    action_space: gym.Space
-    seed: int
-    total_steps: int
     optimizer: str
     lr: float
     max_grad_norm: float
-
-    def worker_seed(self, worker_id: int, incarnation: int) -> int:
-        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
 
 
 class HogwildWorker:
@@ -72,7 +61,7 @@ class HogwildWorker:
 
     def __init__(
         self,
-        spec: WorkerSpec,
+        spec: HogwildSpec,
         shared: dict[str, nn.Module],
         optimizer: torch.optim.Optimizer | None,
         worker_id: int,
@@ -147,14 +136,8 @@ class HogwildRunner(ParallelRunner):
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = WorkerSpec(
-            algo=cfg.algo,
-            algo_cfg=self.algo_cfg,
-            env=cfg.env,
-            observation_space=self.env_info["observation_space"],
-            action_space=self.env_info["action_space"],
-            seed=cfg.seed,
-            total_steps=self.total_steps,
+        self.spec = self.worker_spec(
+            HogwildSpec,
             optimizer=cfg.optimizer,
             lr=self.algo_cfg.lr,
             max_grad_norm=getattr(self.algo_cfg, "max_grad_norm", 0.0),
@@ -219,13 +202,9 @@ class HogwildRunner(ParallelRunner):
                                 new_returns += returns
                                 updates += n_updates
                                 metrics = worker_metrics or metrics
-                        for crash in pool.check():
-                            self._report(f"{crash.describe()}\nrestarting it from the shared parameters")
-                            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
+                        self.restart_crashed(pool, logger, "from the shared parameters")
                     self.count_returns(new_returns)
-                    reason = self.after_update(
-                        logger, start, new_returns, self.returns, metrics, stop.requested, updates=updates
-                    )
+                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
                         stopped_by = reason
                         break

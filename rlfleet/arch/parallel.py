@@ -10,14 +10,36 @@ entry under the architecture's name with the episode count, the recent returns a
 from __future__ import annotations
 
 import sys
+import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from rlfleet.optim import HOGWILD_OPTIMIZERS
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunBase
+
+FLUSH_S = 2.0  # longest time between writes of the metrics files to disk while policy lags are logged
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process needs to build its own algorithm and envs (picklable)."""
+
+    algo: str
+    algo_cfg: Any
+    env: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    seed: int
+    total_steps: int
+
+    def worker_seed(self, worker_id: int, incarnation: int) -> int:
+        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
 
 
 class ParallelRunner(RunBase):
@@ -43,11 +65,27 @@ class ParallelRunner(RunBase):
         if uses_optimizer and cfg.optimizer not in HOGWILD_OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
 
+    def worker_spec(self, spec_cls: type[WorkerSpec] = WorkerSpec, **extra: Any) -> WorkerSpec:
+        """The run's `WorkerSpec` (or a subclass of it, whose extra fields come as keywords)."""
+        return spec_cls(
+            algo=self.cfg.algo,
+            algo_cfg=self.algo_cfg,
+            env=self.cfg.env,
+            observation_space=self.env_info["observation_space"],
+            action_space=self.env_info["action_space"],
+            seed=self.cfg.seed,
+            total_steps=self.total_steps,
+            **extra,
+        )
+
     def start_counters(self) -> None:
-        """The global step counter (shared with the workers), the episode count and the recent returns."""
+        """The global step counter (shared with the workers), the episode count, the recent returns, and the
+        policy lags (weight version learned from minus version acted with) not logged yet."""
         self.counter = torch.multiprocessing.get_context("spawn").Value("q", 0)
         self._episodes = 0
         self.returns: deque[float] = deque(maxlen=100)
+        self.lags: list[int] = []
+        self._last_flush = time.monotonic()
 
     @property
     def env_steps(self) -> int:
@@ -80,6 +118,27 @@ class ParallelRunner(RunBase):
         self._episodes = int(saved.get("episodes", 0))
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)
+
+    def restart_crashed(self, pool, logger, how: str) -> None:
+        """Report the workers that crashed since the last check; `pool` has restarted them (`how` says from what)."""
+        for crash in pool.check():
+            self._report(f"{crash.describe()}\nrestarting it {how}")
+            logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
+
+    def monitor_step(self, logger, start: float, new_returns: list[float], metrics: dict[str, float],
+                     stop_requested: bool, updates: int) -> str | None:  # fmt: skip
+        """`after_update` (logging, evaluation, checkpoints, stop conditions) plus the policy lag, logged with
+        every log row; returns the reason to stop, if any."""
+        next_log = self.state["next_log"]
+        reason = self.after_update(logger, start, new_returns, self.returns, metrics, stop_requested, updates=updates)
+        if self.state["next_log"] != next_log and self.lags:
+            lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
+            logger.log(self.env_steps, lag)
+            self.lags.clear()
+            if time.monotonic() - self._last_flush > FLUSH_S:  # metrics.csv stays current for watchers
+                logger.flush()
+                self._last_flush = time.monotonic()
+        return reason
 
     def _report(self, text: str) -> None:
         """Worker trouble: printed, and appended to `<run>/workers.log`."""

@@ -11,7 +11,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import sample_final_epsilons
-from rlfleet.arch.hogwild import HogwildWorker, WorkerSpec
+from rlfleet.arch.hogwild import HogwildSpec, HogwildWorker
 from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import build_algo_config
@@ -20,13 +20,13 @@ from rlfleet.run.train import train
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 
 
-def spec(algo: str, optimizer: str = "sgd", preset: str | None = None, **overrides) -> WorkerSpec:
+def spec(algo: str, optimizer: str = "sgd", preset: str | None = None, **overrides) -> HogwildSpec:
     cfg, _ = build_algo_config(algo, preset, overrides)
-    return WorkerSpec(algo, cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000, optimizer=optimizer,
+    return HogwildSpec(algo, cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000, optimizer=optimizer,
                       lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
 
 
-def shared_algo(s: WorkerSpec):
+def shared_algo(s: HogwildSpec):
     algo_cls, _, _, _ = resolve(s.algo)
     return algo_cls(s.algo_cfg, *SPACES, seed=0)
 
@@ -138,7 +138,7 @@ def test_continuous_worker_acts_within_the_bounds():
     """The paper's continuous agent on hogwild: Gaussian actions rescaled into Pendulum's [-2, 2]."""
     spaces = (gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
     cfg, _ = build_algo_config("a3c", "continuous", {})
-    s = WorkerSpec("a3c", cfg, "Pendulum-v1", *spaces, seed=0, total_steps=100_000, optimizer="shared_rmsprop",
+    s = HogwildSpec("a3c", cfg, "Pendulum-v1", *spaces, seed=0, total_steps=100_000, optimizer="shared_rmsprop",
                    lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
     algo = resolve("a3c")[0](cfg, *spaces, seed=0)
     shared = share_algo(algo)

@@ -13,8 +13,9 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import linear
-from rlfleet.arch.data_parallel import Sampler, SamplerSpec, TransitionBlock, concat_blocks
-from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker, WorkerSpec
+from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
+from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
+from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import WeightVersion, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerQueues, acquire_until_stopped, put_until_stopped
 from rlfleet.data.buffer import ReplayBuffer
@@ -158,7 +159,7 @@ def test_worker_queues_hand_out_credits_and_replace_a_crashed_workers_queue():
 
 def test_sampler_follows_the_global_schedule_and_the_learner_target():
     learner, cfg = algo_and_cfg("nstep_q", n_envs=2, rollout_len=4, eps_anneal_steps=1_000)
-    spec = SamplerSpec("nstep_q", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=10_000)
+    spec = WorkerSpec("nstep_q", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=10_000)
     weights = WeightVersion(CTX)
     with torch.no_grad():
         for p in learner.q_target.parameters():
@@ -180,7 +181,7 @@ def test_sampler_follows_the_global_schedule_and_the_learner_target():
 
 def test_dqn_sampler_sends_blocks_of_train_freq_steps_with_scheduled_epsilon():
     learner, cfg = algo_and_cfg("dqn", n_envs=3, train_freq=5)
-    spec = SamplerSpec("dqn", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000)
+    spec = WorkerSpec("dqn", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000)
     sampler = Sampler(spec, share_algo(learner), WeightVersion(CTX), worker_id=1)
     try:
         item = sampler.sample(global_steps=4_000)
