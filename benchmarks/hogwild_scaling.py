@@ -25,20 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import cpu_model
+
 from rlfleet.run.train import train
 
 METHODS = ["a3c", "nstep_q", "onestep_q", "sarsa"]
 BUDGET = {"a3c": 400_000, "nstep_q": 800_000, "onestep_q": 800_000, "sarsa": 1_000_000}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def time_to_reference(algo: str, workers: int, seed: int, reference: float, eval_every: int, limit: float) -> dict:

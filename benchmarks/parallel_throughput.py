@@ -24,19 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import cpu_model
+
 from rlfleet.run.train import train
 
 ARCHS = ["data_parallel", "grad_parallel", "hogwild"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def measure(arch: str, env: str, workers: int, steps: int, seed: int) -> dict:

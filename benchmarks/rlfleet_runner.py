@@ -1,18 +1,29 @@
-"""Time-to-solve CartPole-v1 or Pendulum-v1 for one rlfleet run, through rlfleet's CLI.
+"""Time-to-solve CartPole-v1 or Pendulum-v1, or final return after a fixed budget, for one rlfleet run, through
+rlfleet's CLI.
 
-Runs ``rlfleet train ALGO --env CartPole-v1 --seed S --eval-every 2000 --eval-episodes 10 --stop-return 475
---time-limit T --logdir DIR --name NAME`` (``--env Pendulum-v1 --stop-return -250`` on Pendulum-v1: the
-default env of ddpg, td3 and sac, and ppo, a2c or a3c's with ``--env Pendulum-v1``) with ``OMP_NUM_THREADS=1``
-and no ``--preset`` or ``--set`` override: rlfleet's defaults are what is measured (on a Box-action
-classic-control env such as Pendulum-v1 the CLI itself picks the algorithm's ``continuous`` preset, where
-it has one). It reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
-``solved_at_step``, ``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the
-same JSON line as the peer runners. The timings are rlfleet's own: the CLI measures from the start of
+Time-to-solve: runs ``rlfleet train ALGO --env CartPole-v1 --seed S --eval-every 2000 --eval-episodes 10
+--stop-return 475 --time-limit T --logdir DIR --name NAME`` (``--env Pendulum-v1 --stop-return -250`` on
+Pendulum-v1: the default env of ddpg, td3 and sac, and ppo, a2c or a3c's with ``--env Pendulum-v1``) with
+``OMP_NUM_THREADS=1`` and no ``--preset`` or ``--set`` override: rlfleet's defaults are what is measured (on a
+Box-action classic-control env such as Pendulum-v1 the CLI itself picks the algorithm's ``continuous`` preset,
+where it has one). It reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``, ``solved_at_step``,
+``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the same JSON line as the
+peer runners. The timings are rlfleet's own: the CLI measures from the start of
 training, after imports and env/model construction, with the evaluations' time counting.
+
+Fixed budget (``--steps N``, e.g. ``--env Hopper-v5 --steps 100000``): runs ``rlfleet train ALGO --env ENV
+--seed S --steps N --eval-every N --eval-episodes 10 --stop-return 1e9 --logdir DIR --name NAME``, again with
+no ``--preset`` or ``--set``: on a MuJoCo env the CLI picks the algorithm's ``mujoco`` preset. ``--steps N``
+sets the run's ``total_steps`` to N, which is also what the preset's schedules run over: PPO's learning rate
+anneals linearly from 3e-4 to 0 over the N steps (not over the preset's 1M); SAC has no schedule. The only
+evaluation is the one at the first iteration at or past N (PPO collects 2,048-step segments: 100,352 steps for
+N = 100,000); ``--stop-return 1e9`` keeps the env's reward threshold from stopping the run early. Reports that
+evaluation's ``eval_return_mean`` and ``eval_return_std`` from ``result.json``, and its ``wall_time_s``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -20,12 +31,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from peers.common import (
     ALGOS_BY_ENV,
     EVAL_EPISODES,
     EVAL_EVERY_STEPS,
     SOLVED_RETURNS,
+    FinalReturnResult,
     RunResult,
     arg_parser,
     emit,
@@ -47,17 +60,23 @@ def rlfleet_executable() -> str:
     return found
 
 
-def train(algo: str, env_id: str, seed: int, time_limit: float, logdir: Path) -> dict:
-    """Run one ``rlfleet train`` and return its ``result.json``; its own output goes to stderr."""
+def train(algo: str, env_id: str, seed: int, time_limit: float, steps: int | None, logdir: Path) -> dict:
+    """Run one ``rlfleet train`` and return its ``result.json``; its own output goes to stderr.
+
+    ``steps`` None: time-to-solve (evaluations every 2,000 steps, stop when solved or at ``time_limit``);
+    else a fixed budget of ``steps`` env steps with one evaluation at the end."""
     name = f"{algo}-{env_id}-seed{seed}"
+    if steps is None:
+        protocol = ["--eval-every", str(EVAL_EVERY_STEPS), "--stop-return", f"{SOLVED_RETURNS[env_id]:g}",
+                    "--time-limit", f"{time_limit:g}"]  # fmt: skip
+    else:
+        protocol = ["--steps", str(steps), "--eval-every", str(steps), "--stop-return", "1e9"]
     command = [
         rlfleet_executable(), "train", algo,
         "--env", env_id,
         "--seed", str(seed),
-        "--eval-every", str(EVAL_EVERY_STEPS),
+        *protocol,
         "--eval-episodes", str(EVAL_EPISODES),
-        "--stop-return", f"{SOLVED_RETURNS[env_id]:g}",
-        "--time-limit", f"{time_limit:g}",
         "--logdir", str(logdir),
         "--name", name,
         "--no-progress",
@@ -69,7 +88,19 @@ def train(algo: str, env_id: str, seed: int, time_limit: float, logdir: Path) ->
     return json.loads((logdir / name / "result.json").read_text())
 
 
-def to_run_result(algo: str, env_id: str, seed: int, time_limit: float, result: dict) -> RunResult:
+def record_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields that every record of this run shares: who ran what, and with which libraries."""
+    return {
+        "framework": "rlfleet",
+        "version": library_versions("rlfleet")["rlfleet"],
+        "algo": args.algo,
+        "env": args.env,
+        "seed": args.seed,
+        "libraries": library_versions("torch", "gymnasium", "numpy", "mujoco"),
+    }
+
+
+def to_run_result(fields: dict[str, Any], time_limit: float, result: dict) -> RunResult:
     solved = bool(result["solved"])
     if solved:
         stop_reason = "solved"
@@ -78,11 +109,7 @@ def to_run_result(algo: str, env_id: str, seed: int, time_limit: float, result: 
     else:
         stop_reason = "step_limit"
     return RunResult(
-        framework="rlfleet",
-        version=library_versions("rlfleet")["rlfleet"],
-        algo=algo,
-        env=env_id,
-        seed=seed,
+        **fields,
         solved=solved,
         solved_at_s=result["solved_at_s"] if solved else None,
         solved_at_step=result["solved_at_step"] if solved else None,
@@ -93,7 +120,18 @@ def to_run_result(algo: str, env_id: str, seed: int, time_limit: float, result: 
         stop_reason=stop_reason,
         time_limit_s=time_limit,
         step_limit=None,
-        libraries=library_versions("torch", "gymnasium", "numpy"),
+    )
+
+
+def to_final_return_result(fields: dict[str, Any], steps: int, result: dict) -> FinalReturnResult:
+    return FinalReturnResult(
+        **fields,
+        steps=steps,
+        env_steps=int(result["env_steps"]),
+        eval_return_mean=float(result["eval_return_mean"]),
+        eval_return_std=float(result["eval_return_std"]),
+        wall_time_s=float(result["wall_time_s"]),
+        cpu_time_s=None,
     )
 
 
@@ -102,11 +140,14 @@ def main() -> None:
     parser.add_argument("--logdir", type=Path, help="keep rlfleet's run folder here (default: a temp dir)")
     args = parse_run_args(parser, SUPPORTED)
     if args.logdir is not None:
-        result = train(args.algo, args.env, args.seed, args.time_limit, args.logdir)
+        result = train(args.algo, args.env, args.seed, args.time_limit, args.steps, args.logdir)
     else:
-        with tempfile.TemporaryDirectory(prefix="rlfleet-tts-") as tmp:
-            result = train(args.algo, args.env, args.seed, args.time_limit, Path(tmp))
-    emit(to_run_result(args.algo, args.env, args.seed, args.time_limit, result))
+        with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as tmp:
+            result = train(args.algo, args.env, args.seed, args.time_limit, args.steps, Path(tmp))
+    if args.steps is None:
+        emit(to_run_result(record_fields(args), args.time_limit, result))
+    else:
+        emit(to_final_return_result(record_fields(args), args.steps, result))
 
 
 if __name__ == "__main__":

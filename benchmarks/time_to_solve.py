@@ -11,18 +11,24 @@ markdown. See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import signal
 import statistics
-import subprocess
-import sys
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness import (
+    FRAMEWORKS,
+    RESULTS,
+    add_peer_options,
+    finish,
+    log,
+    machine_line,
+    open_results,
+    run_runner,
+    runner_python,
+    save,
+    split_choices,
+    start,
+)
 from peers.common import (
     ALGOS_BY_ENV,
     CONTINUOUS_ENV_ID,
@@ -36,14 +42,6 @@ from peers.common import (
     env_for,
 )
 
-BENCHMARKS = Path(__file__).resolve().parent
-REPO = BENCHMARKS.parent
-PEERS_VENV = BENCHMARKS / ".venv-peers"
-PEER_REQUIREMENTS = BENCHMARKS / "peers" / "requirements.txt"
-TORCH_PIN = "torch==2.13.0"
-"""Installed first in the peers' venv: the CPU build from the local wheel, not a CUDA build from PyPI."""
-
-FRAMEWORKS = ("rlfleet", "sb3", "tianshou")
 DEFAULT_ALGOS = {ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"), CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo")}
 """``--algos``' default: with ``--env``, that env's; without, CartPole-v1's (each algorithm on its own env)."""
 UNSUPPORTED = {
@@ -57,11 +55,6 @@ UNSUPPORTED = {
 }
 """(framework, algo, env) with no implementation in that framework or no settings in its runner: reported as
 n/a, never run. Every (algo, env) of ``ALGOS_BY_ENV`` not listed here is run by every framework."""
-RUNNERS = {
-    "rlfleet": BENCHMARKS / "rlfleet_runner.py",
-    "sb3": BENCHMARKS / "peers" / "sb3_runner.py",
-    "tianshou": BENCHMARKS / "peers" / "tianshou_runner.py",
-}
 RUN_GRACE_S = 300.0
 """A runner is killed after time limit + this (imports, construction, the last evaluation)."""
 
@@ -79,8 +72,7 @@ def parse_args() -> argparse.Namespace:
         type=Path,
         help="default: results/pendulum.json when every algo is timed on Pendulum-v1, else results/cartpole.json",
     )
-    parser.add_argument("--peers-venv", type=Path, default=PEERS_VENV)
-    parser.add_argument("--setup-only", action="store_true", help="create/update the peers' venv and exit")
+    add_peer_options(parser)
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out and skip them")
     args = parser.parse_args()
     # without --env, any algorithm, each on its own env; with --env, those that can be timed on it
@@ -91,7 +83,7 @@ def parse_args() -> argparse.Namespace:
     args.frameworks = split_choices(parser, "--frameworks", args.frameworks, FRAMEWORKS)
     if args.out is None:
         on_pendulum = all(env_of(args.env, algo) == CONTINUOUS_ENV_ID for algo in args.algos)
-        args.out = BENCHMARKS / "results" / ("pendulum.json" if on_pendulum else "cartpole.json")
+        args.out = RESULTS / ("pendulum.json" if on_pendulum else "cartpole.json")
     return args
 
 
@@ -105,162 +97,22 @@ def run_env(record: dict[str, Any]) -> str:
     return record.get("env") or env_for(record["algo"])
 
 
-def split_choices(parser: argparse.ArgumentParser, flag: str, value: str, choices: tuple[str, ...]) -> list[str]:
-    items = [item.strip() for item in value.split(",") if item.strip()]
-    unknown = [item for item in items if item not in choices]
-    if unknown or not items:
-        parser.error(f"{flag}: expected a comma-separated subset of {','.join(choices)}, got {value!r}")
-    return items
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# --- the peers' venv ---------------------------------------------------------------------------------
-
-
-def pinned_requirements() -> dict[str, str]:
-    """``name -> version`` of the ``name==version`` lines of peers/requirements.txt (and torch)."""
-    pins = dict([TORCH_PIN.split("==")])
-    for line in PEER_REQUIREMENTS.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[name.strip()] = version.strip()
-    return pins
-
-
-def installed_versions(python: Path, names: list[str]) -> dict[str, str | None]:
-    script = (
-        "import importlib.metadata as m, json, sys\n"
-        "def v(n):\n"
-        "    try:\n"
-        "        return m.version(n)\n"
-        "    except m.PackageNotFoundError:\n"
-        "        return None\n"
-        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))\n"
-    )
-    out = subprocess.run([str(python), "-c", script, *names], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
-
-
-def matches_pin(installed: str | None, pinned: str) -> bool:
-    """``2.13.0+cpu`` satisfies ``2.13.0``: a local version label does not change the release."""
-    return installed is not None and installed.split("+")[0] == pinned
-
-
-def ensure_peers_venv(venv: Path) -> Path:
-    """Create or update the peers' venv so that it holds exactly the pinned versions; return its python."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        log(f"creating the peers' venv {venv}")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pins = pinned_requirements()
-    installed = installed_versions(python, list(pins))
-    if all(matches_pin(installed[name], version) for name, version in pins.items()):
-        return python
-    log(f"installing {TORCH_PIN} then {PEER_REQUIREMENTS.name} into {venv} (a few minutes)")
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
-    subprocess.run([*pip, TORCH_PIN], check=True)
-    subprocess.run([*pip, "-r", str(PEER_REQUIREMENTS)], check=True)
-    installed = installed_versions(python, list(pins))
-    wrong = {name: installed[name] for name, version in pins.items() if not matches_pin(installed[name], version)}
-    if wrong:
-        raise SystemExit(f"the peers' venv does not hold the pinned versions {pins}: {wrong}")
-    return python
-
-
-# --- machine and runs --------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_commit() -> str | None:
-    """The checked-out commit of the rlfleet repo (read-only ``git rev-parse``)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
-
-
-def machine_info(peers_python: Path | None) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "cpu_model": cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average_at_start": list(os.getloadavg()),
-        "rlfleet_commit": git_commit(),
-    }
-    if peers_python is not None:
-        out = subprocess.run(
-            [str(peers_python), "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        info["peers_python"] = out.stdout.strip()
-    return info
+# --- runs --------------------------------------------------------------------------------------------
 
 
 def run_once(
     python: Path, framework: str, algo: str, env_id: str, seed: int, time_limit: float, log_dir: Path
 ) -> dict[str, Any]:
     """Run one runner process to completion; return its JSON record, or an error record if it failed."""
-    command = [
-        str(python),
-        str(RUNNERS[framework]),
-        "--algo",
-        algo,
-        "--env",
-        env_id,
-        "--seed",
-        str(seed),
-        "--time-limit",
-        f"{time_limit:g}",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    log_path = log_dir / f"{framework}_{algo}_{env_id}_seed{seed}.log"
-    failure = {"framework": framework, "algo": algo, "env": env_id, "seed": seed, "solved": False, "log": str(log_path)}
-    started = time.perf_counter()
-    with log_path.open("w") as stderr:
-        # own session: on timeout the whole process group goes (rlfleet_runner starts the rlfleet CLI)
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, cwd=REPO, start_new_session=True
-        )
-        try:
-            stdout, _ = proc.communicate(timeout=time_limit + RUN_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return {**failure, "error": f"killed after {time.perf_counter() - started:.0f} s"}
-        except BaseException:  # e.g. Ctrl-C: the run must not go on, unseen, under the next ones
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines:
-        return {**failure, "error": f"exit status {proc.returncode}" + ("" if lines else ", no result line")}
-    try:
-        return json.loads(lines[-1])
-    except json.JSONDecodeError:
-        return {**failure, "error": f"unparsable result line: {lines[-1][:200]}"}
-
-
-def save(document: dict[str, Any], out: Path) -> None:
-    """Write atomically, so that a crash mid-write keeps the previous file."""
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
-    tmp.replace(out)
+    runner_args = ["--algo", algo, "--env", env_id, "--seed", str(seed), "--time-limit", f"{time_limit:g}"]
+    return run_runner(
+        python,
+        framework,
+        runner_args,
+        time_limit + RUN_GRACE_S,
+        log_dir / f"{framework}_{algo}_{env_id}_seed{seed}.log",
+        {"framework": framework, "algo": algo, "env": env_id, "seed": seed, "solved": False},
+    )
 
 
 # --- summary -----------------------------------------------------------------------------------------
@@ -276,10 +128,7 @@ def summarize(document: dict[str, Any]) -> str:
     lines = [
         f"# Time-to-solve {' and '.join(envs)}",
         "",
-        f"Machine: {machine['cpu_model']}, {machine['cpu_cores']} cores; Python {machine['python']}"
-        + (f" (peers: {machine['peers_python']})" if "peers_python" in machine else "")
-        + f"; load average at start {' / '.join(f'{x:.2f}' for x in machine['load_average_at_start'])}; "
-        f"rlfleet commit {(machine.get('rlfleet_commit') or 'unknown')[:12]}; started {document['started']}.",
+        machine_line(machine, document["started"]),
         "",
         f"Protocol: one process per run, 1 torch thread, CPU; greedy evaluation of {EVAL_EPISODES} episodes "
         f"every {EVAL_EVERY_STEPS:,} env steps, its time counting; solved at the first evaluation with mean "
@@ -348,15 +197,7 @@ def summarize(document: dict[str, Any]) -> str:
 
 def main() -> None:
     args = parse_args()
-    needs_peers = any(fw != "rlfleet" for fw in args.frameworks)
-    peers_python = ensure_peers_venv(args.peers_venv) if needs_peers or args.setup_only else None
-    if args.setup_only:
-        log(f"peers' venv ready: {peers_python}")
-        return
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    log_dir = args.out.parent / "logs"
-    log_dir.mkdir(exist_ok=True)
+    peers_python, log_dir = start(args)
     config = {
         "algos": args.algos,
         "env": args.env,
@@ -364,29 +205,18 @@ def main() -> None:
         "seeds": args.seeds,
         "time_limit_s": args.time_limit,
     }
-    now = datetime.now(UTC).isoformat(timespec="seconds")
-    if args.resume and args.out.exists():
-        document: dict[str, Any] = json.loads(args.out.read_text())
-        if document["config"]["time_limit_s"] != args.time_limit:
-            raise SystemExit(f"--resume: {args.out} was run with another --time-limit")
-        document["config"] = config
-        document.setdefault("resumed", []).append(now)
-    else:
-        document = {
-            "benchmark": "time-to-solve " + " and ".join(dict.fromkeys(env_of(args.env, a) for a in args.algos)),
-            "protocol": {
-                "eval_every_steps": EVAL_EVERY_STEPS,
-                "eval_episodes": EVAL_EPISODES,
-                "solved_return": SOLVED_RETURN,
-                "solved_returns": SOLVED_RETURNS,
-                "torch_threads": 1,
-                "device": "cpu",
-            },
-            "config": config,
-            "machine": machine_info(peers_python),
-            "started": now,
-            "runs": [],
-        }
+    header = {
+        "benchmark": "time-to-solve " + " and ".join(dict.fromkeys(env_of(args.env, a) for a in args.algos)),
+        "protocol": {
+            "eval_every_steps": EVAL_EVERY_STEPS,
+            "eval_episodes": EVAL_EPISODES,
+            "solved_return": SOLVED_RETURN,
+            "solved_returns": SOLVED_RETURNS,
+            "torch_threads": 1,
+            "device": "cpu",
+        },
+    }
+    document = open_results(args.out, args.resume, config, header, peers_python, ("time_limit_s", "--time-limit"))
     done = {(r["framework"], r["algo"], run_env(r), r["seed"]) for r in document["runs"]}
 
     plan = [
@@ -397,10 +227,8 @@ def main() -> None:
         if (fw, algo, env) not in UNSUPPORTED and (fw, algo, env, seed) not in done
     ]
     for index, (seed, algo, env, framework) in enumerate(plan, start=1):
-        python = Path(sys.executable) if framework == "rlfleet" else peers_python
-        assert python is not None
         log(f"[{index}/{len(plan)}] {framework} {algo} {env} seed {seed}")
-        record = run_once(python, framework, algo, env, seed, args.time_limit, log_dir)
+        record = run_once(runner_python(framework, peers_python), framework, algo, env, seed, args.time_limit, log_dir)
         document["runs"].append(record)
         save(document, args.out)
         if "error" in record:
@@ -413,11 +241,7 @@ def main() -> None:
                 f"{record['env_steps']:,} env steps, last eval {record['eval_return_mean']})"
             )
 
-    document["machine"]["load_average_at_end"] = list(os.getloadavg())
-    save(document, args.out)
-    table = summarize(document)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    finish(document, args.out, summarize(document))
 
 
 if __name__ == "__main__":

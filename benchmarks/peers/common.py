@@ -1,16 +1,22 @@
-"""Time-to-solve protocol shared by all runners: constants, CLI, evaluation bookkeeping, JSON result line.
+"""The protocols shared by all runners: constants, CLI, evaluation bookkeeping, JSON result lines.
+
+Two kinds of run, one per driver: **time-to-solve** (``time_to_solve.py``: greedy evaluation every 2,000 env
+steps, stop when solved or out of time; :class:`RunResult`) and **final return after a fixed budget**
+(``mujoco_return.py``, the runners' ``--steps N``: train for N env steps, then one greedy evaluation;
+:class:`FinalReturnResult`).
 
 Standard library only: it is imported by the peer runners (inside the peers' venv), by
-``benchmarks/rlfleet_runner.py`` and by the driver ``benchmarks/time_to_solve.py``.
+``benchmarks/rlfleet_runner.py`` and by the drivers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
@@ -27,11 +33,18 @@ CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
 ENV_IDS = (ENV_ID, CONTINUOUS_ENV_ID)
 SOLVED_RETURNS = {ENV_ID: SOLVED_RETURN, CONTINUOUS_ENV_ID: -250.0}
 """The solved mean return of each env (Pendulum-v1: the Tianshou paper's −250)."""
+MUJOCO_ENV_IDS = ("Hopper-v5", "HalfCheetah-v5")
+"""Where the fixed-budget benchmark measures the final return (they have no solved return here: ``--steps``)."""
+MUJOCO_ALGOS = ("sac", "ppo")
+RUNNER_ENV_IDS = (*ENV_IDS, *MUJOCO_ENV_IDS)
 ALGOS_BY_ENV = {
     ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"),
     CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo", "a2c", "a3c"),
+    **{env: MUJOCO_ALGOS for env in MUJOCO_ENV_IDS},
 }
-"""The algorithms that can be timed on each env (by rlfleet; the peers' runners cover subsets)."""
+"""The algorithms that can be run on each env (by rlfleet; the peers' runners cover subsets)."""
+DEFAULT_BUDGET_STEPS = 100_000
+"""The fixed budget of the final-return benchmark, in env steps (counted over all parallel training envs)."""
 
 
 def env_for(algo: str) -> str:
@@ -71,15 +84,23 @@ class RunResult:
 
 
 def arg_parser(framework: str, algos: list[str]) -> argparse.ArgumentParser:
-    """The CLI every runner shares: ``--algo``, ``--env``, ``--seed``, ``--time-limit``.
+    """The CLI every runner shares: ``--algo``, ``--env``, ``--seed``, ``--time-limit``, ``--steps``.
 
-    Parse with :func:`parse_run_args`, which fills in ``--env``'s default, the algorithm's own env.
+    Without ``--steps``, a time-to-solve run; with it, a fixed-budget run (``--time-limit`` unused). Parse
+    with :func:`parse_run_args`, which fills in ``--env``'s default, the algorithm's own env.
     """
-    parser = argparse.ArgumentParser(description=f"Time-to-solve for one {framework} run.")
+    parser = argparse.ArgumentParser(
+        description=f"Time-to-solve, or final return after --steps, of one {framework} run."
+    )
     parser.add_argument("--algo", required=True, choices=algos)
-    parser.add_argument("--env", choices=ENV_IDS, help="default: the algorithm's own env (see env_for)")
+    parser.add_argument("--env", choices=RUNNER_ENV_IDS, help="default: the algorithm's own env (see env_for)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock seconds")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="fixed budget: train for this many env steps, then one greedy evaluation (needed on MuJoCo envs)",
+    )
     return parser
 
 
@@ -88,7 +109,11 @@ def parse_run_args(parser: argparse.ArgumentParser, supported: Collection[tuple[
     args = parser.parse_args()
     args.env = args.env or env_for(args.algo)
     if (args.algo, args.env) not in supported:
-        parser.error(f"this runner does not time {args.algo} on {args.env}")
+        parser.error(f"this runner does not run {args.algo} on {args.env}")
+    if args.steps is None and args.env not in SOLVED_RETURNS:
+        parser.error(f"{args.env} has no solved return to time: give a fixed budget with --steps")
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
     return args
 
 
@@ -103,13 +128,27 @@ def library_versions(*names: str) -> dict[str, str]:
     return versions
 
 
-def emit(result: RunResult) -> None:
+def emit(result: RunResult | FinalReturnResult) -> None:
     """Print the result as one JSON line on the process' real stdout (libraries' chatter goes to stderr)."""
     sys.__stdout__.write(json.dumps(asdict(result)) + "\n")
     sys.__stdout__.flush()
 
 
-class Tracker:
+class Clock:
+    """Wall-clock and process CPU time from :meth:`start`."""
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+
+    def wall(self) -> float:
+        return round(time.perf_counter() - self._t0, 4)
+
+    def cpu(self) -> float:
+        return round(time.process_time() - self._cpu0, 4)
+
+
+class Tracker(Clock):
     """Evaluation schedule and stop rule of the protocol, for runners that drive a peer's training loop.
 
     Call :meth:`start` right before training starts; at each training-loop boundary ask :meth:`eval_due`,
@@ -126,12 +165,6 @@ class Tracker:
         self.next_eval_step = EVAL_EVERY_STEPS
         self.evals: list[tuple[int, float, float]] = []
         self.stop_reason: str | None = None
-        self._t0 = 0.0
-        self._cpu0 = 0.0
-
-    def start(self) -> None:
-        self._t0 = time.perf_counter()
-        self._cpu0 = time.process_time()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self._t0
@@ -169,8 +202,8 @@ class Tracker:
             solved_at_s=last[1] if solved and last else None,
             solved_at_step=last[0] if solved and last else None,
             env_steps=env_steps,
-            wall_time_s=round(self.elapsed(), 4),
-            cpu_time_s=round(time.process_time() - self._cpu0, 4),
+            wall_time_s=self.wall(),
+            cpu_time_s=self.cpu(),
             eval_return_mean=last[2] if last else None,
             stop_reason=self.stop_reason or "step_limit",
             time_limit_s=self.time_limit_s,
@@ -178,3 +211,44 @@ class Tracker:
             evals=self.evals,
             libraries=libraries,
         )
+
+
+@dataclass
+class FinalReturnResult:
+    """One fixed-budget run (``--steps``), printed by a runner as a single JSON line on stdout."""
+
+    framework: str
+    version: str
+    algo: str
+    env: str
+    seed: int
+    steps: int
+    """The budget: training stops at the first point of the framework's loop at or past it."""
+    env_steps: int
+    """Env steps actually taken (a collection of fixed size can take the run past the budget)."""
+    eval_return_mean: float
+    """Mean undiscounted return of the greedy evaluation after training: ``EVAL_EPISODES`` episodes."""
+    eval_return_std: float
+    """Their population standard deviation (NumPy's default ``std``)."""
+    wall_time_s: float
+    """From the start of training (after imports and construction) to the end of the final evaluation."""
+    cpu_time_s: float | None
+    """Process CPU seconds over the same span (None where the runner cannot see it)."""
+    libraries: dict[str, str] = field(default_factory=dict)
+
+
+def final_return_result(clock: Clock, returns: Sequence[float], *, env_steps: int, **run: Any) -> FinalReturnResult:
+    """The record of a fixed-budget run whose final evaluation just returned ``returns`` (one per episode).
+
+    ``run``: the other fields of :class:`FinalReturnResult` that the runner knows (framework, version, algo,
+    env, seed, steps, libraries)."""
+    returns = [float(r) for r in returns]
+    mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+    return FinalReturnResult(
+        **run,
+        env_steps=int(env_steps),
+        eval_return_mean=mean,
+        eval_return_std=std,
+        wall_time_s=clock.wall(),
+        cpu_time_s=clock.cpu(),
+    )

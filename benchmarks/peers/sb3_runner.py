@@ -1,6 +1,8 @@
-"""Time-to-solve CartPole-v1 or Pendulum-v1 for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
+"""Time-to-solve CartPole-v1 or Pendulum-v1, or final return after a fixed budget on Hopper-v5 or HalfCheetah-v5,
+for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
 
-Hyperparameters: the env's entry (``CartPole-v1`` or ``Pendulum-v1``) of ``rl_zoo3/hyperparams/{algo}.yml``
+Hyperparameters: the env's entry (``CartPole-v1``, ``Pendulum-v1``; ``Hopper-v4`` and ``HalfCheetah-v4`` for the
+-v5 envs, the zoo having no -v5 entries: ``ZOO_ENTRIES``) of ``rl_zoo3/hyperparams/{algo}.yml``
 as shipped inside the installed rl-zoo3 2.9.2 package (read at run time, not copied), pre-processed the way
 rl-zoo3's ``ExperimentManager`` does it (``n_envs``, ``n_timesteps``, ``lin_<x>`` schedules, ``normalize``,
 ``policy_kwargs`` strings, ``train_freq`` lists, ``env_kwargs``, ``noise_type``/``noise_std`` ->
@@ -33,9 +35,27 @@ Pendulum-v1:
   ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4 (SB3 defaults:
   batch_size=64, net_arch 64-64 for policy and value)
 
+Hopper-v5 and HalfCheetah-v5 (fixed budget only; the ``Hopper-v4`` and ``HalfCheetah-v4`` entries):
+
+- sac, both envs: n_timesteps=1e6, policy=MlpPolicy, learning_starts=10000 (everything else SB3's SAC defaults:
+  1 env, buffer_size=1e6, batch_size=256, learning_rate=3e-4, tau=0.005, gamma=0.99, train_freq=1,
+  gradient_steps=1, ent_coef="auto" (initial alpha 1, target entropy -dim(A)), net_arch=[256, 256] ReLU)
+- ppo, Hopper-v4: normalize=true, n_envs=1, policy=MlpPolicy, n_timesteps=1e6, batch_size=32, n_steps=512,
+  gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2, n_epochs=5, gae_lambda=0.99,
+  max_grad_norm=0.7, vf_coef=0.835671, policy_kwargs="dict(log_std_init=-2, ortho_init=False,
+  activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256]))"
+- ppo, HalfCheetah-v4: normalize=true, n_envs=1, policy=MlpPolicy, n_timesteps=1e6, batch_size=64,
+  n_steps=512, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1, n_epochs=20,
+  gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096, the same policy_kwargs
+
+(``normalize=true``: ``VecNormalize`` of observations and rewards with the entry's gamma, as rl-zoo3 does; the
+evaluation env reads the training env's observation statistics, frozen, and reports raw rewards.)
+
 As in rl-zoo3, training envs are ``make_vec_env(n_envs, seed=seed)`` (DummyVecEnv + Monitor) and the
-model gets ``seed=seed``; ``model.learn(total_timesteps=n_timesteps)`` keeps the schedules exactly as tuned,
-so ``n_timesteps`` is also the run's step limit.
+model gets ``seed=seed``. Time-to-solve: ``model.learn(total_timesteps=n_timesteps)`` keeps the schedules exactly
+as tuned, so ``n_timesteps`` is also the run's step limit. Fixed budget (``--steps N``):
+``model.learn(total_timesteps=N)`` instead of the entry's ``n_timesteps`` (a ``lin_`` schedule would decay over
+N; the MuJoCo entries have none), then one greedy evaluation of 10 episodes (``evaluate_policy``, as below).
 
 Protocol (benchmarks/README.md): ``torch.set_num_threads(1)``, CPU; a callback evaluates the greedy policy
 (``deterministic=True``: the mean action for the Gaussian policies, without action noise) every 2,000 env
@@ -60,9 +80,13 @@ from common import (
     ENV_ID,
     EVAL_EPISODES,
     EVAL_SEED_OFFSET,
+    MUJOCO_ALGOS,
+    MUJOCO_ENV_IDS,
+    Clock,
     Tracker,
     arg_parser,
     emit,
+    final_return_result,
     library_versions,
     parse_run_args,
 )
@@ -78,19 +102,23 @@ from stable_baselines3.common.utils import ConstantSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
 ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC, "td3": TD3, "ddpg": DDPG}
-SUPPORTED = {(algo, ENV_ID) for algo in ("ppo", "a2c", "dqn")} | {
-    (algo, CONTINUOUS_ENV_ID) for algo in ("sac", "td3", "ddpg", "ppo")
-}
-"""(algo, env) pairs run by this runner: those with an rl-zoo3 entry that the benchmark times."""
+SUPPORTED = (
+    {(algo, ENV_ID) for algo in ("ppo", "a2c", "dqn")}
+    | {(algo, CONTINUOUS_ENV_ID) for algo in ("sac", "td3", "ddpg", "ppo")}
+    | {(algo, env) for algo in MUJOCO_ALGOS for env in MUJOCO_ENV_IDS}
+)
+"""(algo, env) pairs run by this runner: those with an rl-zoo3 entry that a benchmark runs."""
+ZOO_ENTRIES = {"Hopper-v5": "Hopper-v4", "HalfCheetah-v5": "HalfCheetah-v4"}
+"""The zoo entry used for an env that has none of its own (rl-zoo3 2.9.2 tunes the -v4 MuJoCo envs only)."""
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 PYTHON_STRING_KEYS = ("policy_kwargs", "replay_buffer_kwargs")
 UNSUPPORTED_KEYS = ("env_wrapper", "vec_env_wrapper", "frame_stack", "callback", "monitor_kwargs")
 
 
 def load_zoo_hyperparams(algo: str, env_id: str) -> dict[str, Any]:
-    """The ``env_id`` entry of the installed rl-zoo3's ``hyperparams/{algo}.yml``."""
+    """The ``env_id`` entry (or ``ZOO_ENTRIES[env_id]``'s) of the installed rl-zoo3's ``hyperparams/{algo}.yml``."""
     with (resources.files("rl_zoo3") / "hyperparams" / f"{algo}.yml").open() as f:
-        return dict(yaml.safe_load(f)[env_id])
+        return dict(yaml.safe_load(f)[ZOO_ENTRIES.get(env_id, env_id)])
 
 
 @dataclass
@@ -160,6 +188,17 @@ def action_noise(noise_type: str, noise_std: float, action_space: spaces.Space) 
     raise ValueError(f"unknown rl-zoo3 noise_type {noise_type!r}")
 
 
+def greedy_returns(model: BaseAlgorithm, train_env: VecEnv, eval_env: VecEnv) -> list[float]:
+    """The returns of ``EVAL_EPISODES`` greedy episodes, one in each env of ``eval_env``.
+
+    The evaluation env first gets the training env's normalization statistics (``VecNormalize``), if any."""
+    sync_envs_normalization(train_env, eval_env)
+    returns, _ = evaluate_policy(
+        model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True
+    )
+    return [float(r) for r in returns]
+
+
 class TimeToSolveCallback(BaseCallback):
     """Greedy evaluation every 2,000 env steps on ``eval_env``; stops training when the tracker says so.
 
@@ -174,9 +213,8 @@ class TimeToSolveCallback(BaseCallback):
     def _on_step(self) -> bool:
         if not self.tracker.eval_due(self.num_timesteps):
             return True
-        sync_envs_normalization(self.training_env, self.eval_env)
-        mean_return, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
-        return not self.tracker.record(self.num_timesteps, float(mean_return))
+        mean_return = float(np.mean(greedy_returns(self.model, self.training_env, self.eval_env)))
+        return not self.tracker.record(self.num_timesteps, mean_return)
 
 
 def main() -> None:
@@ -195,22 +233,27 @@ def main() -> None:
     if config.noise is not None:
         model_kwargs["action_noise"] = action_noise(*config.noise, train_env.action_space)
     model = ALGOS[args.algo](env=train_env, seed=args.seed, device="cpu", verbose=0, **model_kwargs)
+    run = {
+        "framework": "sb3",
+        "version": library_versions("stable-baselines3")["stable-baselines3"],
+        "algo": args.algo,
+        "seed": args.seed,
+        "libraries": library_versions("rl-zoo3", "torch", "gymnasium", "numpy", "mujoco"),
+    }
+
+    if args.steps is not None:  # fixed budget, then one greedy evaluation
+        clock = Clock()
+        clock.start()
+        model.learn(total_timesteps=args.steps)
+        returns = greedy_returns(model, train_env, eval_env)
+        emit(final_return_result(clock, returns, env=args.env, steps=args.steps, env_steps=model.num_timesteps, **run))
+        return
+
     tracker = Tracker(args.env, args.time_limit, step_limit=config.n_timesteps)
     callback = TimeToSolveCallback(tracker, eval_env)
-
     tracker.start()
     model.learn(total_timesteps=config.n_timesteps, callback=callback)
-
-    emit(
-        tracker.result(
-            framework="sb3",
-            version=library_versions("stable-baselines3")["stable-baselines3"],
-            algo=args.algo,
-            seed=args.seed,
-            env_steps=model.num_timesteps,
-            libraries=library_versions("rl-zoo3", "torch", "gymnasium", "numpy"),
-        )
-    )
+    emit(tracker.result(env_steps=model.num_timesteps, **run))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Time-to-solve CartPole-v1 or Pendulum-v1 for one Tianshou 2.0.1 run, with the settings of Tianshou's own tests.
+"""Time-to-solve CartPole-v1 or Pendulum-v1 for one Tianshou 2.0.1 run, with the settings of Tianshou's own tests;
+or the final return after a fixed budget (``--steps``), also on Hopper-v5 and HalfCheetah-v5 with the settings
+of Tianshou's MuJoCo examples (``MUJOCO_BUILDERS``: see the end of this docstring).
 
 Hyperparameters: the ``get_args()`` defaults of Tianshou's test scripts for that algorithm on that env
 (thu-ml/tianshou, ``test/`` folder, Tianshou 2.0 API: ``tianshou.algorithm``, ``*TrainerParams``; these scripts
@@ -75,6 +77,14 @@ imitation-learning stage is not run. Training is driven by Tianshou's own traine
 then ``reset`` and ``execute_epoch``), with epochs sized so that the evaluations, run between epochs, fall on
 schedule (see ``epoch_num_steps``); epochs have no other effect on these algorithms. (PPO on Pendulum-v1
 collects 16 whole 200-step episodes, exactly 3,200 env steps, per epoch: it is evaluated every 3,200 steps.)
+
+Fixed budget (``--steps N``): the same builders (and ``MUJOCO_BUILDERS`` on Hopper-v5 and HalfCheetah-v5),
+training until the first epoch end at or past N env steps (prefill included), then one greedy evaluation of
+10 episodes as above. On the MuJoCo envs, the ``get_args()`` defaults of ``examples/mujoco/mujoco_sac.py`` and
+``mujoco_ppo.py`` (sac: 1 env, replay 1M, 10,000 random steps first, 1 update per step, batch 256, Adam 1e-3,
+fixed alpha 0.2, Net [256, 256]; ppo: 8 envs, 2,048-step collections, 10 repetitions, batch 64, Adam 3e-4
+decayed to 0 over N, Net [64, 64] tanh, observation normalisation), with a DummyVectorEnv instead of the
+examples' ShmemVectorEnv; where the values come from, and every one of them: benchmarks/mujoco_return.py.
 """
 
 from __future__ import annotations
@@ -84,6 +94,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -94,9 +105,12 @@ from common import (
     EVAL_EPISODES,
     EVAL_EVERY_STEPS,
     EVAL_SEED_OFFSET,
+    MUJOCO_ENV_IDS,
+    Clock,
     Tracker,
     arg_parser,
     emit,
+    final_return_result,
     library_versions,
     parse_run_args,
 )
@@ -105,14 +119,15 @@ from tianshou.algorithm.modelfree.ddpg import ContinuousDeterministicPolicy
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.algorithm.modelfree.sac import AutoAlpha, SACPolicy
-from tianshou.algorithm.optim import AdamOptimizerFactory
+from tianshou.algorithm.optim import AdamOptimizerFactory, LRSchedulerFactoryLinear
 from tianshou.data import Collector, CollectStats, VectorReplayBuffer
-from tianshou.env import DummyVectorEnv
+from tianshou.env import BaseVectorEnv, DummyVectorEnv, VectorEnvNormObs
 from tianshou.exploration import GaussianNoise
-from tianshou.trainer import OffPolicyTrainerParams, OnlineTrainerParams, OnPolicyTrainerParams
+from tianshou.trainer import OffPolicyTrainerParams, OnlineTrainerParams, OnPolicyTrainerParams, Trainer
 from tianshou.utils.net.common import ActorCritic, Net
 from tianshou.utils.net.continuous import ContinuousActorDeterministic, ContinuousActorProbabilistic, ContinuousCritic
 from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
+from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
 BUFFER_SIZE = 20_000
@@ -127,8 +142,12 @@ class Setup:
     trainer_params: OnlineTrainerParams
     step_limit: int
     prefill_steps: int = 0
-    """Env steps collected before the trainer starts (DQN's replay-buffer prefill); collected after the
-    clock starts and counted as training steps."""
+    """Env steps collected before the trainer starts (DQN's replay-buffer prefill, SAC's random warm-up on
+    MuJoCo); collected after the clock starts and counted as training steps."""
+    prefill_random: bool = False
+    """Prefill with uniformly random actions (the MuJoCo examples' ``start_timesteps``), else with the policy."""
+    normalized_envs: VectorEnvNormObs | None = None
+    """The training envs when they normalize observations: the evaluation envs then read their statistics."""
 
 
 def make_envs(num: int, seed: int, env_id: str = ENV_ID) -> DummyVectorEnv:
@@ -138,10 +157,10 @@ def make_envs(num: int, seed: int, env_id: str = ENV_ID) -> DummyVectorEnv:
 
 
 def training_collector(
-    algorithm: Algorithm, envs: DummyVectorEnv, *, exploration_noise: bool = False
+    algorithm: Algorithm, envs: BaseVectorEnv, *, exploration_noise: bool = False, buffer_size: int = BUFFER_SIZE
 ) -> Collector[CollectStats]:
     return Collector[CollectStats](
-        algorithm, envs, VectorReplayBuffer(BUFFER_SIZE, len(envs)), exploration_noise=exploration_noise
+        algorithm, envs, VectorReplayBuffer(buffer_size, len(envs)), exploration_noise=exploration_noise
     )
 
 
@@ -152,9 +171,9 @@ def env_spaces() -> tuple[tuple[int, ...], gym.spaces.Discrete]:
     return env.observation_space.shape, env.action_space
 
 
-def box_env_spaces() -> tuple[tuple[int, ...], gym.spaces.Box]:
-    """Pendulum's observation shape and action space, as the tests read them from a probe env."""
-    env = gym.make(CONTINUOUS_ENV_ID)
+def box_env_spaces(env_id: str = CONTINUOUS_ENV_ID) -> tuple[tuple[int, ...], gym.spaces.Box]:
+    """A Box-action env's (Pendulum's by default) observation shape and action space, read from a probe env."""
+    env = gym.make(env_id)
     assert env.observation_space.shape is not None and isinstance(env.action_space, gym.spaces.Box)
     return env.observation_space.shape, env.action_space
 
@@ -180,10 +199,12 @@ def on_policy_params(
     repetitions: int,
     env_steps: int | None = None,
     episodes: int | None = None,
+    epoch_steps: int | None = None,
 ) -> OnPolicyTrainerParams:
+    """``epoch_steps``: env steps per epoch, by default as :func:`epoch_num_steps` says."""
     return OnPolicyTrainerParams(
         training_collector=collector,
-        epoch_num_steps=epoch_num_steps(env_steps),
+        epoch_num_steps=epoch_steps or epoch_num_steps(env_steps),
         max_epochs=sys.maxsize,
         collection_step_num_env_steps=env_steps,
         collection_step_num_episodes=episodes,
@@ -194,16 +215,21 @@ def on_policy_params(
     )
 
 
+def orthogonal_init(module: torch.nn.Module, gain: float = 1.0) -> None:
+    """Orthogonal weights (with this gain) and zero biases for every linear layer of ``module``."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.orthogonal_(m.weight, gain=gain)
+            torch.nn.init.zeros_(m.bias)
+
+
 def build_ppo(seed: int) -> Setup:
     obs_shape, action_space = env_spaces()
     train_envs = make_envs(20, seed)
     net = Net(state_shape=obs_shape, hidden_sizes=[64, 64])
     actor = DiscreteActor(preprocess_net=net, action_shape=int(action_space.n))
     critic = DiscreteCritic(preprocess_net=net)
-    for m in ActorCritic(actor, critic).modules():
-        if isinstance(m, torch.nn.Linear):
-            torch.nn.init.orthogonal_(m.weight)
-            torch.nn.init.zeros_(m.bias)
+    orthogonal_init(ActorCritic(actor, critic))
     policy = ProbabilisticActorPolicy(
         actor=actor,
         dist_fn=torch.distributions.Categorical,
@@ -273,10 +299,7 @@ def build_pg(seed: int) -> Setup:
         deterministic_eval=True,
     )
     algorithm = Reinforce(policy=policy, optim=AdamOptimizerFactory(lr=1e-3), gamma=0.95, return_standardization=True)
-    for m in net.modules():
-        if isinstance(m, torch.nn.Linear):
-            torch.nn.init.orthogonal_(m.weight, gain=np.sqrt(2))
-            torch.nn.init.zeros_(m.bias)
+    orthogonal_init(net, gain=np.sqrt(2))
     collector = training_collector(algorithm, train_envs)
     params = on_policy_params(collector, batch_size=64, repetitions=2, episodes=8)
     return Setup(algorithm, collector, params, step_limit=10 * 40_000)
@@ -325,11 +348,17 @@ def build_dqn(seed: int) -> Setup:
 
 
 def off_policy_params(
-    collector: Collector[CollectStats], *, env_steps: int, updates_per_step: float, batch_size: int
+    collector: Collector[CollectStats],
+    *,
+    env_steps: int,
+    updates_per_step: float,
+    batch_size: int,
+    epoch_steps: int | None = None,
 ) -> OffPolicyTrainerParams:
+    """``epoch_steps``: env steps per epoch, by default as :func:`epoch_num_steps` says."""
     return OffPolicyTrainerParams(
         training_collector=collector,
-        epoch_num_steps=epoch_num_steps(env_steps),
+        epoch_num_steps=epoch_steps or epoch_num_steps(env_steps),
         max_epochs=sys.maxsize,
         collection_step_num_env_steps=env_steps,
         update_step_num_gradient_steps_per_sample=updates_per_step,
@@ -345,28 +374,39 @@ def q_critic(obs_shape: tuple[int, ...], action_space: gym.spaces.Box, hidden_si
     return ContinuousCritic(preprocess_net=net)
 
 
+def sac_algorithm(
+    actor: ContinuousActorProbabilistic,
+    obs_shape: tuple[int, ...],
+    action_space: gym.spaces.Box,
+    hidden_sizes: list[int],
+    alpha: float | AutoAlpha,
+    n_step: int,
+) -> SAC:
+    """SAC as the SAC test and the MuJoCo example share it: Adam 1e-3 for the actor and for each of the two
+    critics (on Net ``hidden_sizes``), tau 0.005, gamma 0.99; SACPolicy's greedy (mean) evaluation."""
+    return SAC(
+        policy=SACPolicy(actor=actor, action_space=action_space),  # deterministic_eval=True: the default
+        policy_optim=AdamOptimizerFactory(lr=1e-3),
+        critic=q_critic(obs_shape, action_space, hidden_sizes),
+        critic_optim=AdamOptimizerFactory(lr=1e-3),
+        critic2=q_critic(obs_shape, action_space, hidden_sizes),
+        critic2_optim=AdamOptimizerFactory(lr=1e-3),
+        tau=0.005,
+        gamma=0.99,
+        alpha=alpha,
+        n_step_return_horizon=n_step,
+    )
+
+
 def build_sac_pendulum(seed: int) -> Setup:
     obs_shape, action_space = box_env_spaces()
     train_envs = make_envs(10, seed, CONTINUOUS_ENV_ID)
     net = Net(state_shape=obs_shape, hidden_sizes=[128, 128])
     actor = ContinuousActorProbabilistic(preprocess_net=net, action_shape=action_space.shape, unbounded=True)
-    critic1 = q_critic(obs_shape, action_space, [128, 128])
-    critic2 = q_critic(obs_shape, action_space, [128, 128])
     alpha = AutoAlpha(
         target_entropy=-float(np.prod(action_space.shape)), log_alpha=0.0, optim=AdamOptimizerFactory(lr=3e-4)
     )
-    algorithm = SAC(
-        policy=SACPolicy(actor=actor, action_space=action_space),  # deterministic_eval=True: the default
-        policy_optim=AdamOptimizerFactory(lr=1e-3),
-        critic=critic1,
-        critic_optim=AdamOptimizerFactory(lr=1e-3),
-        critic2=critic2,
-        critic2_optim=AdamOptimizerFactory(lr=1e-3),
-        tau=0.005,
-        gamma=0.99,
-        alpha=alpha,
-        n_step_return_horizon=3,
-    )
+    algorithm = sac_algorithm(actor, obs_shape, action_space, [128, 128], alpha, n_step=3)
     collector = training_collector(algorithm, train_envs, exploration_noise=True)
     params = off_policy_params(collector, env_steps=10, updates_per_step=0.1, batch_size=128)
     return Setup(algorithm, collector, params, step_limit=10 * 24_000)
@@ -435,10 +475,7 @@ def build_ppo_pendulum(seed: int) -> Setup:
     net = Net(state_shape=obs_shape, hidden_sizes=[64, 64])
     actor = ContinuousActorProbabilistic(preprocess_net=net, action_shape=action_space.shape, unbounded=True)
     critic = ContinuousCritic(preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64]))
-    for m in ActorCritic(actor, critic).modules():
-        if isinstance(m, torch.nn.Linear):
-            torch.nn.init.orthogonal_(m.weight)
-            torch.nn.init.zeros_(m.bias)
+    orthogonal_init(ActorCritic(actor, critic))
     policy = ProbabilisticActorPolicy(
         actor=actor, dist_fn=independent_normal, action_space=action_space, deterministic_eval=True
     )
@@ -463,6 +500,85 @@ def build_ppo_pendulum(seed: int) -> Setup:
     return Setup(algorithm, collector, params, step_limit=5 * 150_000)
 
 
+MUJOCO_START_TIMESTEPS = 10_000
+"""mujoco_sac.py's ``start_timesteps``: uniformly random env steps before learning (within the budget here)."""
+PPO_MUJOCO_COLLECTION_STEPS = 2048
+MUJOCO_PPO_SETTINGS = {
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "max_grad_norm": 0.5,
+    "vf_coef": 0.25,
+    "ent_coef": 0.0,
+    "return_scaling": True,
+    "eps_clip": 0.2,
+    "value_clip": False,
+    "dual_clip": None,
+    "advantage_normalization": False,
+    "recompute_advantage": True,
+}
+"""mujoco_ppo.py's PPO arguments (its ``get_args()`` defaults)."""
+
+
+def build_sac_mujoco(env_id: str, seed: int, steps: int) -> Setup:
+    """examples/mujoco/mujoco_sac.py's defaults, on ``steps`` env steps (random warm-up included)."""
+    obs_shape, action_space = box_env_spaces(env_id)
+    train_envs = make_envs(1, seed, env_id)
+    net = Net(state_shape=obs_shape, hidden_sizes=[256, 256])
+    actor = ContinuousActorProbabilistic(
+        preprocess_net=net, action_shape=action_space.shape, unbounded=True, conditioned_sigma=True
+    )
+    algorithm = sac_algorithm(actor, obs_shape, action_space, [256, 256], alpha=0.2, n_step=1)
+    collector = training_collector(algorithm, train_envs, exploration_noise=True, buffer_size=1_000_000)
+    prefill = min(MUJOCO_START_TIMESTEPS, steps)
+    # epochs of at most 2,000 steps, the last one ending exactly on the budget
+    epoch_steps = math.gcd(2_000, steps - prefill)
+    params = off_policy_params(collector, env_steps=1, updates_per_step=1, batch_size=256, epoch_steps=epoch_steps)
+    return Setup(algorithm, collector, params, step_limit=steps, prefill_steps=prefill, prefill_random=True)
+
+
+def build_ppo_mujoco(env_id: str, seed: int, steps: int) -> Setup:
+    """examples/mujoco/mujoco_ppo.py's defaults, the learning rate decaying to 0 over ``steps`` env steps."""
+    obs_shape, action_space = box_env_spaces(env_id)
+    train_envs = VectorEnvNormObs(make_envs(8, seed, env_id))
+    actor = ContinuousActorProbabilistic(
+        preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64], activation=nn.Tanh),
+        action_shape=action_space.shape,
+        unbounded=True,
+    )
+    critic = ContinuousCritic(preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64], activation=nn.Tanh))
+    torch.nn.init.constant_(actor.sigma_param, -0.5)
+    orthogonal_init(ActorCritic(actor, critic), gain=np.sqrt(2))
+    # the example's last policy layer scaling: initial actions close to 0 mean
+    for m in actor.mu.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.zeros_(m.bias)
+            m.weight.data.copy_(0.01 * m.weight.data)
+    optim = AdamOptimizerFactory(lr=3e-4)
+    optim.with_lr_scheduler_factory(
+        LRSchedulerFactoryLinear(
+            max_epochs=1, epoch_num_steps=steps, collection_step_num_env_steps=PPO_MUJOCO_COLLECTION_STEPS
+        )
+    )
+    policy = ProbabilisticActorPolicy(
+        actor=actor,
+        dist_fn=independent_normal,
+        action_scaling=True,
+        action_bound_method="clip",
+        action_space=action_space,
+        deterministic_eval=True,
+    )
+    algorithm = PPO(policy=policy, critic=critic, optim=optim, **MUJOCO_PPO_SETTINGS)
+    collector = training_collector(algorithm, train_envs, exploration_noise=True, buffer_size=4096)
+    params = on_policy_params(
+        collector,
+        batch_size=64,
+        repetitions=10,
+        env_steps=PPO_MUJOCO_COLLECTION_STEPS,
+        epoch_steps=PPO_MUJOCO_COLLECTION_STEPS,
+    )
+    return Setup(algorithm, collector, params, step_limit=steps, normalized_envs=train_envs)
+
+
 BUILDERS: dict[tuple[str, str], Callable[[int], Setup]] = {
     ("ppo", ENV_ID): build_ppo,
     ("a2c", ENV_ID): build_a2c,
@@ -474,45 +590,73 @@ BUILDERS: dict[tuple[str, str], Callable[[int], Setup]] = {
     ("ppo", CONTINUOUS_ENV_ID): build_ppo_pendulum,
 }
 """One builder per (algo, env): the settings of Tianshou's test of that algorithm on that env."""
+MUJOCO_BUILDERS: dict[tuple[str, str], Callable[[int, int], Setup]] = {
+    **{("sac", env): partial(build_sac_mujoco, env) for env in MUJOCO_ENV_IDS},
+    **{("ppo", env): partial(build_ppo_mujoco, env) for env in MUJOCO_ENV_IDS},
+}
+"""One builder per (algo, MuJoCo env), called with the seed and the budget (``--steps``): the settings of
+Tianshou's MuJoCo example of that algorithm."""
+
+
+def start_training(setup: Setup, trainer: Trainer) -> int:
+    """Prefill (if any), then reset the trainer; return the env steps taken so far."""
+    if setup.prefill_steps:
+        setup.training_collector.reset()
+        setup.training_collector.collect(n_step=setup.prefill_steps, random=setup.prefill_random)
+    trainer.reset()  # resets the collectors' envs and counters, not the buffer (as run_training does)
+    return setup.prefill_steps
+
+
+def train_epoch(setup: Setup, trainer: Trainer) -> int:
+    """Run one trainer epoch; return the env steps taken so far (prefill included)."""
+    return setup.prefill_steps + trainer.execute_epoch().info_stat.train_step
 
 
 def main() -> None:
-    algos = sorted({algo for algo, _ in BUILDERS})
-    args = parse_run_args(arg_parser("tianshou", algos), BUILDERS.keys())
+    algos = sorted({algo for algo, _ in [*BUILDERS, *MUJOCO_BUILDERS]})
+    args = parse_run_args(arg_parser("tianshou", algos), BUILDERS.keys() | MUJOCO_BUILDERS.keys())
     torch.set_num_threads(1)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    setup = BUILDERS[(args.algo, args.env)](args.seed)
+    key = (args.algo, args.env)
+    setup = MUJOCO_BUILDERS[key](args.seed, args.steps) if key in MUJOCO_BUILDERS else BUILDERS[key](args.seed)
     # one env per evaluation episode: the collector runs one episode in each
-    eval_envs = make_envs(EVAL_EPISODES, args.seed + EVAL_SEED_OFFSET, args.env)
+    eval_envs: BaseVectorEnv = make_envs(EVAL_EPISODES, args.seed + EVAL_SEED_OFFSET, args.env)
+    if setup.normalized_envs is not None:  # the training envs' observation statistics, read-only
+        eval_envs = VectorEnvNormObs(eval_envs, update_obs_rms=False)
+        eval_envs.set_obs_rms(setup.normalized_envs.get_obs_rms())
     eval_collector = Collector[CollectStats](setup.algorithm, eval_envs)
     trainer = setup.algorithm.create_trainer(setup.trainer_params)
-    tracker = Tracker(args.env, args.time_limit, step_limit=setup.step_limit)
+    run = {
+        "framework": "tianshou",
+        "version": library_versions("tianshou")["tianshou"],
+        "algo": args.algo,
+        "seed": args.seed,
+        "libraries": library_versions("torch", "gymnasium", "numpy", "mujoco"),
+    }
 
+    if args.steps is not None:  # fixed budget, then one greedy evaluation
+        clock = Clock()
+        clock.start()
+        env_steps = start_training(setup, trainer)
+        while env_steps < args.steps:
+            env_steps = train_epoch(setup, trainer)
+        stats = eval_collector.collect(n_episode=EVAL_EPISODES, reset_before_collect=True)
+        emit(final_return_result(clock, stats.returns, env=args.env, steps=args.steps, env_steps=env_steps, **run))
+        return
+
+    tracker = Tracker(args.env, args.time_limit, step_limit=setup.step_limit)
     tracker.start()
-    if setup.prefill_steps:
-        setup.training_collector.reset()
-        setup.training_collector.collect(n_step=setup.prefill_steps)
-    trainer.reset()  # resets the collectors' envs and counters, not the buffer (as run_training does)
+    start_training(setup, trainer)
     while True:
-        env_steps = setup.prefill_steps + trainer.execute_epoch().info_stat.train_step
+        env_steps = train_epoch(setup, trainer)
         if not tracker.eval_due(env_steps):
             continue
         stats = eval_collector.collect(n_episode=EVAL_EPISODES, reset_before_collect=True)
         assert stats.returns_stat is not None
         if tracker.record(env_steps, stats.returns_stat.mean):
             break
-
-    emit(
-        tracker.result(
-            framework="tianshou",
-            version=library_versions("tianshou")["tianshou"],
-            algo=args.algo,
-            seed=args.seed,
-            env_steps=env_steps,
-            libraries=library_versions("torch", "gymnasium", "numpy"),
-        )
-    )
+    emit(tracker.result(env_steps=env_steps, **run))
 
 
 if __name__ == "__main__":
