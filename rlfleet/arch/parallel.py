@@ -1,5 +1,6 @@
-"""What every multi-process runner shares: the global step and episode counters, their checkpointing,
-the option checks, and how worker trouble is reported.
+"""What every multi-process runner shares: the `WorkerSpec` its workers are built from, the global step
+and episode counters and their checkpointing, the option checks, how worker trouble is reported, and the
+monitor step (`after_update` plus the policy lag) of its coordinator loop.
 
 A runner keeps its counters in the coordinator process (`counter` is a shared integer so that workers
 can read the global step count for their schedules and stop at the budget). Its checkpoint adds one
@@ -125,8 +126,15 @@ class ParallelRunner(RunBase):
             self._report(f"{crash.describe()}\nrestarting it {how}")
             logger.log(self.env_steps, {"charts/worker_restarts": pool.restarts})
 
-    def monitor_step(self, logger, start: float, new_returns: list[float], metrics: dict[str, float],
-                     stop_requested: bool, updates: int) -> str | None:  # fmt: skip
+    def monitor_step(
+        self,
+        logger,
+        start: float,
+        new_returns: list[float],
+        metrics: dict[str, float],
+        stop_requested: bool,
+        updates: int,
+    ) -> str | None:
         """`after_update` (logging, evaluation, checkpoints, stop conditions) plus the policy lag, logged with
         every log row; returns the reason to stop, if any."""
         next_log = self.state["next_log"]
