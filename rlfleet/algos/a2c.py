@@ -38,13 +38,13 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
-from rlfleet.envs.normalize import ObsNormOptions
+from rlfleet.envs.normalize import NormOptions
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
-class Config(ObsNormOptions):
+class Config(NormOptions):
     """A2C hyperparameters; the defaults solve CartPole-v1 (presets: atari, paper, continuous, lstm)."""
 
     n_envs: int = 8

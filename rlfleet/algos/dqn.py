@@ -41,13 +41,13 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
-from rlfleet.envs.normalize import ObsNormOptions
+from rlfleet.envs.normalize import NormOptions
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
-class Config(ObsNormOptions):
+class Config(NormOptions):
     """DQN hyperparameters; the defaults (double + dueling + prioritized, 3-step) solve CartPole-v1."""
 
     n_envs: int = 4

@@ -38,14 +38,14 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
-from rlfleet.envs.normalize import ObsNormOptions
+from rlfleet.envs.normalize import NormOptions
 from rlfleet.nets.models import QNetwork
 
 TARGETS = ("onestep_q", "sarsa", "nstep_q")
 
 
 @dataclass
-class Config(ObsNormOptions):
+class Config(NormOptions):
     """Hyperparameters of the A3C paper's value-based methods; the defaults solve CartPole-v1."""
 
     target: str = "nstep_q"

@@ -29,12 +29,12 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
-from rlfleet.envs.normalize import ObsNormOptions
+from rlfleet.envs.normalize import NormOptions
 from rlfleet.nets.models import ActorCritic
 
 
 @dataclass
-class Config(ObsNormOptions):
+class Config(NormOptions):
     """REINFORCE hyperparameters; the defaults solve CartPole-v1."""
 
     n_envs: int = 8

@@ -35,13 +35,13 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
-from rlfleet.envs.normalize import ObsNormOptions
+from rlfleet.envs.normalize import NormOptions
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
-class Config(ObsNormOptions):
+class Config(NormOptions):
     """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous, mujoco)."""
 
     n_envs: int = 8
@@ -102,9 +102,11 @@ PRESETS = {
         ent_coef=0.01,
         total_steps=10_000_000,
     ),
-    # low-dimensional continuous control (Box actions; solves Pendulum-v1 in ~50k steps): long segments,
-    # γ = 0.9, a state-independent log σ
+    # low-dimensional continuous control (Box actions): long segments, γ = 0.9, a state-independent log σ,
+    # rewards scaled by the running std of the discounted return (Pendulum-v1 solved in a median 22.5k
+    # steps over 5 seeds; 59k without the reward scaling)
     "continuous": dict(
+        reward_norm=True,
         n_envs=8,
         rollout_len=256,
         gamma=0.9,
@@ -118,9 +120,11 @@ PRESETS = {
     # MuJoCo locomotion and balance (picked automatically for MuJoCo envs): the settings of rl-zoo3 and
     # CleanRL's ppo_continuous_action — one env, 2,048-step segments, 10 epochs of 64-sample minibatches,
     # Adam 3e-4 annealed to 0, γ = 0.99, λ = 0.95, a state-independent log σ starting at σ = 1 (in units of
-    # half the action range), and observations normalised by running statistics
+    # half the action range), observations normalised by running statistics and rewards scaled by the
+    # running std of the discounted return (CleanRL's NormalizeObservation and NormalizeReward wrappers)
     "mujoco": dict(
         obs_norm=True,
+        reward_norm=True,
         n_envs=1,
         rollout_len=2048,
         gamma=0.99,

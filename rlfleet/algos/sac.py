@@ -39,12 +39,12 @@ from rlfleet.algos.common import (
 )
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
-from rlfleet.envs.normalize import ObsNormOptions
+from rlfleet.envs.normalize import NormOptions
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
 
 
 @dataclass
-class Config(ObsNormOptions):
+class Config(NormOptions):
     """SAC hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
     n_envs: int = 1

@@ -58,11 +58,12 @@ class ParallelRunner(RunBase):
             )
         if cfg.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
-        if self.obs_stats is not None:
-            raise ConfigError(
-                f"obs_norm runs on the single architecture only (each {self.arch} worker steps its own envs); "
-                "use --arch single or --set obs_norm=false"
-            )
+        for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
+            if state is not None:
+                raise ConfigError(
+                    f"{option} runs on the single architecture only (each {self.arch} worker steps its own "
+                    f"envs); use --arch single or --set {option}=false"
+                )
         if uses_optimizer and cfg.optimizer not in HOGWILD_OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
 

@@ -1,4 +1,4 @@
-"""Observation normalisation: running mean/variance of training observations and a vector-env wrapper using them.
+"""Observation and reward normalisation from running statistics of the training envs, as vector-env wrappers.
 
 `RunningMeanStd` keeps the count, mean and variance of every observation seen, merging each `[N, ...]`
 batch from N envs at once with the parallel form of Welford's update (Chan, Golub & LeVeque 1979).
@@ -8,11 +8,19 @@ observations of finished episodes, from which truncated episodes bootstrap). A t
 updates the statistics before normalising; an evaluation env's wrapper shares the same statistics
 object with `update_stats=False`, so evaluation never changes them and sees them frozen as they were.
 
-Every algorithm's `Config` inherits `ObsNormOptions` (`--set obs_norm=true`, or a preset); the run
-(`rlfleet.run.train`) builds the statistics, wraps its training and evaluation envs, and keeps the
-statistics in its checkpoints, from which `--resume` restores them. An agent loaded from a checkpoint
-(`rlfleet eval`, `rlfleet.run.evaluate.load_agent`) acts on raw observations through `ObsNormalizedAgent`,
-which normalises them with the checkpoint's frozen statistics exactly as the run's evaluation envs did.
+`NormalizeReward` divides each training reward by the running standard deviation of the discounted
+return `R_t = γ R_{t-1} + r_t` (one `R` per env, restarted when its episode ends), clipped to
+`±reward_clip`, as PPO implementations do on MuJoCo (OpenAI baselines' VecNormalize, CleanRL, SB3): the
+value targets then have about unit scale whatever the env's reward units. Only the learner sees scaled
+rewards: episode returns are recorded inside each env (`RecordEpisodeStatistics`) and evaluation envs
+are not wrapped.
+
+Every algorithm's `Config` inherits `NormOptions` (`--set obs_norm=true`, `--set reward_norm=true`, or a
+preset); the run (`rlfleet.run.train`) builds the statistics, wraps its training (and, for observations,
+evaluation) envs, and keeps the statistics in its checkpoints, from which `--resume` restores them. An
+agent loaded from a checkpoint (`rlfleet eval`, `rlfleet.run.evaluate.load_agent`) acts on raw observations
+through `ObsNormalizedAgent`, which normalises them with the checkpoint's frozen statistics exactly as the
+run's evaluation envs did.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 
 
 @dataclass
-class ObsNormOptions:
+class NormOptions:
     """Config fields every algorithm's `Config` inherits; the run, not the algorithm, acts on them."""
 
     obs_norm: bool = False
@@ -35,6 +43,11 @@ class ObsNormOptions:
     single architecture; see `rlfleet.envs.normalize`)."""
     obs_clip: float = 10.0
     """With `obs_norm`: normalised observations are clipped to ± this."""
+    reward_norm: bool = False
+    """Divide training rewards by the running standard deviation of the discounted return (with the
+    algorithm's γ); evaluation and logged episode returns stay raw (single architecture)."""
+    reward_clip: float = 10.0
+    """With `reward_norm`: scaled rewards are clipped to ± this."""
 
 
 class RunningMeanStd:
@@ -43,9 +56,9 @@ class RunningMeanStd:
     With no data the statistics are mean 0, variance 1: normalising is then the identity (up to clipping).
     """
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8, name: str = "obs_clip"):
         if clip <= 0:
-            raise ValueError(f"obs_clip must be positive, got {clip}")
+            raise ValueError(f"{name} must be positive, got {clip}")
         self.shape = tuple(shape)
         self.clip = float(clip)
         self.eps = float(eps)
@@ -74,6 +87,11 @@ class RunningMeanStd:
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         """`clip((obs - mean) / sqrt(var + eps), -clip, clip)` as float32."""
         out = (np.asarray(obs, dtype=np.float64) - self.mean) / np.sqrt(self.var + self.eps)
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+    def scale(self, x: np.ndarray) -> np.ndarray:
+        """`clip(x / sqrt(var + eps), -clip, clip)` as float32: scaled by the spread, not centred."""
+        out = np.asarray(x, dtype=np.float64) / np.sqrt(self.var + self.eps)
         return np.clip(out, -self.clip, self.clip).astype(np.float32)
 
     def state_dict(self) -> dict[str, Any]:
@@ -140,6 +158,60 @@ class NormalizeObservation(VectorWrapper):
 def normalize_observations(envs: VectorEnv, stats: RunningMeanStd | None, update_stats: bool) -> VectorEnv:
     """`envs` wrapped in `NormalizeObservation` with `stats`, or `envs` itself when `stats` is None."""
     return envs if stats is None else NormalizeObservation(envs, stats, update_stats)
+
+
+class RewardNormalizer:
+    """The state of reward normalisation: statistics of the discounted returns and each env's return so far."""
+
+    def __init__(self, n_envs: int, gamma: float, clip: float = 10.0):
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"reward_norm needs a discount factor in [0, 1], got gamma={gamma}")
+        self.gamma = float(gamma)
+        self.stats = RunningMeanStd((), clip=clip, name="reward_clip")
+        self.returns = np.zeros(n_envs, dtype=np.float64)
+
+    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """The scaled rewards of one vector step; `done` (terminated or truncated) restarts those returns."""
+        self.returns = self.returns * self.gamma + np.asarray(rewards, dtype=np.float64)
+        self.stats.update(self.returns)
+        scaled = self.stats.scale(rewards)
+        self.returns[np.asarray(done, dtype=bool)] = 0.0
+        return scaled
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.stats.state_dict(), "returns": self.returns.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        returns = np.asarray(state["returns"], dtype=np.float64)
+        if returns.shape != self.returns.shape:
+            raise ValueError(f"reward statistics of {len(returns)} envs do not fit a run of {len(self.returns)}")
+        self.stats.load_state_dict(state)
+        self.returns = returns.copy()
+
+
+class NormalizeReward(VectorWrapper):
+    """A training vector env whose rewards are scaled by a `RewardNormalizer` (which the step updates)."""
+
+    def __init__(self, env: VectorEnv, normalizer: RewardNormalizer):
+        super().__init__(env)
+        if len(normalizer.returns) != env.num_envs:
+            raise ValueError(f"a reward normalizer for {len(normalizer.returns)} envs on {env.num_envs} envs")
+        self.normalizer = normalizer
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, info = self.env.step(actions)
+        rewards = self.normalizer(rewards, np.logical_or(terminations, truncations))
+        return obs, rewards, terminations, truncations, info
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self.env, name)
+
+
+def normalize_rewards(envs: VectorEnv, normalizer: RewardNormalizer | None) -> VectorEnv:
+    """`envs` wrapped in `NormalizeReward`, or `envs` itself when `normalizer` is None."""
+    return envs if normalizer is None else NormalizeReward(envs, normalizer)
 
 
 class ObsNormalizedAgent:

@@ -24,7 +24,13 @@ from rlfleet.algos import resolve
 from rlfleet.algos.common import UnsupportedSpaceError
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import env_spec_info, make_vector_env
-from rlfleet.envs.normalize import RunningMeanStd, check_normalizable, normalize_observations
+from rlfleet.envs.normalize import (
+    RewardNormalizer,
+    RunningMeanStd,
+    check_normalizable,
+    normalize_observations,
+    normalize_rewards,
+)
 from rlfleet.run import env_state
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rlfleet.run.collector import Collector
@@ -137,6 +143,7 @@ class RunBase(abc.ABC):
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
         self.obs_stats = self.make_obs_stats()
+        self.reward_norm = self.make_reward_norm()
         self.check_config()
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
@@ -176,6 +183,16 @@ class RunBase(abc.ABC):
             return None
         try:
             return RunningMeanStd(check_normalizable(self.env_info["observation_space"]), self.algo_cfg.obs_clip)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def make_reward_norm(self) -> RewardNormalizer | None:
+        """The reward normalisation state of a run with `reward_norm` (None without): the training envs'
+        wrapper updates it, checkpoints keep it."""
+        if not getattr(self.algo_cfg, "reward_norm", False):
+            return None
+        try:
+            return RewardNormalizer(self.algo_cfg.n_envs, self.algo_cfg.gamma, self.algo_cfg.reward_clip)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -228,6 +245,7 @@ class RunBase(abc.ABC):
             "env_steps": self.env_steps,
             "state": dict(self.state),
             **({"obs_norm": self.obs_stats.state_dict()} if self.obs_stats is not None else {}),
+            **({"reward_norm": self.reward_norm.state_dict()} if self.reward_norm is not None else {}),
         }
 
     def save(self, name: str = "latest") -> Path:
@@ -363,7 +381,8 @@ class Trainer(RunBase):
         n_envs = self.algo_cfg.n_envs
         with workers_ignore_sigint():
             envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
-            self.envs = normalize_observations(envs, self.obs_stats, update_stats=True)
+            envs = normalize_observations(envs, self.obs_stats, update_stats=True)
+            self.envs = normalize_rewards(envs, self.reward_norm)
             self.eval_envs = self.make_eval_envs()
         self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
         self.buffer = None
@@ -406,6 +425,8 @@ class Trainer(RunBase):
         self.algo.load_state_dict(payload["algo"])
         if self.obs_stats is not None:
             self.obs_stats.load_state_dict(payload["obs_norm"])
+        if self.reward_norm is not None:
+            self.reward_norm.load_state_dict(payload["reward_norm"])
         self.state.update(payload["state"])
         c = self.collector
         c.env_steps = int(payload["env_steps"])

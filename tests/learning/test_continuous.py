@@ -5,9 +5,10 @@ import pytest
 
 from rlfleet import train
 
-# (algorithm, preset) -> step budget; seed 0 needs ~50k (ppo) and ~60k (a2c); over 10 seeds a2c needed
-# 60k-250k, so its budget is the preset's whole run (the learning rate anneals over it)
-BUDGETS = {("ppo", "continuous"): 150_000, ("a2c", "continuous"): 300_000}
+# (algorithm, preset) -> step budget. PPO: 18k-25k steps over 5 seeds (seed 0 passes at the 30k evaluation;
+# without the preset's reward scaling it is still at -1,070 after 50k). A2C: seed 0 needs ~60k, 60k-250k
+# over 10 seeds, so its budget is the preset's whole run (the learning rate anneals over it)
+BUDGETS = {("ppo", "continuous"): 50_000, ("a2c", "continuous"): 300_000}
 PENDULUM_SOLVED = -250.0
 
 

@@ -65,8 +65,9 @@ def test_checkpoint_restores_evaluation_exactly(run_opts: dict, capsys):
     assert not np.array_equal(with_stats, without)
 
 
-def test_obs_norm_is_rejected_where_it_cannot_run(run_opts: dict):
-    with pytest.raises(ConfigError, match="single architecture"):
-        train("a2c", "CartPole-v1", arch="hogwild", serial=True, steps=100, overrides={"obs_norm": "true"}, **run_opts)
-    with pytest.raises(ConfigError, match="obs_clip must be positive"):
-        train("ppo", "CartPole-v1", steps=100, overrides={"obs_norm": "true", "obs_clip": "0"}, **run_opts)
+@pytest.mark.parametrize(("option", "clip"), [("obs_norm", "obs_clip"), ("reward_norm", "reward_clip")])
+def test_normalisation_is_rejected_where_it_cannot_run(option: str, clip: str, run_opts: dict):
+    with pytest.raises(ConfigError, match=f"{option} runs on the single architecture"):
+        train("a2c", "CartPole-v1", arch="hogwild", serial=True, steps=100, overrides={option: "true"}, **run_opts)
+    with pytest.raises(ConfigError, match=f"{clip} must be positive"):
+        train("ppo", "CartPole-v1", steps=100, overrides={option: "true", clip: "0"}, **run_opts)

@@ -14,11 +14,12 @@ from rlfleet import train
 from rlfleet.run.checkpoint import load_checkpoint
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
-# the same runs with observation normalisation: its running statistics must resume exactly too
+# the same runs with observation and reward normalisation: their running statistics must resume exactly too
 # and recurrent DQN: its collector's LSTM state and the buffer's stored states must resume exactly
 RECURRENT_DQN = {"lstm": 8, "hidden": "32", "batch_size": 8, "burn_in": 2, "train_len": 4, "gradient_steps": 4}
-CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", {"obs_norm": "true"}), ("dqn", RECURRENT_DQN)]
-CASE_IDS = [f"{algo}{''.join(f'-{k}' for k in overrides if k in ('obs_norm', 'lstm'))}" for algo, overrides in CASES]
+NORMALISED = {"obs_norm": "true", "reward_norm": "true"}
+CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", NORMALISED), ("dqn", RECURRENT_DQN)]
+CASE_IDS = [f"{algo}{''.join(f'-{k}' for k in overrides if k in (*NORMALISED, 'lstm'))}" for algo, overrides in CASES]
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -94,3 +95,7 @@ def test_stop_and_resume_equals_uninterrupted(algo: str, overrides: dict, run_op
         )
         assert whole_stats["count"] == whole["env_steps"] + 8  # every observation acted on, the first resets too
         assert differences(whole_stats, resumed_stats) == []
+    if overrides.get("reward_norm"):
+        whole_rewards = load_checkpoint(whole.run_dir)["reward_norm"]
+        assert whole_rewards["count"] == whole["env_steps"]  # one discounted return per env step
+        assert differences(whole_rewards, load_checkpoint(resumed.run_dir)["reward_norm"]) == []

@@ -1,4 +1,5 @@
-"""Observation normalisation: running statistics against NumPy, the vector-env wrapper, the config option."""
+"""Observation and reward normalisation: running statistics against NumPy and reference loops, the vector-env
+wrappers."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import numpy as np
 import pytest
 
 from rlfleet.envs import make_vector_env
-from rlfleet.envs.normalize import NormalizeObservation, RunningMeanStd, check_normalizable
+from rlfleet.envs.make import finished_episodes
+from rlfleet.envs.normalize import (
+    NormalizeObservation,
+    NormalizeReward,
+    RewardNormalizer,
+    RunningMeanStd,
+    check_normalizable,
+)
 from rlfleet.run.checkpoint import from_safe, to_safe
 
 
@@ -102,3 +110,80 @@ def test_training_wrapper_updates_evaluation_wrapper_reads_and_final_obs_are_nor
     assert train_envs.single_observation_space.shape == (4,)
     for envs in (raw, train_envs, eval_envs):
         envs.close()
+
+
+def reference_reward_scaling(rewards: np.ndarray, dones: np.ndarray, gamma: float, clip: float) -> np.ndarray:
+    """The scaled rewards by a plain loop: each reward over the population std of every discounted return so far
+    (this step's included), returns restarted after an episode's last step."""
+    steps, n_envs = rewards.shape
+    running, seen, out = np.zeros(n_envs), [], np.zeros_like(rewards, dtype=np.float64)
+    for t in range(steps):
+        for i in range(n_envs):
+            running[i] = gamma * running[i] + rewards[t, i]
+        seen.extend(running)
+        out[t] = np.clip(rewards[t] / np.sqrt(np.var(seen) + 1e-8), -clip, clip)
+        running[dones[t]] = 0.0
+    return out
+
+
+def test_reward_scaling_matches_a_reference_loop_with_episode_ends_and_clipping():
+    rng = np.random.default_rng(4)
+    rewards = rng.normal(-2.0, 3.0, size=(200, 3))
+    rewards[150, 1] = 400.0  # an outlier far beyond clip * std: clipped
+    dones = rng.random((200, 3)) < 0.05
+    normalizer = RewardNormalizer(3, gamma=0.9, clip=5.0)
+    scaled = np.stack([normalizer(rewards[t], dones[t]) for t in range(len(rewards))])
+    expected = reference_reward_scaling(rewards, dones, 0.9, 5.0)
+    np.testing.assert_allclose(scaled, expected, rtol=1e-5, atol=1e-6)
+    assert scaled[150, 1] == pytest.approx(5.0)
+    assert normalizer.stats.count == rewards.size
+    # returns of envs whose episode just ended start again from 0; the others carry on
+    np.testing.assert_array_equal(normalizer.returns[dones[-1]], 0.0)
+
+
+def test_reward_normalizer_state_round_trip_and_bad_settings():
+    normalizer = RewardNormalizer(2, gamma=0.99)
+    for r in np.random.default_rng(5).normal(size=(30, 2)):
+        normalizer(r, np.array([False, False]))
+    restored = RewardNormalizer(2, gamma=0.99)
+    restored.load_state_dict(from_safe(to_safe(normalizer.state_dict())))
+    np.testing.assert_array_equal(restored.returns, normalizer.returns)
+    assert restored.stats.count == normalizer.stats.count and restored.stats.var == normalizer.stats.var
+    nxt = np.array([0.3, -1.0])
+    np.testing.assert_array_equal(restored(nxt, np.zeros(2, bool)), normalizer(nxt, np.zeros(2, bool)))
+    with pytest.raises(ValueError, match="do not fit"):
+        RewardNormalizer(3, gamma=0.99).load_state_dict(normalizer.state_dict())
+    with pytest.raises(ValueError, match="gamma"):
+        RewardNormalizer(2, gamma=1.5)
+    with pytest.raises(ValueError, match="reward_clip must be positive"):
+        RewardNormalizer(2, gamma=0.9, clip=0.0)
+
+
+def test_reward_wrapper_scales_training_rewards_and_leaves_episode_returns_raw():
+    raw = make_vector_env("Pendulum-v1", 2, seed=0, mode="sync")
+    normalizer = RewardNormalizer(2, gamma=0.9)
+    envs = NormalizeReward(make_vector_env("Pendulum-v1", 2, seed=0, mode="sync"), normalizer)
+    raw.reset(seed=0)
+    envs.reset(seed=0)
+    actions = np.random.default_rng(6).uniform(-2, 2, size=(450, 2, 1)).astype(np.float32)
+    raw_rewards, dones, scaled, episodes = [], [], [], []
+    for a in actions:
+        _, r, term, trunc, _ = raw.step(a)
+        _, s, term2, trunc2, info = envs.step(a)
+        np.testing.assert_array_equal(term | trunc, term2 | trunc2)
+        raw_rewards.append(r)
+        dones.append(term | trunc)
+        scaled.append(s)
+        episodes += finished_episodes(info)
+    expected = reference_reward_scaling(np.array(raw_rewards), np.array(dones), 0.9, 10.0)
+    np.testing.assert_allclose(np.array(scaled), expected, rtol=1e-5, atol=1e-6)
+    # Pendulum episodes end by truncation at 200 steps: two per env, their recorded returns the raw sums
+    assert len(episodes) == 4
+    assert all(length == 200 for _, _, length in episodes)
+    first = {i: ret for i, ret, _ in reversed(episodes)}  # each env's first episode
+    for i, ret in first.items():
+        assert ret == pytest.approx(float(np.sum(np.array(raw_rewards)[:200, i])), rel=1e-5)
+    with pytest.raises(ValueError, match="envs"):
+        NormalizeReward(make_vector_env("Pendulum-v1", 3, seed=0, mode="sync"), normalizer)
+    raw.close()
+    envs.close()
