@@ -30,7 +30,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import VectorEnv, VectorWrapper
+from gymnasium.vector import VectorEnv
+
+from rlfleet.envs.wrappers import ForwardingVectorWrapper
 
 
 @dataclass
@@ -86,8 +88,7 @@ class RunningMeanStd:
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         """`clip((obs - mean) / sqrt(var + eps), -clip, clip)` as float32."""
-        out = (np.asarray(obs, dtype=np.float64) - self.mean) / np.sqrt(self.var + self.eps)
-        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+        return self.scale(np.asarray(obs, dtype=np.float64) - self.mean)
 
     def scale(self, x: np.ndarray) -> np.ndarray:
         """`clip(x / sqrt(var + eps), -clip, clip)` as float32: scaled by the spread, not centred."""
@@ -114,7 +115,7 @@ def check_normalizable(space: gym.Space) -> tuple[int, ...]:
     return tuple(space.shape)
 
 
-class NormalizeObservation(VectorWrapper):
+class NormalizeObservation(ForwardingVectorWrapper):
     """A vector env whose observations (and `info["final_obs"]`) are normalised by `stats`.
 
     `update_stats=True` (training envs) merges every batch of observations from `reset` and `step` into
@@ -148,11 +149,6 @@ class NormalizeObservation(VectorWrapper):
                 final[i] = self.stats.normalize(final[i])
             info = {**info, "final_obs": final}
         return obs, rewards, terminations, truncations, info
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-        return getattr(self.env, name)
 
 
 def normalize_observations(envs: VectorEnv, stats: RunningMeanStd | None, update_stats: bool) -> VectorEnv:
@@ -189,7 +185,7 @@ class RewardNormalizer:
         self.returns = returns.copy()
 
 
-class NormalizeReward(VectorWrapper):
+class NormalizeReward(ForwardingVectorWrapper):
     """A training vector env whose rewards are scaled by a `RewardNormalizer` (which the step updates)."""
 
     def __init__(self, env: VectorEnv, normalizer: RewardNormalizer):
@@ -202,11 +198,6 @@ class NormalizeReward(VectorWrapper):
         obs, rewards, terminations, truncations, info = self.env.step(actions)
         rewards = self.normalizer(rewards, np.logical_or(terminations, truncations))
         return obs, rewards, terminations, truncations, info
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-        return getattr(self.env, name)
 
 
 def normalize_rewards(envs: VectorEnv, normalizer: RewardNormalizer | None) -> VectorEnv:

@@ -151,26 +151,30 @@ def _lift_episode_info(info: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-class LiftEpisodeStatistics(VectorWrapper):
+class ForwardingVectorWrapper(VectorWrapper):
+    """A vector wrapper that forwards attributes it does not have (``envs``, ``call``, ``get_attr``, ...)
+    to the wrapped vector env; private names are not forwarded."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self.env, name)
+
+
+class LiftEpisodeStatistics(ForwardingVectorWrapper):
     """Expose finished-episode statistics at ``info["episode"]`` in a SAME_STEP vector env.
 
     With ``AutoresetMode.SAME_STEP`` Gymnasium puts the info of the step that ended an episode under
     ``info["final_info"]`` (the top level holds the *reset* info), so ``RecordEpisodeStatistics`` inside a
     sub-env shows up as ``info["final_info"]["episode"]``. This wrapper also places it at
     ``info["episode"]`` / ``info["_episode"]`` (dict of ``"r"``, ``"l"``, ``"t"`` arrays and a bool mask of
-    the envs that finished), leaving ``final_info`` untouched. Other attributes (``envs``, ``call``,
-    ``get_attr``...) are forwarded to the wrapped vector env.
+    the envs that finished), leaving ``final_info`` untouched.
     """
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step all sub-envs and lift episode statistics out of ``final_info``."""
         obs, rewards, terminations, truncations, info = self.env.step(actions)
         return obs, rewards, terminations, truncations, _lift_episode_info(info)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-        return getattr(self.env, name)
 
 
 class EnvPoolVectorEnv(VectorEnv):
