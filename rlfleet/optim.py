@@ -53,6 +53,28 @@ class _SharedStateOptimizer(Optimizer):
     def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict) -> None:
+        """Apply one step to `param` in place, `grad` already including the weight decay."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                if grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                if group["weight_decay"] != 0.0:
+                    grad = grad.add(param, alpha=group["weight_decay"])
+                self._update(param, grad, self._shared_state(param), group)
+        return loss
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         for param in self.param_groups[-1]["params"]:
@@ -137,28 +159,11 @@ class SharedRMSprop(_SharedStateOptimizer):
             "square_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
         }
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, alpha, eps, weight_decay = group["lr"], group["alpha"], group["eps"], group["weight_decay"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad
-                if grad.is_sparse:
-                    raise RuntimeError("SharedRMSprop does not support sparse gradients")
-                if weight_decay != 0.0:
-                    grad = grad.add(param, alpha=weight_decay)
-                state = self._shared_state(param)
-                state["step"].add_(1)
-                square_avg = state["square_avg"]
-                square_avg.mul_(alpha).addcmul_(grad, grad, value=1.0 - alpha)
-                param.addcdiv_(grad, square_avg.add(eps).sqrt_(), value=-lr)
-        return loss
+    def _update(self, param, grad, state, group) -> None:
+        state["step"].add_(1)
+        square_avg = state["square_avg"]
+        square_avg.mul_(group["alpha"]).addcmul_(grad, grad, value=1.0 - group["alpha"])
+        param.addcdiv_(grad, square_avg.add(group["eps"]).sqrt_(), value=-group["lr"])
 
 
 class SharedAdam(_SharedStateOptimizer):
@@ -200,31 +205,15 @@ class SharedAdam(_SharedStateOptimizer):
             "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
         }
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad
-                if grad.is_sparse:
-                    raise RuntimeError("SharedAdam does not support sparse gradients")
-                if weight_decay != 0.0:
-                    grad = grad.add(param, alpha=weight_decay)
-                state = self._shared_state(param)
-                step = state["step"].add_(1).item()
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, 1.0 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-                step_size = lr / (1.0 - beta1**step)
-                denom = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(eps)
-                param.addcdiv_(exp_avg, denom, value=-step_size)
-        return loss
+    def _update(self, param, grad, state, group) -> None:
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        step = state["step"].add_(1).item()
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        step_size = lr / (1.0 - beta1**step)
+        denom = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(eps)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
 def _check_name(name: str) -> None:

@@ -76,6 +76,47 @@ def test_shared_rmsprop_matches_paper_formula_by_hand():
     assert opt.state[params[0]]["step"].item() == 2
 
 
+def test_shared_rmsprop_weight_decay_is_added_to_the_gradient_first():
+    lr, alpha, eps, wd = 0.1, 0.5, 0.01, 0.2
+    param = nn.Parameter(torch.tensor([2.0, -1.0], dtype=torch.float64))
+    opt = SharedRMSprop([param], lr=lr, alpha=alpha, eps=eps, weight_decay=wd)
+    param.grad = torch.tensor([0.5, 0.0], dtype=torch.float64)
+    opt.step()
+    # Δθ = grad + wd·θ = [0.9, -0.2]; g = (1−α)Δθ² = [0.405, 0.02]; θ ← θ − ηΔθ/√(g+ε)
+    expected = [2.0 - lr * 0.9 / math.sqrt(0.405 + eps), -1.0 + lr * 0.2 / math.sqrt(0.02 + eps)]
+    assert param.tolist() == pytest.approx(expected, rel=1e-12)
+    assert opt.state[param]["square_avg"].tolist() == pytest.approx([0.405, 0.02], rel=1e-12)
+
+
+@pytest.mark.parametrize("optimizer_cls", [SharedRMSprop, SharedAdam])
+def test_shared_optimizers_return_the_closure_loss_and_skip_params_without_grad(optimizer_cls):
+    model = shared_linear()
+    frozen = nn.Parameter(torch.ones(2))
+    opt = optimizer_cls([*model.parameters(), frozen], lr=0.01)
+    before = [p.detach().clone() for p in (*model.parameters(), frozen)]
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.ones(1, 3)).pow(2).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert isinstance(loss, torch.Tensor) and loss.item() > 0
+    assert all(not torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=False))
+    assert torch.equal(frozen, before[-1]) and opt.state[frozen]["step"].item() == 0
+
+
+@pytest.mark.parametrize("optimizer_cls", [SharedRMSprop, SharedAdam])
+def test_shared_optimizers_refuse_sparse_gradients(optimizer_cls):
+    param = nn.Parameter(torch.zeros(3))
+    opt = optimizer_cls([param], lr=0.01)
+    param.grad = torch.sparse_coo_tensor([[1]], [1.0], (3,))
+    with pytest.raises(RuntimeError, match=f"{optimizer_cls.__name__} does not support sparse gradients"):
+        opt.step()
+    assert torch.equal(param, torch.zeros(3))
+
+
 def test_shared_rmsprop_defaults_and_eager_shared_state():
     model = shared_linear()
     opt = SharedRMSprop(model.parameters())
