@@ -56,13 +56,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.algos import resolve
-from rlfleet.arch.parallel import ParallelRunner, WorkerSpec
-from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo
-from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
-from rlfleet.data.rollout import RolloutStorage, Segment
-from rlfleet.envs import make_vector_env
-from rlfleet.run.collector import Collector
+from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
+from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo
+from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process, stop_workers
+from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
 
@@ -153,7 +150,7 @@ def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-class Sampler:
+class Sampler(WorkerActor):
     """One sampler: its own envs and a local algorithm object that acts with the learner's latest weights."""
 
     def __init__(
@@ -164,20 +161,10 @@ class Sampler:
         worker_id: int,
         incarnation: int = 0,
     ):
-        seed = spec.worker_seed(worker_id, incarnation)
-        algo_cls, _, _, _ = resolve(spec.algo)
-        self.spec = spec
-        self.worker_id = worker_id
-        self.incarnation = incarnation
+        super().__init__(spec, shared, worker_id, incarnation, share_frozen=False)
         self.weights = weights
-        self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
-        self.copy = LocalCopy(self.algo, shared, share_frozen=False)
-        cfg = spec.algo_cfg
-        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
-        self.collector = Collector(self.envs, self.algo, seed=seed)
-        self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs) if self.algo.data == "rollout" else None
 
-    def sample(self, global_steps: int, stop=None) -> Experience | None:
+    def produce(self, global_steps: int, stop=None) -> Experience | None:
         """One segment or transition block with the current weights (None if `stop` was set meanwhile)."""
         algo, c = self.algo, self.collector
         algo.schedule(global_steps, self.spec.total_steps)  # ε and the like follow the whole run
@@ -199,27 +186,6 @@ class Sampler:
             data = block.data
         returns = c.pop_new_returns()
         return Experience(self.worker_id, self.incarnation, version, c.env_steps - before, returns, data)
-
-    def close(self) -> None:
-        self.envs.close()
-
-
-def _sampler_process(worker_id, incarnation, spec, shared, weights, counter, stop, queues, credits) -> None:
-    """A sampler process: items into its own bounded queue until the run's steps are consumed or stop."""
-    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
-    out, credit = queues[worker_id], credits[worker_id]
-    sampler = Sampler(spec, shared, weights, worker_id, incarnation)
-    try:
-        while not stop.is_set() and counter.value < spec.total_steps:
-            if not acquire_until_stopped(credit, stop):
-                break
-            item = sampler.sample(counter.value, stop)
-            if item is None or not put_until_stopped(out, item, stop):
-                break
-    finally:
-        if stop.is_set():
-            out.cancel_join_thread()  # the learner stopped reading: leave without flushing
-        sampler.close()
 
 
 class DataParallelRunner(ParallelRunner):
@@ -316,8 +282,17 @@ class DataParallelRunner(ParallelRunner):
             else:
                 pool = WorkerPool(
                     n,
-                    _sampler_process,
-                    (self.spec, self.shared, self.weights, self.counter, stop_event, queues.queues, queues.credits),
+                    producer_process,
+                    (
+                        Sampler,
+                        self.spec,
+                        self.shared,
+                        self.weights,
+                        self.counter,
+                        stop_event,
+                        queues.queues,
+                        queues.credits,
+                    ),
                     pids_file=self.run_dir / "workers.json",
                     on_restart=queues.replace,
                 )
@@ -328,7 +303,7 @@ class DataParallelRunner(ParallelRunner):
                     items: list[Experience] = []
                     if samplers:  # serial: the next sampler's segment, or a block of every sampler
                         chosen = samplers if replay else [samplers[turn % n]]
-                        items = [s.sample(self.env_steps) for s in chosen]  # type: ignore[misc]
+                        items = [s.produce(self.env_steps) for s in chosen]  # type: ignore[misc]
                         turn += 1
                     elif replay:
                         deadline = time.monotonic() + WAIT_S

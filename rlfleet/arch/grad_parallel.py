@@ -52,15 +52,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.algos import resolve
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, WorkerSpec
-from rlfleet.arch.shared import LocalCopy, WeightVersion, algo_modules, share_algo, trainable_params
-from rlfleet.arch.workers import WorkerPool, WorkerQueues, acquire_until_stopped, put_until_stopped, stop_workers
-from rlfleet.data.rollout import RolloutStorage
-from rlfleet.envs import make_vector_env
+from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
+from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo, trainable_params
+from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process, stop_workers
 from rlfleet.optim import build_optimizer
-from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
 
@@ -86,7 +82,7 @@ class Gradient:
     """float32, the shared parameters' gradients concatenated in order; None: nothing to learn from."""
 
 
-class GradientWorker:
+class GradientWorker(WorkerActor):
     """One worker: its own envs and a local algorithm object; gradients of the algorithm's loss go out flat."""
 
     def __init__(
@@ -97,18 +93,8 @@ class GradientWorker:
         worker_id: int,
         incarnation: int = 0,
     ):
-        seed = spec.worker_seed(worker_id, incarnation)
-        algo_cls, _, _, _ = resolve(spec.algo)
-        self.spec = spec
-        self.worker_id = worker_id
-        self.incarnation = incarnation
+        super().__init__(spec, shared, worker_id, incarnation, share_frozen=False)
         self.weights = weights
-        self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
-        self.copy = LocalCopy(self.algo, shared, share_frozen=False)
-        cfg = spec.algo_cfg
-        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
-        self.collector = Collector(self.envs, self.algo, seed=seed)
-        self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs)
 
     def collect(self, global_steps: int, stop=None):
         """(weight version, segment) collected with the current shared weights; None if `stop` was set."""
@@ -132,7 +118,7 @@ class GradientWorker:
         grads = [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in params]
         return torch.cat(grads).numpy(), metrics
 
-    def step(self, global_steps: int, stop=None) -> Gradient | None:
+    def produce(self, global_steps: int, stop=None) -> Gradient | None:
         before = self.collector.env_steps
         collected = self.collect(global_steps, stop)
         if collected is None:
@@ -142,9 +128,6 @@ class GradientWorker:
         steps = self.collector.env_steps - before
         returns = self.collector.pop_new_returns()
         return Gradient(self.worker_id, self.incarnation, version, steps, returns, metrics, grad)
-
-    def close(self) -> None:
-        self.envs.close()
 
 
 class GradientCentre:
@@ -172,24 +155,6 @@ class GradientCentre:
         for p in self.params:
             p.grad = None
         return norm
-
-
-def _worker_process(worker_id, incarnation, spec, shared, weights, counter, stop, queues, credits) -> None:
-    """A worker process: gradients into its own bounded queue until the run's steps are consumed or stop."""
-    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
-    out, credit = queues[worker_id], credits[worker_id]
-    worker = GradientWorker(spec, shared, weights, worker_id, incarnation)
-    try:
-        while not stop.is_set() and counter.value < spec.total_steps:
-            if not acquire_until_stopped(credit, stop):
-                break
-            item = worker.step(counter.value, stop)
-            if item is None or not put_until_stopped(out, item, stop):
-                break
-    finally:
-        if stop.is_set():
-            out.cancel_join_thread()  # the centre stopped reading: leave without flushing
-        worker.close()
 
 
 class GradParallelRunner(ParallelRunner):
@@ -272,8 +237,17 @@ class GradParallelRunner(ParallelRunner):
             else:
                 pool = WorkerPool(
                     n,
-                    _worker_process,
-                    (self.spec, self.shared, self.weights, self.counter, stop_event, queues.queues, queues.credits),
+                    producer_process,
+                    (
+                        GradientWorker,
+                        self.spec,
+                        self.shared,
+                        self.weights,
+                        self.counter,
+                        stop_event,
+                        queues.queues,
+                        queues.credits,
+                    ),
                     pids_file=self.run_dir / "workers.json",
                     on_restart=queues.replace,
                 )
@@ -282,7 +256,7 @@ class GradParallelRunner(ParallelRunner):
                 turn = 0
                 while True:
                     if workers:  # serial: the next worker's gradient
-                        item = workers[turn % n].step(self.env_steps)
+                        item = workers[turn % n].produce(self.env_steps)
                         turn += 1
                     else:
                         item = queues.get_any(WAIT_S)

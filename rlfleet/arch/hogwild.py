@@ -33,15 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlfleet.algos import resolve
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, WorkerSpec
-from rlfleet.arch.shared import LocalCopy, algo_modules, share_algo, trainable_params
+from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
+from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerPool
-from rlfleet.data.rollout import RolloutStorage
-from rlfleet.envs import make_vector_env
 from rlfleet.optim import build_optimizer, is_shared
-from rlfleet.run.collector import Collector
 from rlfleet.run.train import RunResult, _StopRequest
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
@@ -56,7 +52,7 @@ class HogwildSpec(WorkerSpec):
     max_grad_norm: float
 
 
-class HogwildWorker:
+class HogwildWorker(WorkerActor):
     """One actor-learner: its own envs and local copy of the model; gradients go to the shared parameters."""
 
     def __init__(
@@ -67,16 +63,9 @@ class HogwildWorker:
         worker_id: int,
         incarnation: int = 0,
     ):
-        seed = spec.worker_seed(worker_id, incarnation)
-        algo_cls, _, _, _ = resolve(spec.algo)
-        self.spec = spec
-        self.algo = algo_cls(spec.algo_cfg, spec.observation_space, spec.action_space, seed=seed)
-        self.copy = LocalCopy(self.algo, shared)
+        super().__init__(spec, shared, worker_id, incarnation)
         # shared kinds come built by the coordinator; per-worker ones keep their statistics here
         self.optimizer = optimizer or build_optimizer(spec.optimizer, self.copy.shared_params, spec.lr)
-        self.envs = make_vector_env(spec.env, spec.algo_cfg.n_envs, seed=seed, mode="sync", training=True)
-        self.collector = Collector(self.envs, self.algo, seed=seed)
-        self.storage = RolloutStorage(spec.algo_cfg.rollout_len, spec.algo_cfg.n_envs)
 
     def step(self, global_steps: int) -> tuple[int, dict[str, float]]:
         """One segment and one lock-free update of the shared parameters; (env steps taken, loss metrics)."""
@@ -95,9 +84,6 @@ class HogwildWorker:
         self.copy.push_grads()
         self.optimizer.step()
         return self.collector.env_steps - before, metrics
-
-    def close(self) -> None:
-        self.envs.close()
 
 
 def _worker_process(worker_id, incarnation, spec, shared, optimizer, counter, stop, reports) -> None:

@@ -1,4 +1,5 @@
-"""What every multi-process runner shares: the `WorkerSpec` its workers are built from, the global step
+"""What every multi-process runner shares: the `WorkerSpec` its workers are built from, the `WorkerActor`
+each worker builds from it, the global step
 and episode counters and their checkpointing, the option checks, how worker trouble is reported, and the
 monitor step (`after_update` plus the policy lag) of its coordinator loop.
 
@@ -20,7 +21,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlfleet.algos import resolve
+from rlfleet.arch.shared import LocalCopy
+from rlfleet.data.rollout import RolloutStorage
+from rlfleet.envs import make_vector_env
 from rlfleet.optim import HOGWILD_OPTIMIZERS
+from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunBase
 
@@ -41,6 +47,39 @@ class WorkerSpec:
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
         return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
+
+
+class WorkerActor:
+    """What every worker builds from its `WorkerSpec`: its own algorithm object (seeded per worker and
+    incarnation) tied to the shared networks by a `LocalCopy`, its own synchronous vector envs, a `Collector`
+    over them and, for rollout algorithms, the `RolloutStorage` its segments are collected into.
+
+    `share_frozen` is `LocalCopy`'s: True where workers update the shared networks themselves (hogwild),
+    False where only the learner or centre does (data_parallel, grad_parallel).
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        shared: dict[str, torch.nn.Module],
+        worker_id: int,
+        incarnation: int = 0,
+        share_frozen: bool = True,
+    ):
+        seed = spec.worker_seed(worker_id, incarnation)
+        algo_cls, _, _, _ = resolve(spec.algo)
+        cfg = spec.algo_cfg
+        self.spec = spec
+        self.worker_id = worker_id
+        self.incarnation = incarnation
+        self.algo = algo_cls(cfg, spec.observation_space, spec.action_space, seed=seed)
+        self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen)
+        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
+        self.collector = Collector(self.envs, self.algo, seed=seed)
+        self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs) if self.algo.data == "rollout" else None
+
+    def close(self) -> None:
+        self.envs.close()
 
 
 class ParallelRunner(RunBase):

@@ -218,6 +218,29 @@ def put_until_stopped(q, item: Any, stop, poll_s: float = 0.1) -> bool:
     return False
 
 
+def producer_process(
+    worker_id, incarnation, producer_cls, spec, shared, weights, counter, stop, queues, credits
+) -> None:
+    """A `WorkerPool` target for the producers of `WorkerQueues` (data_parallel's samplers, grad_parallel's
+    gradient workers): builds `producer_cls(spec, shared, weights, worker_id, incarnation)` and puts its
+    `produce(global_steps, stop)` items into its own bounded queue, taking one credit for each, until the
+    run's steps are consumed (`counter`) or `stop` is set."""
+    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
+    out, credit = queues[worker_id], credits[worker_id]
+    producer = producer_cls(spec, shared, weights, worker_id, incarnation)
+    try:
+        while not stop.is_set() and counter.value < spec.total_steps:
+            if not acquire_until_stopped(credit, stop):
+                break
+            item = producer.produce(counter.value, stop)
+            if item is None or not put_until_stopped(out, item, stop):
+                break
+    finally:
+        if stop.is_set():
+            out.cancel_join_thread()  # the coordinator stopped reading: leave without flushing
+        producer.close()
+
+
 class WorkerQueues:
     """One bounded queue per worker (worker → coordinator), `maxsize` items each, and optional credits.
 

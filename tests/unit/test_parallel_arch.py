@@ -166,7 +166,7 @@ def test_sampler_follows_the_global_schedule_and_the_learner_target():
             p.add_(0.5)  # the learner's target differs from its online network
     sampler = Sampler(spec, share_algo(learner), weights, worker_id=0)
     try:
-        item = sampler.sample(global_steps=500)
+        item = sampler.produce(global_steps=500)
         assert item.version == 0 and item.steps == 2 * 4
         local = sampler.algo
         expected = cfg.eps_start + (local.eps_final - cfg.eps_start) * 0.5  # half-way through the annealing
@@ -184,7 +184,7 @@ def test_dqn_sampler_sends_blocks_of_train_freq_steps_with_scheduled_epsilon():
     spec = WorkerSpec("dqn", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000)
     sampler = Sampler(spec, share_algo(learner), WeightVersion(CTX), worker_id=1)
     try:
-        item = sampler.sample(global_steps=4_000)
+        item = sampler.produce(global_steps=4_000)
         assert sampler.algo.eps == pytest.approx(linear(cfg.eps_start, cfg.eps_final, cfg.eps_anneal_steps, 4_000))
         assert item.worker == 1 and item.steps == 15
         assert item.data["obs"].shape == (5, 3, 4) and item.data["rew"].shape == (5, 3)
