@@ -12,7 +12,6 @@ entry under the architecture's name with the episode count, the recent returns a
 from __future__ import annotations
 
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +28,6 @@ from rlfleet.optim import HOGWILD_OPTIMIZERS
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunBase
-
-FLUSH_S = 2.0  # longest time between writes of the metrics files to disk while policy lags are logged
 
 
 @dataclass
@@ -126,7 +123,6 @@ class ParallelRunner(RunBase):
         self._episodes = 0
         self.returns: deque[float] = deque(maxlen=100)
         self.lags: list[int] = []
-        self._last_flush = time.monotonic()
 
     @property
     def env_steps(self) -> int:
@@ -183,9 +179,6 @@ class ParallelRunner(RunBase):
             lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
             logger.log(self.env_steps, lag)
             self.lags.clear()
-            if time.monotonic() - self._last_flush > FLUSH_S:  # metrics.csv stays current for watchers
-                logger.flush()
-                self._last_flush = time.monotonic()
         return reason
 
     def _report(self, text: str) -> None:

@@ -1,7 +1,9 @@
 """Run logging: TensorBoard events, a long-format `metrics.csv`, and a tqdm progress bar.
 
 Metric names follow one namespace: `charts/episodic_return`, `charts/SPS`, `eval/return_mean`,
-`losses/<name>`.
+`losses/<name>`. `metrics.csv` stays current for whoever watches a live run (`rlfleet plot`, `tail -f`, a
+test waiting for the first rows): its first row is on disk at once, later ones at most `CSV_FLUSH_S` after
+they are logged.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import time
 from pathlib import Path
 
 from tqdm import tqdm
+
+CSV_FLUSH_S = 2.0
+"""Longest time a row logged to `metrics.csv` waits in the file's buffer (the first row waits for nothing)."""
 
 
 class RunLogger:
@@ -27,6 +32,7 @@ class RunLogger:
         self._csv = csv.writer(self._csv_file)
         if new_file:
             self._csv.writerow(["step", "wall_time", "key", "value"])
+        self._last_csv_flush = -math.inf
         self.start = time.perf_counter()
         self.bar = tqdm(
             total=total_steps,
@@ -45,6 +51,9 @@ class RunLogger:
                 continue
             self.writer.add_scalar(key, value, step)
             self._csv.writerow([step, f"{elapsed:.3f}", key, f"{value:.6g}"])
+        if time.monotonic() - self._last_csv_flush >= CSV_FLUSH_S:
+            self._csv_file.flush()
+            self._last_csv_flush = time.monotonic()
 
     def progress(self, step: int, **postfix: float | str) -> None:
         self.bar.update(step - self.bar.n)

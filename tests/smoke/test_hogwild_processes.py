@@ -62,7 +62,8 @@ def test_a_crashing_worker_is_reported_and_restarted(tmp_path, monkeypatch):
 @pytest.mark.learning
 def test_sigkilled_worker_is_restarted_and_the_run_still_solves(tmp_path):
     # the first evaluation, and so the earliest stop, is at 50k env steps: the kill lands mid-run, once the
-    # workers have reported their first segments
+    # workers have reported their first segments (metrics.csv has its first row on disk as soon as it is
+    # logged, about 1k steps in)
     proc = start(
         tmp_path, "a3c", "--env", "CartPole-v1", "--workers", "2", "--steps", "400000", "--eval-every", "50000"
     )

@@ -1,0 +1,45 @@
+"""RunLogger: metrics.csv in long format, on disk for a watcher while the run goes on (the first row at once,
+later rows at most CSV_FLUSH_S behind), and everything on disk after close."""
+
+import csv
+
+from rlfleet.run import logger as logger_module
+from rlfleet.run.logger import CSV_FLUSH_S, RunLogger
+
+
+def rows_on_disk(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_metrics_csv_is_current_for_a_watcher_while_the_run_goes_on(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(logger_module.time, "monotonic", lambda: clock[0])
+    log = RunLogger(tmp_path, total_steps=100, progress=False)
+    try:
+        log.log(10, {"charts/SPS": 123.0, "losses/value": float("nan")}, elapsed=0.5)
+        assert rows_on_disk(tmp_path) == [["step", "wall_time", "key", "value"], ["10", "0.500", "charts/SPS", "123"]]
+
+        log.log(20, {"charts/SPS": 456.0}, elapsed=1.0)  # within CSV_FLUSH_S of the last flush: may wait
+        clock[0] += CSV_FLUSH_S
+        log.log(30, {"eval/return_mean": 500.0}, elapsed=2.5)  # CSV_FLUSH_S later: both rows are on disk
+        assert [row[0] for row in rows_on_disk(tmp_path)[1:]] == ["10", "20", "30"]
+
+        clock[0] += CSV_FLUSH_S / 4
+        for step in range(40, 1000, 10):  # a burst inside CSV_FLUSH_S is not flushed row by row
+            log.log(step, {"charts/SPS": 1.0}, elapsed=3.0)
+        assert len(rows_on_disk(tmp_path)) < 1 + 3 + 96
+    finally:
+        log.close()
+    assert len(rows_on_disk(tmp_path)) == 1 + 3 + 96  # close writes the rest
+
+
+def test_a_resumed_run_appends_to_metrics_csv_under_one_header(tmp_path):
+    first = RunLogger(tmp_path, total_steps=100, progress=False)
+    first.log(10, {"charts/SPS": 1.0}, elapsed=0.1)
+    first.close()
+    second = RunLogger(tmp_path, total_steps=100, initial_step=10, progress=False)
+    second.log(20, {"charts/SPS": 2.0}, elapsed=0.2)
+    second.close()
+    rows = rows_on_disk(tmp_path)
+    assert rows[0] == ["step", "wall_time", "key", "value"] and [r[0] for r in rows[1:]] == ["10", "20"]
