@@ -58,7 +58,7 @@ import torch
 
 from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo
-from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process, stop_workers
+from rlfleet.arch.workers import WorkerQueues, stop_workers
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
@@ -280,23 +280,7 @@ class DataParallelRunner(ParallelRunner):
             if self.cfg.serial:
                 samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
-                pool = WorkerPool(
-                    n,
-                    producer_process,
-                    (
-                        Sampler,
-                        self.spec,
-                        self.shared,
-                        self.weights,
-                        self.counter,
-                        stop_event,
-                        queues.queues,
-                        queues.credits,
-                    ),
-                    pids_file=self.run_dir / "workers.json",
-                    on_restart=queues.replace,
-                )
-                pool.start()
+                pool = self.start_producers(Sampler, queues, stop_event)
             with _StopRequest() as stop:
                 turn = 0
                 while True:

@@ -55,7 +55,7 @@ from torch import nn
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo, trainable_params
-from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process, stop_workers
+from rlfleet.arch.workers import WorkerQueues, stop_workers
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
@@ -235,23 +235,7 @@ class GradParallelRunner(ParallelRunner):
             if self.cfg.serial:
                 workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
-                pool = WorkerPool(
-                    n,
-                    producer_process,
-                    (
-                        GradientWorker,
-                        self.spec,
-                        self.shared,
-                        self.weights,
-                        self.counter,
-                        stop_event,
-                        queues.queues,
-                        queues.credits,
-                    ),
-                    pids_file=self.run_dir / "workers.json",
-                    on_restart=queues.replace,
-                )
-                pool.start()
+                pool = self.start_producers(GradientWorker, queues, stop_event)
             with _StopRequest() as stop:
                 turn = 0
                 while True:

@@ -22,6 +22,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy
+from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
 from rlfleet.optim import HOGWILD_OPTIMIZERS
@@ -155,6 +156,29 @@ class ParallelRunner(RunBase):
         self._episodes = int(saved.get("episodes", 0))
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)
+
+    def start_producers(self, producer_cls: type[WorkerActor], queues: WorkerQueues, stop_event) -> WorkerPool:
+        """Start `cfg.workers` processes of `producer_cls` (`producer_process`) that build it from `self.spec`,
+        the shared networks and the published weights, and feed `queues` until the budget or `stop_event`."""
+        args = (
+            producer_cls,
+            self.spec,
+            self.shared,
+            self.weights,
+            self.counter,
+            stop_event,
+            queues.queues,
+            queues.credits,
+        )
+        pool = WorkerPool(
+            self.cfg.workers,
+            producer_process,
+            args,
+            pids_file=self.run_dir / "workers.json",
+            on_restart=queues.replace,
+        )
+        pool.start()
+        return pool
 
     def restart_crashed(self, pool, logger, how: str) -> None:
         """Report the workers that crashed since the last check; `pool` has restarted them (`how` says from what)."""
