@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections import defaultdict
 from pathlib import Path
 
@@ -10,15 +11,19 @@ CURVES = ("charts/episodic_return", "eval/return_mean")
 
 
 def read_metrics(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """Every metric's (steps, values) from a run folder's `metrics.csv`; of a run still going, the rows
+    written so far (a last row still half written is left out)."""
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} has no metrics.csv (is it an rlfleet run folder?)")
     series: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            steps, values = series[row["key"]]
-            steps.append(int(row["step"]))
-            values.append(float(row["value"]))
+        text = f.read()
+    complete = text[: text.rfind("\n") + 1]
+    for row in csv.DictReader(io.StringIO(complete, newline="")):
+        steps, values = series[row["key"]]
+        steps.append(int(row["step"]))
+        values.append(float(row["value"]))
     return dict(series)
 
 

@@ -1,10 +1,12 @@
 """RunLogger: metrics.csv in long format, on disk for a watcher while the run goes on (the first row at once,
-later rows at most CSV_FLUSH_S behind), and everything on disk after close."""
+later rows at most CSV_FLUSH_S behind), and everything on disk after close; `read_metrics` (rlfleet plot)
+on a live file."""
 
 import csv
 
 from rlfleet.run import logger as logger_module
 from rlfleet.run.logger import CSV_FLUSH_S, RunLogger
+from rlfleet.run.plot import read_metrics
 
 
 def rows_on_disk(run_dir):
@@ -43,3 +45,18 @@ def test_a_resumed_run_appends_to_metrics_csv_under_one_header(tmp_path):
     second.close()
     rows = rows_on_disk(tmp_path)
     assert rows[0] == ["step", "wall_time", "key", "value"] and [r[0] for r in rows[1:]] == ["10", "20"]
+
+
+def test_plot_reads_a_live_run_and_leaves_out_a_half_written_last_row(tmp_path):
+    log = RunLogger(tmp_path, total_steps=100, progress=False)
+    try:
+        log.log(1000, {"eval/return_mean": 123.5}, elapsed=1.0)
+        assert read_metrics(tmp_path) == {"eval/return_mean": ([1000], [123.5])}  # while the run goes on
+    finally:
+        log.close()
+    with open(tmp_path / "metrics.csv", "a", newline="") as f:
+        f.write("2000,2.000,eval/return_mean,-12")  # what a reader can meet: the buffer spilled mid-row
+    assert read_metrics(tmp_path) == {"eval/return_mean": ([1000], [123.5])}
+    with open(tmp_path / "metrics.csv", "a", newline="") as f:
+        f.write("3.4\r\n")
+    assert read_metrics(tmp_path) == {"eval/return_mean": ([1000, 2000], [123.5, -123.4])}
