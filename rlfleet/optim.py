@@ -37,6 +37,7 @@ tensors instead of replacing them, so resuming keeps the state shared with worke
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
@@ -47,15 +48,17 @@ HOGWILD_OPTIMIZERS = ("shared_rmsprop", "rmsprop", "sgd", "shared_adam")
 _SHARED = ("shared_rmsprop", "shared_adam")
 
 
-class _SharedStateOptimizer(Optimizer):
-    """Base of the shared optimisers: eager per-parameter state in shared memory, loaded by copying in place."""
+class _SharedStateOptimizer(Optimizer, metaclass=ABCMeta):
+    """Base of the shared optimisers: eager per-parameter state in shared memory, loaded by copying in place,
+    and one `step` (closure, weight decay, sparse check) around each optimiser's own `_update` rule."""
 
+    @abstractmethod
     def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The zeroed state tensors of one parameter (moved to shared memory by the caller)."""
 
+    @abstractmethod
     def _update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict) -> None:
         """Apply one step to `param` in place, `grad` already including the weight decay."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def step(self, closure=None):

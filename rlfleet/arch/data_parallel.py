@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import ParallelRunner, Producer
 from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo
 from rlfleet.arch.workers import WorkerQueues, stop_workers
 from rlfleet.data.rollout import Segment
@@ -150,19 +150,8 @@ def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-class Sampler(WorkerActor):
+class Sampler(Producer):
     """One sampler: its own envs and a local algorithm object that acts with the learner's latest weights."""
-
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        shared: dict[str, torch.nn.Module],
-        weights: WeightVersion,
-        worker_id: int,
-        incarnation: int = 0,
-    ):
-        super().__init__(spec, shared, worker_id, incarnation, share_frozen=False)
-        self.weights = weights
 
     def produce(self, global_steps: int, stop=None) -> Experience | None:
         """One segment or transition block with the current weights (None if `stop` was set meanwhile)."""

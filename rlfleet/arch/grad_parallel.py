@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import ParallelRunner, Producer
 from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerQueues, stop_workers
 from rlfleet.optim import build_optimizer
@@ -82,19 +82,8 @@ class Gradient:
     """float32, the shared parameters' gradients concatenated in order; None: nothing to learn from."""
 
 
-class GradientWorker(WorkerActor):
+class GradientWorker(Producer):
     """One worker: its own envs and a local algorithm object; gradients of the algorithm's loss go out flat."""
-
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        shared: dict[str, nn.Module],
-        weights: WeightVersion,
-        worker_id: int,
-        incarnation: int = 0,
-    ):
-        super().__init__(spec, shared, worker_id, incarnation, share_frozen=False)
-        self.weights = weights
 
     def collect(self, global_steps: int, stop=None):
         """(weight version, segment) collected with the current shared weights; None if `stop` was set."""

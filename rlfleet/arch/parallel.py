@@ -1,6 +1,6 @@
 """What every multi-process runner shares: the `WorkerSpec` its workers are built from, the `WorkerActor`
-each worker builds from it, the global step
-and episode counters and their checkpointing, the option checks, how worker trouble is reported, and the
+each worker builds from it (a `Producer` where workers feed the coordinator's queues), the global step and
+episode counters and their checkpointing, the option checks, how worker trouble is reported, and the
 monitor step (`after_update` plus the policy lag) of its coordinator loop.
 
 A runner keeps its counters in the coordinator process (`counter` is a shared integer so that workers
@@ -12,6 +12,7 @@ entry under the architecture's name with the episode count, the recent returns a
 from __future__ import annotations
 
 import sys
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.shared import LocalCopy
+from rlfleet.arch.shared import LocalCopy, WeightVersion
 from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
@@ -78,6 +79,28 @@ class WorkerActor:
 
     def close(self) -> None:
         self.envs.close()
+
+
+class Producer(WorkerActor, ABC):
+    """A worker that acts with the weights the coordinator publishes (`weights`, read into its local copy)
+    and makes items for the coordinator's queues (`producer_process`): data_parallel's samplers and
+    grad_parallel's gradient workers. Only the coordinator changes the shared networks."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        shared: dict[str, torch.nn.Module],
+        weights: WeightVersion,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        super().__init__(spec, shared, worker_id, incarnation, share_frozen=False)
+        self.weights = weights
+
+    @abstractmethod
+    def produce(self, global_steps: int, stop=None) -> Any | None:
+        """The next item made with the current weights, the schedules at `global_steps`; None if `stop` was
+        set meanwhile."""
 
 
 class ParallelRunner(RunBase):
@@ -157,7 +180,7 @@ class ParallelRunner(RunBase):
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)
 
-    def start_producers(self, producer_cls: type[WorkerActor], queues: WorkerQueues, stop_event) -> WorkerPool:
+    def start_producers(self, producer_cls: type[Producer], queues: WorkerQueues, stop_event) -> WorkerPool:
         """Start `cfg.workers` processes of `producer_cls` (`producer_process`) that build it from `self.spec`,
         the shared networks and the published weights, and feed `queues` until the budget or `stop_event`."""
         args = (
