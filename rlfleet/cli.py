@@ -43,6 +43,7 @@ def _train(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
             grad_sets=args.grad_sets,
             serial=args.serial,
+            max_restarts=args.max_restarts,
             dataset=args.dataset,
             expert=args.expert,
             **options,
@@ -140,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--grad-sets", type=int, default=0, help="gradient sets grad_parallel sums per step (default 0: one per worker)"
+    )
+    t.add_argument(
+        "--max-restarts", type=int, default=10, help="worker restarts a parallel run allows in all (default: 10)"
     )
     t.add_argument("--serial", action="store_true", help="run a parallel architecture's workers in one process")
     t.add_argument("--dataset", metavar="FILE", help="demonstrations for bc (written by `rlfleet collect`)")

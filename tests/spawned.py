@@ -16,3 +16,31 @@ def step_with_constant_grad(optimizer, grad_value, wait_for, done):
             param.grad = torch.full_like(param, grad_value)
     optimizer.step()
     done.set()
+
+
+def send_items(worker_id, incarnation, outbox, items, crash_after):
+    """`WorkerPool` target: take a credit and send `(worker_id, incarnation, item)` for each item, then raise if
+    this incarnation is below `crash_after` (a crash the pool restarts), else wait to be stopped."""
+    import time
+
+    for item in items:
+        outbox.take_credit(_NEVER)
+        outbox.put((worker_id, incarnation, item))
+    if incarnation < crash_after:
+        raise RuntimeError(f"worker {worker_id} crashes on purpose")
+    time.sleep(WORKER_TIMEOUT_S)
+
+
+def send_forever(worker_id, incarnation, outbox, size):
+    """`WorkerPool` target: send items of `size` bytes as fast as the pipe takes them (to be killed mid-message)."""
+    payload = b"x" * size
+    while True:
+        outbox.put(payload)
+
+
+class _Never:
+    def is_set(self) -> bool:
+        return False
+
+
+_NEVER = _Never()

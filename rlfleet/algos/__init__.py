@@ -8,7 +8,9 @@ The contract every algorithm class keeps (architectures call nothing else):
 - `schedule(env_steps, total_steps)`: exploration, learning-rate and target-network schedules;
 - `data`: "rollout" (on-policy segments) or "replay";
 - rollout algorithms: `value(obs)` (bootstrap value), `process(segment) -> Batch`, `loss(batch)`,
-  `update(segment) -> metrics`;
+  `update(segment) -> metrics`, and `one_gradient`: True when `update(segment)` is exactly one optimizer
+  step on `loss(process(segment))` (the architectures that apply one gradient per segment, hogwild and
+  grad_parallel, run only those);
 - replay algorithms: `make_buffer(n_envs, total_steps, seed)`, `loss(batch)`, `update(batch) -> metrics`
   (with "priorities" for prioritized replay);
 - dataset (imitation) algorithms, run by the `offline` architecture: `process(demos) -> Batch` (a Batch of

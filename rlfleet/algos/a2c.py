@@ -233,6 +233,9 @@ class A2C:
         }
         return loss, metrics
 
+    one_gradient = True
+    """`update` is one optimizer step on the segment's loss."""
+
     def update(self, segment: Segment) -> dict[str, float]:
         loss, metrics = self.loss(self.process(segment))
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)

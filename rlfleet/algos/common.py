@@ -297,6 +297,25 @@ def hard_update(target: nn.Module, source: nn.Module) -> None:
     target.load_state_dict(source.state_dict())
 
 
+class SyncClock(nn.Module):
+    """When a target network was last copied, on the global step clock: `due(step)` is True once for every
+    multiple of `every` that `step` has reached since the last copy. The step lives in a module buffer, so an
+    architecture shares or copies it exactly as it does the target network (hogwild: one clock for all
+    workers, as there is one target network; so the copies follow the global step, not each worker's)."""
+
+    def __init__(self, every: int):
+        super().__init__()
+        self.every = every
+        self.register_buffer("synced_at", torch.zeros((), dtype=torch.int64))
+
+    def due(self, step: int) -> bool:
+        mark = step if self.every <= 0 else step // self.every * self.every
+        if mark <= int(self.synced_at) and self.every > 0:
+            return False
+        self.synced_at.fill_(mark)
+        return True
+
+
 def soft_update(target: Sequence[torch.Tensor], source: Sequence[torch.Tensor], tau: float) -> None:
     """Polyak averaging of target parameters toward the online ones: θ' ← (1 − τ) θ' + τ θ, in one fused op."""
     with torch.no_grad():

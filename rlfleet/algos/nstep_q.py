@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    SyncClock,
     epsilon_greedy,
     hard_update,
     linear,
@@ -118,7 +119,7 @@ class NStepQ:
         self.rng = np.random.default_rng(seed)
         self.eps_final = sample_final_epsilons(cfg.n_envs, cfg.eps_final_choices, cfg.eps_final_probs, self.rng)
         self.eps = np.full(cfg.n_envs, cfg.eps_start)
-        self.last_target_sync = 0
+        self.target_clock = SyncClock(cfg.target_update_every)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         return epsilon_greedy(q_values(self.q, obs), self.eps if explore else 0.0, self.rng), {}, state
@@ -142,9 +143,8 @@ class NStepQ:
         self.eps = c.eps_start + (self.eps_final - c.eps_start) * frac
         if c.lr_anneal:
             set_lr(self.optimizer, linear(c.lr, 0.0, total_steps, env_steps))
-        if env_steps - self.last_target_sync >= c.target_update_every:
+        if self.target_clock.due(env_steps):  # every `target_update_every` global steps
             hard_update(self.q_target, self.q)
-            self.last_target_sync = env_steps
 
     def process(self, segment: Segment) -> Batch:
         d, c = segment.data, self.cfg
@@ -163,6 +163,9 @@ class NStepQ:
         loss = (b.target - q).pow(2).mean()
         return loss, {"loss": loss.item(), "q": q.mean().item(), "epsilon": float(np.mean(self.eps))}
 
+    one_gradient = True
+    """`update` is one optimizer step on the segment's loss."""
+
     def update(self, segment: Segment) -> dict[str, float]:
         loss, metrics = self.loss(self.process(segment))
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
@@ -175,7 +178,7 @@ class NStepQ:
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
             "eps_final": torch.as_tensor(self.eps_final),
-            "last_target_sync": self.last_target_sync,
+            "target_clock": self.target_clock.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -184,4 +187,4 @@ class NStepQ:
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
         self.eps_final = state["eps_final"].numpy()
-        self.last_target_sync = int(state["last_target_sync"])
+        self.target_clock.load_state_dict(state["target_clock"])

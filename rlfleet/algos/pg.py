@@ -140,6 +140,12 @@ class PG:
             metrics["value_loss"] = value_loss.item()
         return loss, metrics
 
+    @property
+    def one_gradient(self) -> bool:
+        """`update` is one optimizer step on the segment's loss only with one epoch over the whole batch."""
+        size = self.cfg.minibatch_size
+        return self.cfg.epochs == 1 and (size == 0 or size >= self.cfg.rollout_len * self.cfg.n_envs)
+
     def update(self, segment: Segment) -> dict[str, float]:
         batch = self.process(segment)
         if len(batch) == 0:

@@ -238,6 +238,11 @@ class PPO:
         }
         return loss, metrics
 
+    @property
+    def one_gradient(self) -> bool:
+        """`update` is one optimizer step on the segment's loss only with one epoch of one minibatch."""
+        return self.cfg.epochs == 1 and self.cfg.minibatch_size >= self.cfg.rollout_len * self.cfg.n_envs
+
     def update(self, segment: Segment) -> dict[str, float]:
         batch = self.process(segment)
         size = self.cfg.minibatch_size

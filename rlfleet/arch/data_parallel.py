@@ -5,7 +5,7 @@ Factory. Who sends what to whom::
 
     sampler 0 ──┐   Experience: a rollout segment, or a block of transitions,     ┌──────────────────────┐
     sampler 1 ──┼── with its env steps, finished-episode returns and the weight ─▶│ learner (main process)│
-       ...      │   version it acted with (one bounded queue per sampler)          │ algo.update, eval,    │
+       ...      │   version it acted with (one pipe per sampler)                  │ algo.update, eval,    │
     sampler N ──┘                                                                  │ logs, checkpoints     │
         ▲                                                                          └──────────┬───────────┘
         └───────── the learner's networks in shared memory (+ version counter) ◀──────────────┘
@@ -31,18 +31,16 @@ an item minus the version the item was collected with (0: perfectly on-policy), 
 its maximum since the last log line.
 
 Samplers may run only `AHEAD` items ahead of the learner (credits given back once the learner has learned
-from an item; the queues, `QUEUE_SIZE` items each, are bounded too). For on-policy data that is one: a
+from an item). For on-policy data that is one: a
 sampler's next segment starts once the learner has learned from its last one, with the weights that
 learned from it, so the lag stays about `workers − 1` updates (A2C with a lag of 5 collapsed on
 CartPole-v1 in our runs); for replay it is two, so that samplers collect the next round while the
 learner trains. `env_steps` counts what the learner has consumed, so it is exact and
 resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT
 saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
-`workers.log`) and restarted with a fresh queue; Ctrl-C stops the samplers and saves a checkpoint.
-
-Limitation: a sampler killed (SIGKILL) while its queue's feeder thread writes an item larger than a pipe
-buffer (an Atari segment) can leave half a message that the learner then waits on; exceptions, and kills
-of small-item runs, are safe.
+`workers.log`) and restarted with a fresh pipe; what it sent before it died and the learner has not
+taken is dropped (also half a message: a sampler killed in the middle of sending one cannot stall the
+learner, see `rlfleet.arch.workers`). Ctrl-C stops the samplers and saves a checkpoint.
 
 `serial=True` runs the same samplers one after another in the main process (tests, debugging).
 """
@@ -57,13 +55,11 @@ import numpy as np
 import torch
 
 from rlfleet.arch.parallel import ParallelRunner, Producer
-from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo
-from rlfleet.arch.workers import WorkerQueues, stop_workers
+from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
 
-QUEUE_SIZE = 2  # items each sampler's queue holds: at most 2 × workers wait for the learner
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
 WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
 STALL_S = 60.0  # no experience for this long is reported in workers.log (a heartbeat of the samplers)
@@ -92,7 +88,7 @@ def _map(fn, value: Any) -> Any:
 
 
 def _state_to_numpy(state: Any) -> Any:
-    """A recurrent state as NumPy arrays for the queue (torch tensors would need the sender alive)."""
+    """A recurrent state as NumPy arrays for the pipe (torch tensors would need the sender alive)."""
     if state is None:
         return None
     if isinstance(state, torch.Tensor):
@@ -163,7 +159,7 @@ class Sampler(Producer):
         before = c.env_steps
         if self.storage is not None:
             segment = c.collect_rollout(self.storage)
-            data: Any = Segment(  # copies: the storage is refilled next time, and queues pickle later
+            data: Any = Segment(  # copies: the storage is refilled next time
                 segment.data.apply(np.array),
                 _map(np.array, segment.last_obs),
                 np.array(segment.last_value),
@@ -200,7 +196,7 @@ class DataParallelRunner(ParallelRunner):
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
-        self._write_config({"workers": cfg.workers, "queue_size": QUEUE_SIZE, "ahead": AHEAD[self.algo.data]})
+        self._write_config({"workers": cfg.workers, "ahead": AHEAD[self.algo.data]})
 
     def _extra_state(self) -> dict[str, Any]:
         return {"version": self.weights.version}
@@ -214,7 +210,7 @@ class DataParallelRunner(ParallelRunner):
         version = self.weights.version
         for item in items:
             self.lags.append(version - item.version)
-            self.counter.value += item.steps
+            self.counter.add(item.steps)
             self.count_returns(item.returns)
 
     def learn_segment(self, item: Experience) -> tuple[dict[str, float], int]:
@@ -258,9 +254,7 @@ class DataParallelRunner(ParallelRunner):
         stopped_by = "steps"
         n = self.cfg.workers
         replay = self.algo.data == "replay"
-        ctx = torch.multiprocessing.get_context("spawn")
-        stop_event = ctx.Event()
-        queues = WorkerQueues(ctx, n, QUEUE_SIZE, credits=AHEAD[self.algo.data])
+        stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
         pool = None
         samplers: list[Sampler] = []
         pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
@@ -269,7 +263,7 @@ class DataParallelRunner(ParallelRunner):
             if self.cfg.serial:
                 samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
-                pool = self.start_producers(Sampler, queues, stop_event)
+                pool = self.start_producers(Sampler, stop_flag, AHEAD[self.algo.data])
             with _StopRequest() as stop:
                 turn = 0
                 while True:
@@ -282,20 +276,19 @@ class DataParallelRunner(ParallelRunner):
                         deadline = time.monotonic() + WAIT_S
                         for w in range(n):
                             if pending[w] is None:
-                                pending[w] = queues.get(w, max(0.0, deadline - time.monotonic()))
+                                pending[w] = pool.get(w, max(0.0, deadline - time.monotonic()))
                         if all(p is not None for p in pending):
                             items, pending = pending, [None] * n  # type: ignore[assignment]
                     else:
-                        item = queues.get_any(WAIT_S)
+                        item = pool.get_any(WAIT_S)
                         items = [item] if item is not None else []
                     metrics: dict[str, float] = {}
                     updates = 0
                     if items:
                         last_item = time.monotonic()
                         metrics, updates = self.learn_blocks(items) if replay else self.learn_segment(items[0])
-                        for item in items:  # learned from: its sampler may collect the next one
-                            if pool is not None and item.incarnation == pool.incarnations[item.worker]:
-                                queues.release(item.worker)
+                        for item in items if pool is not None else []:  # its sampler may collect the next one
+                            pool.release(item.worker, item.incarnation)
                     elif time.monotonic() - last_item > STALL_S:
                         self._report(f"no experience from the samplers for {STALL_S:.0f} s ({pool.alive()} alive)")
                         last_item = time.monotonic()
@@ -308,17 +301,16 @@ class DataParallelRunner(ParallelRunner):
                         break
                     if self.env_steps >= self.total_steps:
                         break
-            stop_event.set()
+            stop_flag.set()
             if pool is not None:
-                stop_workers(pool, queues)
+                pool.stop()
             self.finish(logger, start, stopped_by)
         finally:
-            stop_event.set()
+            stop_flag.set()
             if pool is not None:
-                stop_workers(pool, queues)
+                pool.stop()
             for sampler in samplers:
                 sampler.close()
             logger.close()
             self.eval_envs.close()
-            queues.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

@@ -5,7 +5,7 @@ Who sends what to whom::
 
     worker 0 ──┐   Gradient: one flat float32 array (∇ of the algorithm's loss on its own   ┌────────────────────┐
     worker 1 ──┼── segment), its env steps, episode returns, loss metrics and the weight   ─▶│ centre (main proc.) │
-      ...      │   version it was computed at (one bounded queue per worker)                 │ Σ k sets, clip,     │
+      ...      │   version it was computed at (one pipe per worker)                          │ Σ k sets, clip,     │
     worker N ──┘                                                                             │ optimizer.step      │
         ▲                                                                                    └─────────┬──────────┘
         └──────────── shared parameters (+ version counter), pulled before each segment ◀──────────────┘
@@ -26,18 +26,20 @@ last log line. A worker computes its next gradient only once the centre has appl
 (`AHEAD` credits per worker, more if k needs them): with k = workers (the default) every step sums
 gradients taken at the newest weights (lag 0, a synchronous sum); with k = 1 each worker goes on from
 the weights its own gradient produced while the others' may be older (lag ≤ workers − 1, RLlib's
-AsyncGradients). Letting workers run ahead instead (no credits, only the bounded queues) gave A2C on
+AsyncGradients). Letting workers run ahead instead (no credits) gave A2C on
 CartPole-v1 a lag of 1–2 and up to 140k steps to solve instead of 55k: ~35% more env steps/s on 2 cores,
 but about twice the time to solve. `env_steps` counts the steps behind the gradients the centre has
-taken in, so it is exact and resumable; checkpoints hold the centre's algorithm state, its optimizer and
-the counters.
+applied (and segments with nothing to learn from); a gradient still waiting for the rest of its set is
+not counted, and a stop or checkpoint drops it, so the count is exact and resumable. Checkpoints hold the
+centre's algorithm state, its optimizer and the counters.
 
-Only on-policy algorithms (a2c, pg, ppo, onestep_q, sarsa, nstep_q) run here, each as one gradient of its
-loss per segment: PPO's epochs and minibatches are the algorithm's own `update`, which the centre does not
-call (its clipped ratio matters only for gradients computed at older weights). A segment that gives the
-loss nothing to learn from (REINFORCE without a complete episode) sends no gradient, only its steps.
+Only on-policy algorithms whose own update is one gradient of their loss per segment (`one_gradient`:
+a2c, onestep_q, sarsa, nstep_q; pg and ppo with one epoch of one minibatch) run here; PPO's epochs and
+minibatches are refused with a pointer to data_parallel, whose learner runs PPO's own update. A segment
+that gives the loss nothing to learn from (REINFORCE without a complete episode) sends no gradient, only
+its steps.
 
-A crashed worker is reported (traceback in `workers.log`) and restarted with a fresh queue; Ctrl-C stops
+A crashed worker is reported (traceback in `workers.log`) and restarted with a fresh pipe; Ctrl-C stops
 the workers and saves a checkpoint. `serial=True` runs the same workers one after another in the main
 process (tests, debugging).
 """
@@ -54,13 +56,11 @@ from torch import nn
 
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, Producer
-from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo, trainable_params
-from rlfleet.arch.workers import WorkerQueues, stop_workers
+from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
 
-QUEUE_SIZE = 2  # gradients each worker's queue holds: at most 2 × workers wait for the centre
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
 WAIT_S = 0.2  # the centre's longest wait for a gradient before it checks workers, Ctrl-C and the clock
 STALL_S = 60.0  # no gradient for this long is reported in workers.log (a heartbeat of the workers)
@@ -176,7 +176,6 @@ class GradParallelRunner(ParallelRunner):
                 "optimizer": cfg.optimizer,
                 "workers": cfg.workers,
                 "grad_sets": self.grad_sets,
-                "queue_size": QUEUE_SIZE,
                 "ahead": self.credits,
             }
         )
@@ -190,10 +189,12 @@ class GradParallelRunner(ParallelRunner):
             self.optimizer.load_state_dict(saved["optimizer"])
 
     # ----------------------------------------------------------------------------------------- learning
-    def take(self, item: Gradient) -> None:
-        """Count what the centre takes in: env steps and finished episodes."""
-        self.counter.value += item.steps
-        self.count_returns(item.returns)
+    def take(self, items: list[Gradient]) -> None:
+        """Count what the centre has taken in (applied, or nothing to learn from): env steps and finished
+        episodes. A gradient still waiting for its set is not counted: a stop or a checkpoint drops it."""
+        for item in items:
+            self.counter.add(item.steps)
+            self.count_returns(item.returns)
 
     def step(self, items: list[Gradient]) -> dict[str, float]:
         """One centre step on the summed gradients of `items` (schedule, clip, optimizer step, new version)."""
@@ -213,18 +214,16 @@ class GradParallelRunner(ParallelRunner):
         logger, start = self.start_logging()
         stopped_by = "steps"
         n = self.cfg.workers
-        ctx = torch.multiprocessing.get_context("spawn")
-        stop_event = ctx.Event()
-        queues = WorkerQueues(ctx, n, QUEUE_SIZE, credits=self.credits)
+        stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
         pool = None
         workers: list[GradientWorker] = []
-        gathered: list[Gradient] = []  # gradients waiting for the next centre step
+        gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
         last_item = time.monotonic()
         try:
             if self.cfg.serial:
                 workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
-                pool = self.start_producers(GradientWorker, queues, stop_event)
+                pool = self.start_producers(GradientWorker, stop_flag, self.credits)
             with _StopRequest() as stop:
                 turn = 0
                 while True:
@@ -232,13 +231,10 @@ class GradParallelRunner(ParallelRunner):
                         item = workers[turn % n].produce(self.env_steps)
                         turn += 1
                     else:
-                        item = queues.get_any(WAIT_S)
-                    new_returns: list[float] = []
-                    used: list[Gradient] = []  # their workers may compute the next gradient
+                        item = pool.get_any(WAIT_S)
+                    used: list[Gradient] = []  # taken in: counted, and their workers may compute the next one
                     if item is not None:
                         last_item = time.monotonic()
-                        self.take(item)
-                        new_returns = item.returns
                         (gathered if item.grad is not None else used).append(item)
                     elif time.monotonic() - last_item > STALL_S and pool is not None:
                         self._report(f"no gradient from the workers for {STALL_S:.0f} s ({pool.alive()} alive)")
@@ -249,28 +245,28 @@ class GradParallelRunner(ParallelRunner):
                         metrics, updates = self.step(gathered), 1
                         used += gathered
                         gathered = []
+                    self.take(used)
                     for done in used if pool is not None else []:
-                        if done.incarnation == pool.incarnations[done.worker]:
-                            queues.release(done.worker)
+                        pool.release(done.worker, done.incarnation)
                     if pool is not None:
                         self.restart_crashed(pool, logger, "with the current shared weights")
+                    new_returns = [r for done in used for r in done.returns]
                     reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
                         stopped_by = reason
                         break
                     if self.env_steps >= self.total_steps:
                         break
-            stop_event.set()
+            stop_flag.set()
             if pool is not None:
-                stop_workers(pool, queues)
+                pool.stop()
             self.finish(logger, start, stopped_by)
         finally:
-            stop_event.set()
+            stop_flag.set()
             if pool is not None:
-                stop_workers(pool, queues)
+                pool.stop()
             for worker in workers:
                 worker.close()
             logger.close()
             self.eval_envs.close()
-            queues.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

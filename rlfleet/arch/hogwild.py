@@ -24,8 +24,6 @@ Ctrl-C or a stop condition tells the workers to leave, saves and exits with no p
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +33,7 @@ from torch import nn
 
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
-from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
-from rlfleet.arch.workers import WorkerPool
+from rlfleet.arch.shared import StopFlag, algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer, is_shared
 from rlfleet.run.train import RunResult, _StopRequest
 
@@ -68,14 +65,19 @@ class HogwildWorker(WorkerActor):
         self.optimizer = optimizer or build_optimizer(spec.optimizer, self.copy.shared_params, spec.lr)
 
     def step(self, global_steps: int) -> tuple[int, dict[str, float]]:
-        """One segment and one lock-free update of the shared parameters; (env steps taken, loss metrics)."""
+        """One segment and one lock-free update of the shared parameters; (env steps taken, loss metrics). A
+        segment with nothing to learn from (REINFORCE without a finished episode) makes no update: no metrics."""
         algo = self.algo
         self.copy.pull()
         algo.schedule(global_steps, self.spec.total_steps)
         set_lr(self.optimizer, algo.optimizer.param_groups[0]["lr"])  # the algorithm's own lr schedule
         before = self.collector.env_steps
         segment = self.collector.collect_rollout(self.storage)
-        loss, metrics = algo.loss(algo.process(segment))
+        steps = self.collector.env_steps - before
+        batch = algo.process(segment)
+        if len(batch) == 0:
+            return steps, {}
+        loss, metrics = algo.loss(batch)
         for p in self.copy.local_params:
             p.grad = None
         loss.backward()
@@ -83,14 +85,15 @@ class HogwildWorker(WorkerActor):
         metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(self.copy.local_params, limit))
         self.copy.push_grads()
         self.optimizer.step()
-        return self.collector.env_steps - before, metrics
+        return steps, metrics
 
 
-def _worker_process(worker_id, incarnation, spec, shared, optimizer, counter, stop, reports) -> None:
-    """A worker process: segments until the global step budget is spent or the monitor says stop."""
+def _worker_process(worker_id, incarnation, outbox, spec, shared, optimizer, counter, stop) -> None:
+    """A worker process: segments until the global step budget is spent or the monitor says stop; its steps go
+    to its own slot of the counter, its returns and losses home every `REPORT_EVERY_S` (one pipe per worker)."""
     torch.manual_seed(spec.worker_seed(worker_id, incarnation))
     worker = HogwildWorker(spec, shared, optimizer, worker_id, incarnation)
-    steps = updates = 0
+    updates = 0
     metrics: dict[str, float] = {}
     last = time.monotonic()
     try:
@@ -98,16 +101,16 @@ def _worker_process(worker_id, incarnation, spec, shared, optimizer, counter, st
             t = counter.value
             if t >= spec.total_steps:
                 break
-            n, metrics = worker.step(t)
-            with counter.get_lock():
-                counter.value += n
-            steps += n
-            updates += 1
+            n, step_metrics = worker.step(t)
+            counter.add(n, slot=worker_id + 1)
+            if step_metrics:
+                updates += 1
+                metrics = step_metrics
             if time.monotonic() - last >= REPORT_EVERY_S:
-                reports.put((worker_id, steps, updates, worker.collector.pop_new_returns(), metrics))
-                steps = updates = 0
+                outbox.put((updates, worker.collector.pop_new_returns(), metrics))
+                updates = 0
                 last = time.monotonic()
-        reports.put((worker_id, steps, updates, worker.collector.pop_new_returns(), metrics))
+        outbox.put((updates, worker.collector.pop_new_returns(), metrics))
     finally:
         worker.close()
 
@@ -133,7 +136,7 @@ class HogwildRunner(ParallelRunner):
         self.optimizer = None
         if is_shared(cfg.optimizer):
             self.optimizer = build_optimizer(cfg.optimizer, trainable_params(self.shared), self.algo_cfg.lr)
-        self.start_counters()
+        self.start_counters(worker_slots=True)
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -152,20 +155,14 @@ class HogwildRunner(ParallelRunner):
         stopped_by = "steps"
         pool = None
         workers: list[HogwildWorker] = []
-        ctx = torch.multiprocessing.get_context("spawn")
-        stop_event = ctx.Event()
-        reports = ctx.Queue()
+        stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
         try:
             if self.cfg.serial:
                 workers = [HogwildWorker(self.spec, self.shared, self.optimizer, w) for w in range(self.cfg.workers)]
             else:
-                pool = WorkerPool(
-                    self.cfg.workers,
-                    _worker_process,
-                    (self.spec, self.shared, self.optimizer, self.counter, stop_event, reports),
-                    pids_file=self.run_dir / "workers.json",
+                pool = self.start_pool(
+                    _worker_process, (self.spec, self.shared, self.optimizer, self.counter, stop_flag)
                 )
-                pool.start()
             with _StopRequest() as stop:
                 turn = 0
                 while True:
@@ -176,18 +173,15 @@ class HogwildRunner(ParallelRunner):
                         worker = workers[turn % len(workers)]
                         turn += 1
                         n, metrics = worker.step(self.env_steps)
-                        self.counter.value += n
-                        new_returns, updates = worker.collector.pop_new_returns(), 1
+                        self.counter.add(n)
+                        new_returns, updates = worker.collector.pop_new_returns(), int(bool(metrics))
                     else:
                         deadline = time.monotonic() + REPORT_EVERY_S
-                        with contextlib.suppress(queue.Empty):
-                            while time.monotonic() < deadline:
-                                _, _, n_updates, returns, worker_metrics = reports.get(
-                                    timeout=max(0.0, deadline - time.monotonic())
-                                )
-                                new_returns += returns
-                                updates += n_updates
-                                metrics = worker_metrics or metrics
+                        while (report := pool.get_any(max(0.0, deadline - time.monotonic()))) is not None:
+                            n_updates, returns, worker_metrics = report
+                            new_returns += returns
+                            updates += n_updates
+                            metrics = worker_metrics or metrics
                         self.restart_crashed(pool, logger, "from the shared parameters")
                     self.count_returns(new_returns)
                     reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
@@ -196,26 +190,22 @@ class HogwildRunner(ParallelRunner):
                         break
                     if self.env_steps >= self.total_steps:
                         break
-            stop_event.set()
+            stop_flag.set()
             if pool is not None:
                 pool.stop()
-                self._drain(reports)
+                self._drain(pool)
             self.finish(logger, start, stopped_by)
         finally:
-            stop_event.set()
+            stop_flag.set()
             if pool is not None:
                 pool.stop()
             for worker in workers:
                 worker.close()
             logger.close()
             self.eval_envs.close()
-            reports.close()
-            reports.join_thread()
         return self.write_result(stopped_by, time.perf_counter() - start)
 
-    def _drain(self, reports) -> None:
+    def _drain(self, pool) -> None:
         """Count the episodes the workers reported on their way out."""
-        with contextlib.suppress(queue.Empty, OSError, EOFError):
-            while True:
-                _, _, _, returns, _ = reports.get_nowait()
-                self.count_returns(returns)
+        while (report := pool.get_any(0.0)) is not None:
+            self.count_returns(report[1])

@@ -3,8 +3,8 @@ each worker builds from it (a `Producer` where workers feed the coordinator's qu
 episode counters and their checkpointing, the option checks, how worker trouble is reported, and the
 monitor step (`after_update` plus the policy lag) of its coordinator loop.
 
-A runner keeps its counters in the coordinator process (`counter` is a shared integer so that workers
-can read the global step count for their schedules and stop at the budget). Its checkpoint adds one
+A runner keeps its counters in the coordinator process (`counter` is a shared, lock-free `StepCounter` so
+that workers can read the global step count for their schedules and stop at the budget). Its checkpoint adds one
 entry under the architecture's name with the episode count, the recent returns and whatever
 `_extra_state()` returns; `_restore_extra(saved)` reads that back.
 """
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.shared import LocalCopy, WeightVersion
-from rlfleet.arch.workers import WorkerPool, WorkerQueues, producer_process
+from rlfleet.arch.shared import LocalCopy, StepCounter, WeightVersion
+from rlfleet.arch.workers import WorkerPool, producer_process
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
 from rlfleet.optim import HOGWILD_OPTIMIZERS
@@ -110,14 +110,26 @@ class ParallelRunner(RunBase):
     """Name of the architecture; also the checkpoint entry of its counters."""
 
     def check_parallel(self, on_policy_only: bool, uses_optimizer: bool) -> None:
+        """Refuse what the architecture cannot run. `on_policy_only`: it applies one gradient of the algorithm's
+        loss per segment (hogwild, grad_parallel), which only on-policy algorithms whose own update is that one
+        step (`one_gradient`) can learn from as designed."""
         cfg = self.cfg
         if on_policy_only and self.algo.data != "rollout":
             raise ConfigError(
                 f"{cfg.algo} learns from replay; the {self.arch} architecture runs on-policy algorithms "
-                "(a2c/a3c, pg, ppo, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
+                "(a2c/a3c, pg, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
+            )
+        if on_policy_only and not self.algo.one_gradient:
+            raise ConfigError(
+                f"{cfg.algo}'s update takes {self.algo_cfg.epochs} epoch(s) of minibatch steps per segment, but the "
+                f"{self.arch} architecture applies one gradient per segment: use --arch data_parallel (its learner "
+                f"runs {cfg.algo}'s own update), or --set epochs=1 --set minibatch_size="
+                f"{self.algo_cfg.rollout_len * self.algo_cfg.n_envs} (one minibatch: the whole segment)"
             )
         if cfg.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
+        if cfg.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {cfg.max_restarts}")
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(
@@ -140,10 +152,12 @@ class ParallelRunner(RunBase):
             **extra,
         )
 
-    def start_counters(self) -> None:
-        """The global step counter (shared with the workers), the episode count, the recent returns, and the
-        policy lags (weight version learned from minus version acted with) not logged yet."""
-        self.counter = torch.multiprocessing.get_context("spawn").Value("q", 0)
+    def start_counters(self, worker_slots: bool = False) -> None:
+        """The global step counter (shared with the workers; with `worker_slots` every worker adds to its own
+        slot, `worker_id + 1`), the episode count, the recent returns, and the policy lags (weight version
+        learned from minus version acted with) not logged yet."""
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.counter = StepCounter(ctx, 1 + (self.cfg.workers if worker_slots else 0))
         self._episodes = 0
         self.returns: deque[float] = deque(maxlen=100)
         self.lags: list[int] = []
@@ -174,31 +188,30 @@ class ParallelRunner(RunBase):
     def _restore(self, payload: dict[str, Any]) -> None:
         self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
         self.state.update(payload["state"])
-        self.counter.value = int(payload["env_steps"])
+        self.counter.set(int(payload["env_steps"]))
         saved = payload.get(self.arch) or {}
         self._episodes = int(saved.get("episodes", 0))
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)
 
-    def start_producers(self, producer_cls: type[Producer], queues: WorkerQueues, stop_event) -> WorkerPool:
+    def start_producers(self, producer_cls: type[Producer], stop, credits: int) -> WorkerPool:
         """Start `cfg.workers` processes of `producer_cls` (`producer_process`) that build it from `self.spec`,
-        the shared networks and the published weights, and feed `queues` until the budget or `stop_event`."""
-        args = (
-            producer_cls,
-            self.spec,
-            self.shared,
-            self.weights,
-            self.counter,
-            stop_event,
-            queues.queues,
-            queues.credits,
+        the shared networks and the published weights, and send items home (`credits` ahead at most) until
+        the budget or `stop`."""
+        return self.start_pool(
+            producer_process, (producer_cls, self.spec, self.shared, self.weights, self.counter, stop), credits
         )
+
+    def start_pool(self, target, args: tuple, credits: int | None = None) -> WorkerPool:
+        """Start `cfg.workers` processes of `target(worker_id, incarnation, outbox, *args)`, their pids listed in
+        `<run>/workers.json`."""
         pool = WorkerPool(
             self.cfg.workers,
-            producer_process,
+            target,
             args,
+            max_restarts=self.cfg.max_restarts,
             pids_file=self.run_dir / "workers.json",
-            on_restart=queues.replace,
+            credits=credits,
         )
         pool.start()
         return pool

@@ -33,6 +33,8 @@ class RunConfig:
     workers, the A3C paper's default), rmsprop (per-worker statistics), sgd (per-worker momentum), shared_adam."""
     grad_sets: int = 0
     """Gradient sets the grad_parallel centre sums per optimizer step (0 = one per worker)."""
+    max_restarts: int = 10
+    """Worker restarts a parallel run allows in all (a worker that keeps crashing ends the run after that)."""
     serial: bool = False
     """Run a parallel architecture's workers one after another in this process (tests, debugging)."""
     steps: int | None = None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.algos import resolve
+from rlfleet.algos import nstep_q, resolve
 from rlfleet.algos.common import sample_final_epsilons
 from rlfleet.arch.hogwild import HogwildSpec, HogwildWorker
 from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
@@ -98,6 +98,53 @@ def test_value_workers_share_one_target_network():
             w.close()
 
 
+@pytest.mark.parametrize("n_workers", [1, 4, 16])
+def test_the_shared_target_is_copied_once_every_target_period_of_global_steps(n_workers, monkeypatch):
+    """The paper copies the target every I_target GLOBAL steps, however many workers there are and whether one
+    of them was restarted (round-robin workers, as the serial mode runs them; worker 0 restarts half-way)."""
+    period, total = 200, 4_000
+    s = spec("onestep_q", optimizer="shared_rmsprop", target_update_every=period, n_envs=1, rollout_len=5)
+    shared = share_algo(shared_algo(s))
+    optimizer = build_optimizer("shared_rmsprop", trainable_params(shared), 1e-3)
+    copies = []
+    monkeypatch.setattr(nstep_q, "hard_update", lambda target, source: copies.append(t))
+    workers = [HogwildWorker(s, shared, optimizer, w) for w in range(n_workers)]
+    t = turn = 0
+    try:
+        while t < total:
+            if t >= total // 2 and workers[0].incarnation == 0:
+                workers[0].close()
+                workers[0] = HogwildWorker(s, shared, optimizer, 0, incarnation=1)
+            n, _ = workers[turn % n_workers].step(global_steps=t)
+            turn += 1
+            t_seen, t = t, t + n
+    finally:
+        for w in workers:
+            w.close()
+    assert len(copies) == t_seen // period == 19  # the last segment started at 3,995
+    assert np.all(np.diff(copies) >= period - 5)  # never two copies within one period (5: a segment)
+
+
+def test_a_segment_with_nothing_to_learn_from_moves_no_parameter():
+    """REINFORCE without a baseline learns only from finished episodes: a 5-step segment from a reset has none, so
+    the worker makes no update (momentum would still move the parameters, an empty loss would make them NaN)."""
+    s = spec("pg", optimizer="sgd", baseline=False, epochs=1, minibatch_size=0, n_envs=1, rollout_len=5)
+    shared = share_algo(shared_algo(s))
+    params = trainable_params(shared)
+    optimizer = build_optimizer("sgd", params, 0.1)
+    for p in params:  # the optimizer has moved before: its momentum is not zero
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    before = [p.detach().clone() for p in params]
+    worker = HogwildWorker(s, shared, optimizer, 0)
+    try:
+        steps, metrics = worker.step(global_steps=0)
+    finally:
+        worker.close()
+    assert steps == 5 and metrics == {}
+    assert all(torch.equal(b, p) for b, p in zip(before, params, strict=True))
+
+
 def test_serial_hogwild_run_writes_its_run_folder(tmp_path):
     result = train("a3c", "CartPole-v1", workers=2, serial=True, steps=3_000, eval_every=1_000,
                    logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
@@ -158,7 +205,7 @@ def test_continuous_worker_acts_within_the_bounds():
 
 def test_algo_modules_are_the_networks():
     s = spec("nstep_q")
-    assert set(algo_modules(shared_algo(s))) == {"q", "q_target"}
+    assert set(algo_modules(shared_algo(s))) == {"q", "q_target", "target_clock"}
 
 
 @pytest.mark.parametrize(
@@ -168,6 +215,7 @@ def test_algo_modules_are_the_networks():
         ({"algo": "a3c", "workers": 0}, "--workers"),
         ({"algo": "a3c", "optimizer": "adagrad"}, "unknown optimizer"),
         ({"algo": "a3c", "arch": "gossip"}, "unknown architecture"),
+        ({"algo": "ppo", "arch": "hogwild"}, "ppo's update takes 10 epoch.*one gradient per segment.*data_parallel"),
     ],
 )
 def test_bad_hogwild_options_are_clear_errors(tmp_path, options, message):

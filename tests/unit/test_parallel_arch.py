@@ -16,9 +16,9 @@ from rlfleet.algos.common import linear
 from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
-from rlfleet.arch.shared import WeightVersion, share_algo, trainable_params
-from rlfleet.arch.workers import WorkerQueues, acquire_until_stopped, put_until_stopped
+from rlfleet.arch.shared import StopFlag, WeightVersion, share_algo, trainable_params
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import ConfigError, build_algo_config
 from rlfleet.run.train import train
 
@@ -127,7 +127,7 @@ def test_grad_parallel_centre_clips_the_summed_gradient():
 
 def test_weight_version_counts_updates_and_reads_whole_versions():
     weights = WeightVersion(CTX)
-    stop = CTX.Event()
+    stop = StopFlag(CTX)
     copies = []
     assert weights.read(lambda: copies.append(1)) == 0 and copies == [1]
     with weights.writing():
@@ -136,25 +136,6 @@ def test_weight_version_counts_updates_and_reads_whole_versions():
     assert weights.version == 1 and weights.read(lambda: None) == 1
     weights.set(7)
     assert weights.version == 7
-
-
-def test_worker_queues_hand_out_credits_and_replace_a_crashed_workers_queue():
-    queues = WorkerQueues(CTX, 2, maxsize=2, credits=1)
-    stop = CTX.Event()
-    try:
-        assert acquire_until_stopped(queues.credits[0], stop)
-        assert not queues.credits[0].acquire(timeout=0.01)  # one item ahead of the coordinator at most
-        queues.release(0)  # the coordinator used it
-        assert queues.credits[0].acquire(timeout=0.01)
-        assert put_until_stopped(queues.queues[1], "item", stop)
-        assert queues.get_any(timeout=5.0) == "item" and queues.get_any(timeout=0.01) is None
-        old = queues.queues[0]
-        queues.replace(0)  # a restarted worker: fresh queue, full credits
-        assert queues.queues[0] is not old and queues.credits[0].acquire(timeout=0.01)
-        stop.set()
-        assert not acquire_until_stopped(queues.credits[0], stop)
-    finally:
-        queues.close()
 
 
 def test_sampler_follows_the_global_schedule_and_the_learner_target():
@@ -224,6 +205,10 @@ def test_transition_blocks_keep_each_sampler_in_its_own_env_columns():
         ("a2c", {"arch": "grad_parallel", "optimizer": "adagrad"}, "unknown optimizer"),
         ("a2c", {"arch": "data_parallel", "workers": 0}, "--workers"),
         ("dqn", {"arch": "data_parallel", "workers": -1}, "--workers"),
+        ("a2c", {"arch": "data_parallel", "max_restarts": -1}, "--max-restarts"),
+        # one gradient per segment: PPO's epochs and minibatches (and PG's) cannot run as designed there
+        ("ppo", {"arch": "grad_parallel"}, r"ppo's update takes 10 epoch.*one gradient per segment.*data_parallel"),
+        ("pg", {"arch": "grad_parallel"}, r"pg's update takes 2 epoch.*--set epochs=1 --set minibatch_size=\d+"),
     ],
 )
 def test_bad_parallel_options_are_clear_errors(tmp_path, algo, options, message):
@@ -233,6 +218,7 @@ def test_bad_parallel_options_are_clear_errors(tmp_path, algo, options, message)
 
 
 ON_POLICY = ["a2c", "a3c", "pg", "ppo", "onestep_q", "sarsa", "nstep_q"]
+ONE_GRADIENT = {"pg": {"epochs": 1, "minibatch_size": 0}, "ppo": {"epochs": 1, "minibatch_size": 1024}}
 
 
 @pytest.mark.parametrize(
@@ -240,6 +226,8 @@ ON_POLICY = ["a2c", "a3c", "pg", "ppo", "onestep_q", "sarsa", "nstep_q"]
 )
 def test_every_algorithm_runs_serially_on_both_architectures(algo, arch, run_opts):
     overrides = {"learning_starts": 100} if algo == "dqn" else {}
+    if arch == "grad_parallel":
+        overrides = ONE_GRADIENT.get(algo, {})
     r = train(algo, "CartPole-v1", arch=arch, workers=2, serial=True, steps=600, eval_every=600, eval_episodes=2,
               stop_return=1e9, overrides=overrides, **run_opts).result  # fmt: skip
     assert r["env_steps"] >= 600 and r["updates"] > 0 and r["eval_return_mean"] is not None
@@ -257,3 +245,18 @@ def test_transition_blocks_carry_recurrent_states_for_sequence_replay(run_opts):
               eval_every=600, eval_episodes=2, stop_return=1e9, **run_opts,
               overrides={"lstm": 8, "learning_starts": 100, "batch_size": 4, "gradient_steps": 2}).result  # fmt: skip
     assert r["env_steps"] >= 600 and r["updates"] > 0
+
+
+def test_grad_parallel_counts_only_the_steps_behind_applied_gradients(run_opts):
+    """With k = 2 gradient sets, a stop after the first gradient drops it: the run has taken no step that it
+    learned from, and its checkpoint says so (a resume repeats those steps, so counts and resume agree)."""
+    stop_after_first = [lambda info: True]
+    r = train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=2, serial=True, steps=10_000,
+              callbacks=stop_after_first, name="first", **run_opts).result  # fmt: skip
+    assert r["updates"] == 0 and r["env_steps"] == 0 and r["stopped_by"] == "interrupted"
+    assert load_checkpoint(r["checkpoint"])["env_steps"] == 0
+    three_updates = [lambda info: info["trainer"].state["updates"] >= 3]
+    r = train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=2, serial=True, steps=10_000,
+              callbacks=three_updates, name="second", **run_opts).result  # fmt: skip
+    a2c = build_algo_config("a2c", None, {})[0]
+    assert r["updates"] == 3 and r["env_steps"] == 3 * 2 * a2c.rollout_len * a2c.n_envs
