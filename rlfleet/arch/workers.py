@@ -144,15 +144,22 @@ class WorkerPool:
         self._next = 0
 
     def start(self) -> None:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C during start-up must not reach them
-        try:
-            for wid in range(self.n_workers):
-                self._start(wid)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        for wid in range(self.n_workers):
+            self._start(wid)
         self._write_pids()
 
     def _start(self, wid: int) -> None:
+        """Start one incarnation. Ctrl-C is ignored while it starts (restarts too): the child inherits that, so a
+        Ctrl-C that reaches the whole process group while it still imports cannot kill it."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self._spawn(wid)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+
+    def _spawn(self, wid: int) -> None:
         incarnation = self.incarnations[wid]
         reader, writer = self.ctx.Pipe(duplex=False)
         if self.n_credits:
