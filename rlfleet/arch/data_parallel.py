@@ -239,7 +239,7 @@ class DataParallelRunner(ParallelRunner):
                 self.buffer.add(*step, state=(block["h"][t], block["c"][t]))
             else:
                 self.buffer.add(*step)
-        if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
+        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}, 0
         metrics: dict[str, float] = {}
         for _ in range(cfg.gradient_steps):

@@ -139,6 +139,19 @@ class ReplayBuffer:
         self._size = min(self._size + 1, self.rows)
         return indices
 
+    def mark_boundary(self, columns: Any) -> None:
+        """End the stored stream of the env ``columns`` at its newest step, which becomes truncated (unless it
+        terminated): their envs went on elsewhere and what is added next starts new episodes (a restarted
+        sampler, a resume whose envs could not be restored). n-step sums, frame stacks and sequences stop
+        there; the newest step bootstraps from its own ``next_obs``, as at a time limit."""
+        cols = np.unique(np.asarray(columns, dtype=np.int64).reshape(-1))
+        if cols.size and (cols.min() < 0 or cols.max() >= self.n_envs):
+            raise ValueError(f"columns must lie in [0, n_envs={self.n_envs}), got {cols.tolist()}")
+        if self._storage is None or self._size == 0:
+            return
+        newest = (self._ptr - 1) % self.rows
+        self._storage["truncated"][newest, cols] |= ~self._storage["terminated"][newest, cols]
+
     def _check_matches_storage(self, data: dict[str, Any]) -> None:
         """Check everything before writing, so a bad call never leaves a half-written row."""
         assert self._storage is not None
@@ -153,6 +166,11 @@ class ReplayBuffer:
                     raise ValueError(f"{name} has shape {src.shape}; earlier data had {dst.shape[1:]}")
 
     # ---- reading ------------------------------------------------------------------------------
+    def ready(self, batch_size: int, learning_starts: int = 0) -> bool:
+        """Whether learning can start: at least ``learning_starts`` and ``batch_size`` transitions are stored
+        (and, for sequences, a whole sequence in every env column), so ``sample(batch_size)`` can draw."""
+        return len(self) >= max(batch_size, learning_starts, 1)
+
     def _all_indices(self) -> np.ndarray:
         """Flat indices of every stored transition, oldest row first, envs in order within a row."""
         rows = (self._ptr - self._size + np.arange(self._size)) % self.rows
@@ -431,7 +449,8 @@ class SequenceReplayBuffer(ReplayBuffer):
     marks the steps that begin an episode (a done step just before), where a recurrent network zeroes its
     state, as for on-policy segments; n-step sums must stop at done steps
     (`rlfleet.data.returns.sequence_nstep`), so no step has to be masked out and every step trains. The
-    first step of a sequence counts as a start when the step before it is done or no longer stored.
+    first step of a sequence counts as a start when the step before it is done or no longer stored. A
+    boundary (`mark_boundary`: a column's env was replaced) is a truncation, so it starts the next step too.
 
     ``sample(B)`` returns a Batch with ``[B, seq_len, ...]`` leaves ``obs, act, rew, next_obs, terminated,
     truncated, starts`` (``rew``, ``terminated``, ``truncated``, ``starts`` float32), ``h0``/``c0``
@@ -491,6 +510,11 @@ class SequenceReplayBuffer(ReplayBuffer):
     def _valid_starts(self) -> int:
         """Rows at which a whole sequence begins (the oldest ``_size - seq_len + 1`` stored rows)."""
         return max(0, self._size - self.seq_len + 1)
+
+    def ready(self, batch_size: int, learning_starts: int = 0) -> bool:
+        """As ``ReplayBuffer.ready``, and every env column holds ``seq_len`` steps (``learning_starts`` counts
+        transitions over all columns: many envs reach it before one column holds a sequence)."""
+        return self._valid_starts() > 0 and super().ready(batch_size, learning_starts)
 
     def _all_indices(self) -> np.ndarray:
         rows = (self._ptr - self._size + np.arange(self._valid_starts())) % self.rows

@@ -452,7 +452,7 @@ class Trainer(RunBase):
     def _learn_replay(self) -> dict[str, float]:
         cfg = self.algo_cfg
         self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
-        if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
+        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}
         metrics: dict[str, float] = {}
         for _ in range(cfg.gradient_steps):
