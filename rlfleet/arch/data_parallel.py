@@ -116,6 +116,7 @@ class TransitionBlock:
     """
 
     FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
+    STATE = ("h", "c")
 
     def __init__(self, length: int):
         self.length = length
@@ -124,7 +125,7 @@ class TransitionBlock:
 
     def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
         if state is not None:
-            for key, value in zip(("h", "c"), _state_to_numpy(state), strict=True):
+            for key, value in zip(self.STATE, _state_to_numpy(state), strict=True):
                 if key not in self.data:
                     self.data[key] = np.zeros((self.length, *value.shape), value.dtype)
                 self.data[key][self.t] = value
@@ -140,13 +141,26 @@ class TransitionBlock:
 
 
 def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Blocks of the samplers side by side: `[T, n_envs, ...]` each → `[T, workers × n_envs, ...]`."""
+    """Blocks of the samplers side by side: `[T, n_envs, ...]` each → `[T, workers × n_envs, ...]`.
+
+    A block acted on from no recurrent state at all (a sampler's first step, the whole first block of a
+    restarted sampler with `train_freq=1`) has no `h`/`c` while the others do: its columns get zeros, the
+    state a None stands for.
+    """
     out = {}
-    for key, first in blocks[0].items():
+    for key in TransitionBlock.FIELDS:
+        first = blocks[0][key]
         if isinstance(first, dict):
             out[key] = {k: np.concatenate([b[key][k] for b in blocks], axis=1) for k in first}
         else:
             out[key] = np.concatenate([b[key] for b in blocks], axis=1)
+    with_state = [b for b in blocks if TransitionBlock.STATE[0] in b]
+    if with_state:
+        for key in TransitionBlock.STATE:
+            like = with_state[0][key]  # [T, n_envs, state_size]
+            parts = [b[key] if key in b else np.zeros((len(like), b["rew"].shape[1], *like.shape[2:]), like.dtype)
+                     for b in blocks]  # fmt: skip
+            out[key] = np.concatenate(parts, axis=1)
     return out
 
 

@@ -215,6 +215,26 @@ def test_transition_blocks_keep_each_sampler_in_its_own_env_columns():
     assert np.all(np.where(column < 2, batch.rew <= 3.0, batch.rew >= 10.0))
 
 
+def test_concat_blocks_gives_zero_states_to_a_block_acted_on_from_none():
+    """A restarted sampler's first block of one step (train_freq=1) has no recurrent state; the others do."""
+
+    def block(state):
+        b = TransitionBlock(1)
+        zeros = np.zeros(2, np.float32)
+        b.add(np.zeros((2, 1)), zeros.astype(np.int64), zeros, np.zeros((2, 1)), zeros > 0, zeros > 0, state=state)
+        return b.data
+
+    with_state = block((torch.full((2, 3), 1.0), torch.full((2, 3), -1.0)))  # the collector's LSTM state
+    for blocks, stateless in (([with_state, block(None)], [2, 3]), ([block(None), with_state], [0, 1])):
+        rows = concat_blocks(blocks)
+        assert rows["h"].shape == rows["c"].shape == (1, 4, 3) and rows["h"].dtype == np.float32
+        acted = [i for i in range(4) if i not in stateless]
+        np.testing.assert_array_equal(rows["h"][0, stateless], 0.0)
+        np.testing.assert_array_equal(rows["c"][0, stateless], 0.0)
+        np.testing.assert_array_equal(rows["h"][0, acted], 1.0)
+        np.testing.assert_array_equal(rows["c"][0, acted], -1.0)
+
+
 @pytest.mark.parametrize(
     "algo, options, message",
     [
