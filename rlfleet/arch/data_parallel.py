@@ -38,7 +38,8 @@ CartPole-v1 in our runs); for replay it is two, so that samplers collect the nex
 learner trains. `env_steps` counts what the learner has consumed, so it is exact and
 resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT
 saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
-`workers.log`) and restarted with a fresh queue; Ctrl-C stops the samplers and saves a checkpoint.
+`workers.log`) and restarted with a fresh queue (its new envs begin new episodes: the replay learner ends
+the stream stored in its columns there, see `learn_blocks`); Ctrl-C stops the samplers and saves a checkpoint.
 
 Limitation: a sampler killed (SIGKILL) while its queue's feeder thread writes an item larger than a pipe
 buffer (an Atari segment) can leave half a message that the learner then waits on; exceptions, and kills
@@ -209,6 +210,7 @@ class DataParallelRunner(ParallelRunner):
         self.start_counters()  # env steps consumed by the learner
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         self.buffer = None
+        self.incarnations: dict[int, int] = {}  # replay: each sampler's incarnation whose data its columns hold
         if self.algo.data == "replay":
             self.buffer = self.algo.make_buffer(cfg.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed)
         if resume_from is not None:
@@ -242,10 +244,18 @@ class DataParallelRunner(ParallelRunner):
         return metrics, 1
 
     def learn_blocks(self, items: list[Experience]) -> tuple[dict[str, float], int]:
-        """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side)."""
+        """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side).
+
+        Sampler `w` fills columns `[w × n_envs, (w + 1) × n_envs)`. A restarted sampler's envs begin new
+        episodes, so before its first block the stream stored in its columns ends (`mark_boundary`).
+        """
         cfg = self.algo_cfg
         self.algo.schedule(self.env_steps, self.total_steps)  # ε only: DQN copies its target inside `update`
         self._consume(items)
+        for item in items:
+            if self.incarnations.setdefault(item.worker, item.incarnation) != item.incarnation:
+                self.buffer.mark_boundary(np.arange(item.worker * cfg.n_envs, (item.worker + 1) * cfg.n_envs))
+                self.incarnations[item.worker] = item.incarnation
         block = concat_blocks([item.data for item in items])
         for t in range(len(block["rew"])):
             step = (_map(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS)
