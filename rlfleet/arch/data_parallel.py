@@ -37,9 +37,10 @@ learned from it, so the lag stays about `workers − 1` updates (A2C with a lag 
 CartPole-v1 in our runs); for replay it is two, so that samplers collect the next round while the
 learner trains. `env_steps` counts what the learner has consumed, so it is exact and
 resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT
-saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
-`workers.log`) and restarted with a fresh queue (its new envs begin new episodes: the replay learner ends
-the stream stored in its columns there, see `learn_blocks`); Ctrl-C stops the samplers and saves a checkpoint.
+saved (a resumed DQN refills it before learning again; its prioritized β annealing goes on). A crashed
+sampler is reported (traceback in `workers.log`) and restarted with a fresh queue (its new envs begin new
+episodes: the replay learner ends the stream stored in its columns there, see `learn_blocks`); Ctrl-C stops
+the samplers and saves a checkpoint.
 
 Limitation: a sampler killed (SIGKILL) while its queue's feeder thread writes an item larger than a pipe
 buffer (an Atari segment) can leave half a message that the learner then waits on; exceptions, and kills
@@ -219,10 +220,15 @@ class DataParallelRunner(ParallelRunner):
         self._write_config({"workers": cfg.workers, "queue_size": QUEUE_SIZE, "ahead": AHEAD[self.algo.data]})
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"version": self.weights.version}
+        state: dict[str, Any] = {"version": self.weights.version}
+        if self.buffer is not None:  # the data is not saved, but the sampling schedule (β) goes on
+            state["buffer_schedule"] = self.buffer.schedule_state()
+        return state
 
     def _restore_extra(self, saved: dict[str, Any]) -> None:
         self.weights.set(int(saved.get("version", 0)))
+        if self.buffer is not None and "buffer_schedule" in saved:
+            self.buffer.load_schedule_state(saved["buffer_schedule"])
 
     # ----------------------------------------------------------------------------------------- learning
     def _consume(self, items: list[Experience]) -> None:

@@ -272,6 +272,14 @@ class ReplayBuffer:
             "rng_state": self._rng.bit_generator.state,
         }
 
+    def schedule_state(self) -> dict[str, Any]:
+        """The part of ``state_dict`` that schedules sampling over the run rather than holding data (empty here;
+        a prioritized buffer's β annealing): a run that does not save its data still resumes it."""
+        return {}
+
+    def load_schedule_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``schedule_state`` returned."""
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore contents, write position and RNG state; ``capacity`` and ``n_envs`` must match."""
         if state["capacity"] != self.capacity or state["n_envs"] != self.n_envs:
@@ -412,16 +420,28 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._max_priority = max(self._max_priority, float(p.max()))
             self._set_priorities(idx, p)
 
+    def schedule_state(self) -> dict[str, Any]:
+        """β's annealing: its start, end, length and how far it has gone (``sample`` calls)."""
+        return {
+            "beta_start": self._beta_start,
+            "beta_final": self._beta_final,
+            "beta_anneal_steps": self._beta_anneal_steps,
+            "sample_calls": self._sample_calls,
+        }
+
+    def load_schedule_state(self, state: Mapping[str, Any]) -> None:
+        self._beta_start = float(state["beta_start"])
+        self._beta_final = float(state["beta_final"])
+        self._beta_anneal_steps = int(state["beta_anneal_steps"])
+        self._sample_calls = int(state["sample_calls"])
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(
             sum_tree=torch.from_numpy(self._sum_tree.state()),
             min_tree=torch.from_numpy(self._min_tree.state()),
             max_priority=self._max_priority,
-            beta_start=self._beta_start,
-            beta_final=self._beta_final,
-            beta_anneal_steps=self._beta_anneal_steps,
-            sample_calls=self._sample_calls,
+            **self.schedule_state(),
         )
         return state
 
@@ -430,10 +450,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._sum_tree.load_state(state["sum_tree"].numpy())
         self._min_tree.load_state(state["min_tree"].numpy())
         self._max_priority = float(state["max_priority"])
-        self._beta_start = float(state["beta_start"])
-        self._beta_final = float(state["beta_final"])
-        self._beta_anneal_steps = int(state["beta_anneal_steps"])
-        self._sample_calls = int(state["sample_calls"])
+        self.load_schedule_state(state)
 
 
 class SequenceReplayBuffer(ReplayBuffer):

@@ -451,6 +451,17 @@ def test_per_beta_annealing_and_set_beta():
     assert buf.beta == 0.3
 
 
+def test_per_schedule_state_carries_the_beta_annealing_to_an_empty_buffer():
+    """A run that does not save its replay data (data_parallel) still resumes β where it was."""
+    buf = filled_per(4, beta=0.2, beta_final=1.0, beta_anneal_steps=4, seed=0)
+    for _ in range(3):
+        buf.sample(2)
+    fresh = PrioritizedReplayBuffer(4, beta=0.4, beta_anneal_steps=100)
+    fresh.load_schedule_state(round_trip(buf.schedule_state()))
+    assert fresh.beta == pytest.approx(0.8) and len(fresh) == 0
+    assert ReplayBuffer(4).schedule_state() == {}
+
+
 def test_per_state_dict_round_trip():
     buf = filled_per(8, alpha=0.7, beta=0.4, beta_anneal_steps=10, n_step=2, seed=1)
     buf.update_priorities(np.arange(8), np.arange(1.0, 9.0))

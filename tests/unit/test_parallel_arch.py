@@ -19,6 +19,7 @@ from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import WeightVersion, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerQueues, acquire_until_stopped, put_until_stopped
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
 from rlfleet.run.train import train
 
@@ -261,6 +262,25 @@ def test_a_restarted_samplers_first_block_ends_the_episodes_stored_in_its_column
         np.testing.assert_allclose(rew[:, 1], [1 + g, 1, full, full, 1 + g, 1])  # nothing summed across the restart
     finally:
         learner.eval_envs.close()
+
+
+def test_data_parallel_dqn_resumes_the_prioritized_beta_annealing(run_opts, tmp_path):
+    seen = {}
+
+    def stop_half_way(info):
+        seen["beta"] = info["trainer"].buffer.beta
+        return info["env_steps"] >= 1_024
+
+    train("dqn", "CartPole-v1", arch="data_parallel", workers=2, serial=True, steps=2_048, name="r",
+          eval_every=10**9, eval_episodes=1, stop_return=1e9, overrides={"learning_starts": 128},
+          callbacks=[stop_half_way], **run_opts)  # fmt: skip
+    assert seen["beta"] > 0.45  # annealed from 0.4 on
+    payload = load_checkpoint(tmp_path / "r")
+    resumed = DataParallelRunner(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=tmp_path / "r")
+    try:
+        assert resumed.buffer.beta == pytest.approx(seen["beta"])
+    finally:
+        resumed.eval_envs.close()
 
 
 @pytest.mark.parametrize(
