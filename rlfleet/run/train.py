@@ -430,12 +430,14 @@ class Trainer(RunBase):
         self.state.update(payload["state"])
         c = self.collector
         c.env_steps = int(payload["env_steps"])
+        envs_restored = False
         if "collector" in payload:
             col = payload["collector"]
             c.episodes = int(col["episodes"])
             c.returns.extend(col["returns"])
             c.lengths.extend(col["lengths"])
-            if env_state.restore(self.envs, payload.get("envs")):
+            envs_restored = env_state.restore(self.envs, payload.get("envs"))
+            if envs_restored:
                 c.obs = col["obs"]
                 c.state = col.get("state")
                 c.starts = col.get("starts", c.starts)
@@ -443,6 +445,11 @@ class Trainer(RunBase):
             torch.set_rng_state(payload["torch_rng"])
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
+        if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
+            if self.buffer is not None:
+                self.buffer.mark_boundary(np.arange(self.collector.n_envs))
+            if self.reward_norm is not None:
+                self.reward_norm.restart_returns()
 
     # ----------------------------------------------------------------------------------------- loop
     def _learn_rollout(self) -> dict[str, float]:

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from rlfleet import train
+from rlfleet.run import env_state
 from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import RunConfig
+from rlfleet.run.train import Trainer
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
 # the same runs with observation and reward normalisation: their running statistics must resume exactly too
@@ -99,3 +102,27 @@ def test_stop_and_resume_equals_uninterrupted(algo: str, overrides: dict, run_op
         whole_rewards = load_checkpoint(whole.run_dir)["reward_norm"]
         assert whole_rewards["count"] == whole["env_steps"]  # one discounted return per env step
         assert differences(whole_rewards, load_checkpoint(resumed.run_dir)["reward_norm"]) == []
+
+
+def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
+    """Envs that cannot be restored (Atari, async vector envs) start new episodes: the last stored step of every
+    column becomes a boundary, and reward normalisation's running returns start over."""
+    stopped = train("dqn", "CartPole-v1", name="r", steps=3_000, eval_every=10**9, eval_episodes=1, stop_return=1e9,
+                    overrides={"reward_norm": "true"}, callbacks=[lambda info: info["env_steps"] >= 1_200],
+                    **run_opts)  # fmt: skip
+    payload = load_checkpoint(stopped.run_dir)
+    before = payload["buffer"]["storage"]
+    newest = int(payload["buffer"]["ptr"]) - 1
+    done = before["terminated"][newest] | before["truncated"][newest]
+    assert not done.all() and payload["reward_norm"]["returns"].any()  # episodes were going on
+    monkeypatch.setattr(env_state, "restore", lambda envs, state: False)
+    trainer = Trainer(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=stopped.run_dir)
+    try:
+        after = trainer.buffer.state_dict()["storage"]
+        assert (after["truncated"][newest] | after["terminated"][newest]).all()
+        assert torch.equal(after["terminated"], before["terminated"])
+        assert torch.equal(after["truncated"][:newest], before["truncated"][:newest])
+        assert not trainer.reward_norm.returns.any()
+    finally:
+        trainer.envs.close()
+        trainer.eval_envs.close()
