@@ -104,6 +104,32 @@ def test_stop_and_resume_equals_uninterrupted(algo: str, overrides: dict, run_op
         assert differences(whole_rewards, load_checkpoint(resumed.run_dir)["reward_norm"]) == []
 
 
+def test_a_resume_after_a_crash_logs_each_step_once(run_opts):
+    """Rows logged after the last checkpoint are logged again by the resumed run: metrics.csv and TensorBoard
+    keep only the resumed run's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    opts = dict(seed=3, steps=4_096, eval_every=1_000, eval_episodes=2, stop_return=1e9, checkpoint_every=2_000)
+    opts.update(run_opts)
+    whole = train("ppo", "CartPole-v1", name="whole", **opts)
+
+    def crash(info):
+        if info["env_steps"] >= 3_000:
+            raise RuntimeError("the machine went down")
+
+    with pytest.raises(RuntimeError, match="went down"):
+        train("ppo", "CartPole-v1", name="crashed", callbacks=[crash], **opts)
+    run = Path(run_opts["logdir"]) / "crashed"
+    saved = load_checkpoint(run)["env_steps"]
+    assert max(int(step) for step, _, _ in metric_rows(run)) > saved  # logged after the checkpoint
+    resumed = train(resume=run, progress=False)
+    assert metric_rows(resumed.run_dir) == metric_rows(whole.run_dir)
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("eval/return_mean")]
+    assert steps == [int(step) for step, key, _ in metric_rows(whole.run_dir) if key == "eval/return_mean"]
+
+
 def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
     """Envs that cannot be restored (Atari, async vector envs) start new episodes: the last stored step of every
     column becomes a boundary, and reward normalisation's running returns start over."""
