@@ -311,15 +311,18 @@ class RunBase(abc.ABC):
             return "solved"
         if stop_requested or any(cb({"env_steps": steps, "trainer": self}) for cb in self.callbacks):
             return "interrupted"
-        if self.cfg.time_limit is not None and time.perf_counter() - start >= self.cfg.time_limit:
+        if self.cfg.time_limit is not None and time.perf_counter() - self._invocation_start >= self.cfg.time_limit:
             return "time_limit"
         return None
 
     def start_logging(self) -> tuple[RunLogger, float]:
-        """The run's logger and its start time (earlier by the time already spent when resuming)."""
+        """The run's logger and its start time (earlier by the time already spent when resuming: elapsed times
+        are the run's totals). The time limit counts from now: it is a budget for this invocation."""
         logger = RunLogger(self.run_dir, self.total_steps, self.env_steps, self.cfg.progress)
-        self._last_log = (time.perf_counter(), self.env_steps)
-        return logger, time.perf_counter() - self.state["elapsed"]
+        now = time.perf_counter()
+        self._last_log = (now, self.env_steps)
+        self._invocation_start = now
+        return logger, now - self.state["elapsed"]
 
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
         """Final checkpoint and a final evaluation if the last one is not at this step (none when interrupted,

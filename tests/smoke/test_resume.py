@@ -12,7 +12,7 @@ import torch
 
 from rlfleet import train
 from rlfleet.run import env_state
-from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import RunConfig
 from rlfleet.run.train import Trainer
 
@@ -128,6 +128,20 @@ def test_a_resume_after_a_crash_logs_each_step_once(run_opts):
     events.Reload()
     steps = [e.step for e in events.Scalars("eval/return_mean")]
     assert steps == [int(step) for step, key, _ in metric_rows(whole.run_dir) if key == "eval/return_mean"]
+
+
+def test_a_time_limit_is_a_budget_for_each_invocation(run_opts):
+    """A run with a time limit, resumed, gets the limit again (the time it already spent is its total only)."""
+    opts = dict(seed=0, steps=2_048, time_limit=600, eval_every=10**9, eval_episodes=1, stop_return=1e9)
+    stopped = train("ppo", "CartPole-v1", name="r", callbacks=[lambda info: info["env_steps"] >= 1_024],
+                    **opts, **run_opts)  # fmt: skip
+    path = stopped.run_dir / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(path)
+    payload["state"]["elapsed"] = 1_000.0  # as if the first invocation had run into its limit
+    save_checkpoint(path, payload)
+    resumed = train(resume=stopped.run_dir, progress=False)
+    assert resumed["stopped_by"] == "steps" and resumed["env_steps"] == 2_048
+    assert resumed["wall_time_s"] >= 1_000.0  # the run's total time
 
 
 def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
