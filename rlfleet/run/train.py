@@ -325,13 +325,14 @@ class RunBase(abc.ABC):
         return logger, now - self.state["elapsed"]
 
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
-        """Final checkpoint and a final evaluation if the last one is not at this step (none when interrupted,
-        and none once solved: the solving evaluation is the result, even if parallel workers stepped on)."""
-        self.state["elapsed"] = time.perf_counter() - start
-        self.save()
+        """A final evaluation if the last one is not at this step (none when interrupted, and none once solved:
+        the solving evaluation is the result, even if parallel workers stepped on), then the final checkpoint,
+        which holds that evaluation (a resumed run neither repeats nor forgets it)."""
         last = self.state["last_eval"]
         if stopped_by not in ("interrupted", "solved") and (last is None or last["step"] != self.env_steps):
             self._evaluate(logger, time.perf_counter() - start)
+        self.state["elapsed"] = time.perf_counter() - start
+        self.save()
 
     def write_result(self, stopped_by: str, wall: float) -> RunResult:
         result = self._result(stopped_by, wall)

@@ -144,6 +144,13 @@ def test_a_time_limit_is_a_budget_for_each_invocation(run_opts):
     assert resumed["wall_time_s"] >= 1_000.0  # the run's total time
 
 
+def test_the_last_checkpoint_holds_the_final_evaluation(run_opts):
+    result = train("ppo", "CartPole-v1", steps=1_024, eval_every=10**9, eval_episodes=2, stop_return=1e9, **run_opts)
+    state = load_checkpoint(result.run_dir)["state"]
+    assert state["evals"] == 1 and state["last_eval"]["step"] == result["env_steps"]
+    assert state["best_eval"] == result["best_eval_return"]
+
+
 def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
     """Envs that cannot be restored (Atari, async vector envs) start new episodes: the last stored step of every
     column becomes a boundary, and reward normalisation's running returns start over."""
