@@ -37,10 +37,8 @@ learned from it, so the lag stays about `workers − 1` updates (A2C with a lag 
 CartPole-v1 in our runs); for replay it is two, so that samplers collect the next round while the
 learner trains. `env_steps` counts what the learner has consumed, so it is exact and
 resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT
-saved (a resumed DQN refills it before learning again; its prioritized β annealing goes on). A crashed
-sampler is reported (traceback in `workers.log`) and restarted with a fresh queue (its new envs begin new
-episodes: the replay learner ends the stream stored in its columns there, see `learn_blocks`); Ctrl-C stops
-the samplers and saves a checkpoint.
+saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
+`workers.log`) and restarted with a fresh queue; Ctrl-C stops the samplers and saves a checkpoint.
 
 Limitation: a sampler killed (SIGKILL) while its queue's feeder thread writes an item larger than a pipe
 buffer (an Atari segment) can leave half a message that the learner then waits on; exceptions, and kills
