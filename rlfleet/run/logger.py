@@ -53,11 +53,12 @@ class RunLogger:
         from torch.utils.tensorboard import SummaryWriter  # heavy import, only when a run starts
 
         self.run_dir = run_dir
-        resumed = (run_dir / "metrics.csv").exists()
+        path = run_dir / "metrics.csv"
+        resumed = path.exists()
         if resumed:
-            keep_rows_up_to(run_dir / "metrics.csv", initial_step)
+            keep_rows_up_to(path, initial_step)
         self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=initial_step + 1 if resumed else None)
-        new_file = not resumed
+        new_file = not resumed or path.stat().st_size == 0
         self._csv_file = open(run_dir / "metrics.csv", "a", newline="")  # noqa: SIM115 (closed in close())
         self._csv = csv.writer(self._csv_file)
         if new_file:

@@ -66,6 +66,14 @@ def test_a_resumed_run_drops_the_rows_logged_after_its_checkpoint(tmp_path):
     ]
 
 
+def test_a_resumed_run_whose_metrics_csv_was_left_empty_writes_the_header(tmp_path):
+    (tmp_path / "metrics.csv").write_text("")  # killed before its first row reached the disk
+    log = RunLogger(tmp_path, total_steps=100, initial_step=20, progress=False)
+    log.log(30, {"charts/SPS": 3.0}, elapsed=0.35)
+    log.close()
+    assert rows_on_disk(tmp_path) == [["step", "wall_time", "key", "value"], ["30", "0.350", "charts/SPS", "3"]]
+
+
 def test_plot_reads_a_live_run_and_leaves_out_a_half_written_last_row(tmp_path):
     log = RunLogger(tmp_path, total_steps=100, progress=False)
     try:
