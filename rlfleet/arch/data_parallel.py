@@ -112,6 +112,7 @@ class TransitionBlock:
     """
 
     FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
+    STATE = ("h", "c")
 
     def __init__(self, length: int):
         self.length = length
@@ -120,7 +121,7 @@ class TransitionBlock:
 
     def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
         if state is not None:
-            for key, value in zip(("h", "c"), _state_to_numpy(state), strict=True):
+            for key, value in zip(self.STATE, _state_to_numpy(state), strict=True):
                 if key not in self.data:
                     self.data[key] = np.zeros((self.length, *value.shape), value.dtype)
                 self.data[key][self.t] = value
@@ -136,13 +137,26 @@ class TransitionBlock:
 
 
 def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Blocks of the samplers side by side: `[T, n_envs, ...]` each → `[T, workers × n_envs, ...]`."""
+    """Blocks of the samplers side by side: `[T, n_envs, ...]` each → `[T, workers × n_envs, ...]`.
+
+    A block acted on from no recurrent state at all (a sampler's first step, the whole first block of a
+    restarted sampler with `train_freq=1`) has no `h`/`c` while the others do: its columns get zeros, the
+    state a None stands for.
+    """
     out = {}
-    for key, first in blocks[0].items():
+    for key in TransitionBlock.FIELDS:
+        first = blocks[0][key]
         if isinstance(first, dict):
             out[key] = {k: np.concatenate([b[key][k] for b in blocks], axis=1) for k in first}
         else:
             out[key] = np.concatenate([b[key] for b in blocks], axis=1)
+    with_state = [b for b in blocks if TransitionBlock.STATE[0] in b]
+    if with_state:
+        for key in TransitionBlock.STATE:
+            like = with_state[0][key]  # [T, n_envs, state_size]
+            parts = [b[key] if key in b else np.zeros((len(like), b["rew"].shape[1], *like.shape[2:]), like.dtype)
+                     for b in blocks]  # fmt: skip
+            out[key] = np.concatenate(parts, axis=1)
     return out
 
 
@@ -191,6 +205,7 @@ class DataParallelRunner(ParallelRunner):
         self.start_counters()  # env steps consumed by the learner
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         self.buffer = None
+        self.incarnations: dict[int, int] = {}  # replay: each sampler's incarnation whose data its columns hold
         if self.algo.data == "replay":
             self.buffer = self.algo.make_buffer(cfg.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed)
         if resume_from is not None:
@@ -199,10 +214,15 @@ class DataParallelRunner(ParallelRunner):
         self._write_config({"workers": cfg.workers, "ahead": AHEAD[self.algo.data]})
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"version": self.weights.version}
+        state: dict[str, Any] = {"version": self.weights.version}
+        if self.buffer is not None:  # the data is not saved, but the sampling schedule (β) goes on
+            state["buffer_schedule"] = self.buffer.schedule_state()
+        return state
 
     def _restore_extra(self, saved: dict[str, Any]) -> None:
         self.weights.set(int(saved.get("version", 0)))
+        if self.buffer is not None and "buffer_schedule" in saved:
+            self.buffer.load_schedule_state(saved["buffer_schedule"])
 
     # ----------------------------------------------------------------------------------------- learning
     def _consume(self, items: list[Experience]) -> None:
@@ -224,10 +244,18 @@ class DataParallelRunner(ParallelRunner):
         return metrics, 1
 
     def learn_blocks(self, items: list[Experience]) -> tuple[dict[str, float], int]:
-        """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side)."""
+        """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side).
+
+        Sampler `w` fills columns `[w × n_envs, (w + 1) × n_envs)`. A restarted sampler's envs begin new
+        episodes, so before its first block the stream stored in its columns ends (`mark_boundary`).
+        """
         cfg = self.algo_cfg
         self.algo.schedule(self.env_steps, self.total_steps)  # ε only: DQN copies its target inside `update`
         self._consume(items)
+        for item in items:
+            if self.incarnations.setdefault(item.worker, item.incarnation) != item.incarnation:
+                self.buffer.mark_boundary(np.arange(item.worker * cfg.n_envs, (item.worker + 1) * cfg.n_envs))
+                self.incarnations[item.worker] = item.incarnation
         block = concat_blocks([item.data for item in items])
         for t in range(len(block["rew"])):
             step = (_map(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS)
@@ -235,7 +263,7 @@ class DataParallelRunner(ParallelRunner):
                 self.buffer.add(*step, state=(block["h"][t], block["c"][t]))
             else:
                 self.buffer.add(*step)
-        if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
+        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}, 0
         metrics: dict[str, float] = {}
         for _ in range(cfg.gradient_steps):

@@ -139,6 +139,19 @@ class ReplayBuffer:
         self._size = min(self._size + 1, self.rows)
         return indices
 
+    def mark_boundary(self, columns: Any) -> None:
+        """End the stored stream of the env ``columns`` at its newest step, which becomes truncated (unless it
+        terminated): their envs went on elsewhere and what is added next starts new episodes (a restarted
+        sampler, a resume whose envs could not be restored). n-step sums, frame stacks and sequences stop
+        there; the newest step bootstraps from its own ``next_obs``, as at a time limit."""
+        cols = np.unique(np.asarray(columns, dtype=np.int64).reshape(-1))
+        if cols.size and (cols.min() < 0 or cols.max() >= self.n_envs):
+            raise ValueError(f"columns must lie in [0, n_envs={self.n_envs}), got {cols.tolist()}")
+        if self._storage is None or self._size == 0:
+            return
+        newest = (self._ptr - 1) % self.rows
+        self._storage["truncated"][newest, cols] |= ~self._storage["terminated"][newest, cols]
+
     def _check_matches_storage(self, data: dict[str, Any]) -> None:
         """Check everything before writing, so a bad call never leaves a half-written row."""
         assert self._storage is not None
@@ -153,6 +166,11 @@ class ReplayBuffer:
                     raise ValueError(f"{name} has shape {src.shape}; earlier data had {dst.shape[1:]}")
 
     # ---- reading ------------------------------------------------------------------------------
+    def ready(self, batch_size: int, learning_starts: int = 0) -> bool:
+        """Whether learning can start: at least ``learning_starts`` and ``batch_size`` transitions are stored
+        (and, for sequences, a whole sequence in every env column), so ``sample(batch_size)`` can draw."""
+        return len(self) >= max(batch_size, learning_starts, 1)
+
     def _all_indices(self) -> np.ndarray:
         """Flat indices of every stored transition, oldest row first, envs in order within a row."""
         rows = (self._ptr - self._size + np.arange(self._size)) % self.rows
@@ -253,6 +271,14 @@ class ReplayBuffer:
             "storage": storage,
             "rng_state": self._rng.bit_generator.state,
         }
+
+    def schedule_state(self) -> dict[str, Any]:
+        """The part of ``state_dict`` that schedules sampling over the run rather than holding data (empty here;
+        a prioritized buffer's β annealing): a run that does not save its data still resumes it."""
+        return {}
+
+    def load_schedule_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``schedule_state`` returned."""
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore contents, write position and RNG state; ``capacity`` and ``n_envs`` must match."""
@@ -394,16 +420,28 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._max_priority = max(self._max_priority, float(p.max()))
             self._set_priorities(idx, p)
 
+    def schedule_state(self) -> dict[str, Any]:
+        """β's annealing: its start, end, length and how far it has gone (``sample`` calls)."""
+        return {
+            "beta_start": self._beta_start,
+            "beta_final": self._beta_final,
+            "beta_anneal_steps": self._beta_anneal_steps,
+            "sample_calls": self._sample_calls,
+        }
+
+    def load_schedule_state(self, state: Mapping[str, Any]) -> None:
+        self._beta_start = float(state["beta_start"])
+        self._beta_final = float(state["beta_final"])
+        self._beta_anneal_steps = int(state["beta_anneal_steps"])
+        self._sample_calls = int(state["sample_calls"])
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(
             sum_tree=torch.from_numpy(self._sum_tree.state()),
             min_tree=torch.from_numpy(self._min_tree.state()),
             max_priority=self._max_priority,
-            beta_start=self._beta_start,
-            beta_final=self._beta_final,
-            beta_anneal_steps=self._beta_anneal_steps,
-            sample_calls=self._sample_calls,
+            **self.schedule_state(),
         )
         return state
 
@@ -412,10 +450,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._sum_tree.load_state(state["sum_tree"].numpy())
         self._min_tree.load_state(state["min_tree"].numpy())
         self._max_priority = float(state["max_priority"])
-        self._beta_start = float(state["beta_start"])
-        self._beta_final = float(state["beta_final"])
-        self._beta_anneal_steps = int(state["beta_anneal_steps"])
-        self._sample_calls = int(state["sample_calls"])
+        self.load_schedule_state(state)
 
 
 class SequenceReplayBuffer(ReplayBuffer):
@@ -431,7 +466,8 @@ class SequenceReplayBuffer(ReplayBuffer):
     marks the steps that begin an episode (a done step just before), where a recurrent network zeroes its
     state, as for on-policy segments; n-step sums must stop at done steps
     (`rlfleet.data.returns.sequence_nstep`), so no step has to be masked out and every step trains. The
-    first step of a sequence counts as a start when the step before it is done or no longer stored.
+    first step of a sequence counts as a start when the step before it is done or no longer stored. A
+    boundary (`mark_boundary`: a column's env was replaced) is a truncation, so it starts the next step too.
 
     ``sample(B)`` returns a Batch with ``[B, seq_len, ...]`` leaves ``obs, act, rew, next_obs, terminated,
     truncated, starts`` (``rew``, ``terminated``, ``truncated``, ``starts`` float32), ``h0``/``c0``
@@ -491,6 +527,11 @@ class SequenceReplayBuffer(ReplayBuffer):
     def _valid_starts(self) -> int:
         """Rows at which a whole sequence begins (the oldest ``_size - seq_len + 1`` stored rows)."""
         return max(0, self._size - self.seq_len + 1)
+
+    def ready(self, batch_size: int, learning_starts: int = 0) -> bool:
+        """As ``ReplayBuffer.ready``, and every env column holds ``seq_len`` steps (``learning_starts`` counts
+        transitions over all columns: many envs reach it before one column holds a sequence)."""
+        return self._valid_starts() > 0 and super().ready(batch_size, learning_starts)
 
     def _all_indices(self) -> np.ndarray:
         rows = (self._ptr - self._size + np.arange(self._valid_starts())) % self.rows

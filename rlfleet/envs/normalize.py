@@ -174,6 +174,10 @@ class RewardNormalizer:
         self.returns[np.asarray(done, dtype=bool)] = 0.0
         return scaled
 
+    def restart_returns(self) -> None:
+        """Every env begins a new episode (envs rebuilt without their state): their returns start from 0."""
+        self.returns[:] = 0.0
+
     def state_dict(self) -> dict[str, Any]:
         return {**self.stats.state_dict(), "returns": self.returns.copy()}
 

@@ -64,7 +64,7 @@ class RunConfig:
     stop_return: float | None = None
     """Stop once an evaluation's mean return reaches this; default the env's reward_threshold."""
     time_limit: float | None = None
-    """Wall-clock seconds after which training stops (checkpoint saved)."""
+    """Wall-clock seconds this invocation trains at most (checkpoint saved); a resumed run gets them again."""
     checkpoint_every: int | None = None
     """Env steps between checkpoints; default 10 evaluations' worth."""
     vector_mode: str = "auto"

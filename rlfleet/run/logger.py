@@ -4,12 +4,19 @@ Metric names follow one namespace: `charts/episodic_return`, `charts/SPS`, `eval
 `losses/<name>`. `metrics.csv` stays current for whoever watches a live run (`rlfleet plot`, `tail -f`, a
 test waiting for the first rows): its first row is on disk at once, later ones at most `CSV_FLUSH_S` after
 they are logged.
+
+A resumed run continues the same files from its checkpoint's step: the rows logged after it (by the run that
+crashed or was killed later) are dropped from `metrics.csv` once, atomically, since the resumed run logs those
+steps again; TensorBoard's events cannot be rewritten, so the new writer tells TensorBoard to hide the old
+events after that step (`purge_step`) and it shows the resumed run's values there.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
+import os
 import time
 from pathlib import Path
 
@@ -19,15 +26,39 @@ CSV_FLUSH_S = 2.0
 """Longest time a row logged to `metrics.csv` waits in the file's buffer (the first row waits for nothing)."""
 
 
+def keep_rows_up_to(path: Path, step: int) -> None:
+    """Rewrite `metrics.csv` at `path` (atomically) without the rows logged after `step` and without a last row
+    cut short (no line end: the writer was killed mid-row)."""
+    with open(path, newline="") as f:
+        text = f.read()
+    complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+    rows = list(csv.reader(io.StringIO(complete, newline="")))
+    kept = rows[:1] + [r for r in rows[1:] if len(r) == 4 and r[0].isdigit() and int(r[0]) <= step]
+    if len(kept) == len(rows) and complete == text:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(kept)
+    os.replace(tmp, path)
+
+
 class RunLogger:
-    """Writes scalars to TensorBoard and `metrics.csv` (columns: step, wall_time, key, value)."""
+    """Writes scalars to TensorBoard and `metrics.csv` (columns: step, wall_time, key, value).
+
+    Where `metrics.csv` exists the run is resumed from a checkpoint at `initial_step`: what was logged after
+    that step is dropped (see the module docstring).
+    """
 
     def __init__(self, run_dir: Path, total_steps: int, initial_step: int = 0, progress: bool = True):
         from torch.utils.tensorboard import SummaryWriter  # heavy import, only when a run starts
 
         self.run_dir = run_dir
-        self.writer = SummaryWriter(str(run_dir / "tb"))
-        new_file = not (run_dir / "metrics.csv").exists()
+        path = run_dir / "metrics.csv"
+        resumed = path.exists()
+        if resumed:
+            keep_rows_up_to(path, initial_step)
+        self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=initial_step + 1 if resumed else None)
+        new_file = not resumed or path.stat().st_size == 0
         self._csv_file = open(run_dir / "metrics.csv", "a", newline="")  # noqa: SIM115 (closed in close())
         self._csv = csv.writer(self._csv_file)
         if new_file:

@@ -311,24 +311,28 @@ class RunBase(abc.ABC):
             return "solved"
         if stop_requested or any(cb({"env_steps": steps, "trainer": self}) for cb in self.callbacks):
             return "interrupted"
-        if self.cfg.time_limit is not None and time.perf_counter() - start >= self.cfg.time_limit:
+        if self.cfg.time_limit is not None and time.perf_counter() - self._invocation_start >= self.cfg.time_limit:
             return "time_limit"
         return None
 
     def start_logging(self) -> tuple[RunLogger, float]:
-        """The run's logger and its start time (earlier by the time already spent when resuming)."""
+        """The run's logger and its start time (earlier by the time already spent when resuming: elapsed times
+        are the run's totals). The time limit counts from now: it is a budget for this invocation."""
         logger = RunLogger(self.run_dir, self.total_steps, self.env_steps, self.cfg.progress)
-        self._last_log = (time.perf_counter(), self.env_steps)
-        return logger, time.perf_counter() - self.state["elapsed"]
+        now = time.perf_counter()
+        self._last_log = (now, self.env_steps)
+        self._invocation_start = now
+        return logger, now - self.state["elapsed"]
 
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
-        """Final checkpoint and a final evaluation if the last one is not at this step (none when interrupted,
-        and none once solved: the solving evaluation is the result, even if parallel workers stepped on)."""
-        self.state["elapsed"] = time.perf_counter() - start
-        self.save()
+        """A final evaluation if the last one is not at this step (none when interrupted, and none once solved:
+        the solving evaluation is the result, even if parallel workers stepped on), then the final checkpoint,
+        which holds that evaluation (a resumed run neither repeats nor forgets it)."""
         last = self.state["last_eval"]
         if stopped_by not in ("interrupted", "solved") and (last is None or last["step"] != self.env_steps):
             self._evaluate(logger, time.perf_counter() - start)
+        self.state["elapsed"] = time.perf_counter() - start
+        self.save()
 
     def write_result(self, stopped_by: str, wall: float) -> RunResult:
         result = self._result(stopped_by, wall)
@@ -430,12 +434,14 @@ class Trainer(RunBase):
         self.state.update(payload["state"])
         c = self.collector
         c.env_steps = int(payload["env_steps"])
+        envs_restored = False
         if "collector" in payload:
             col = payload["collector"]
             c.episodes = int(col["episodes"])
             c.returns.extend(col["returns"])
             c.lengths.extend(col["lengths"])
-            if env_state.restore(self.envs, payload.get("envs")):
+            envs_restored = env_state.restore(self.envs, payload.get("envs"))
+            if envs_restored:
                 c.obs = col["obs"]
                 c.state = col.get("state")
                 c.starts = col.get("starts", c.starts)
@@ -443,6 +449,11 @@ class Trainer(RunBase):
             torch.set_rng_state(payload["torch_rng"])
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
+        if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
+            if self.buffer is not None:
+                self.buffer.mark_boundary(np.arange(self.collector.n_envs))
+            if self.reward_norm is not None:
+                self.reward_norm.restart_returns()
 
     # ----------------------------------------------------------------------------------------- loop
     def _learn_rollout(self) -> dict[str, float]:
@@ -452,7 +463,7 @@ class Trainer(RunBase):
     def _learn_replay(self) -> dict[str, float]:
         cfg = self.algo_cfg
         self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
-        if len(self.buffer) < max(cfg.learning_starts, cfg.batch_size):
+        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}
         metrics: dict[str, float] = {}
         for _ in range(cfg.gradient_steps):

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from rlfleet import train
-from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run import env_state
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
+from rlfleet.run.config import RunConfig
+from rlfleet.run.train import Trainer
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
 # the same runs with observation and reward normalisation: their running statistics must resume exactly too
@@ -99,3 +102,74 @@ def test_stop_and_resume_equals_uninterrupted(algo: str, overrides: dict, run_op
         whole_rewards = load_checkpoint(whole.run_dir)["reward_norm"]
         assert whole_rewards["count"] == whole["env_steps"]  # one discounted return per env step
         assert differences(whole_rewards, load_checkpoint(resumed.run_dir)["reward_norm"]) == []
+
+
+def test_a_resume_after_a_crash_logs_each_step_once(run_opts):
+    """Rows logged after the last checkpoint are logged again by the resumed run: metrics.csv and TensorBoard
+    keep only the resumed run's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    opts = dict(seed=3, steps=4_096, eval_every=1_000, eval_episodes=2, stop_return=1e9, checkpoint_every=2_000)
+    opts.update(run_opts)
+    whole = train("ppo", "CartPole-v1", name="whole", **opts)
+
+    def crash(info):
+        if info["env_steps"] >= 3_000:
+            raise RuntimeError("the machine went down")
+
+    with pytest.raises(RuntimeError, match="went down"):
+        train("ppo", "CartPole-v1", name="crashed", callbacks=[crash], **opts)
+    run = Path(run_opts["logdir"]) / "crashed"
+    saved = load_checkpoint(run)["env_steps"]
+    assert max(int(step) for step, _, _ in metric_rows(run)) > saved  # logged after the checkpoint
+    resumed = train(resume=run, progress=False)
+    assert metric_rows(resumed.run_dir) == metric_rows(whole.run_dir)
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("eval/return_mean")]
+    assert steps == [int(step) for step, key, _ in metric_rows(whole.run_dir) if key == "eval/return_mean"]
+
+
+def test_a_time_limit_is_a_budget_for_each_invocation(run_opts):
+    """A run with a time limit, resumed, gets the limit again (the time it already spent is its total only)."""
+    opts = dict(seed=0, steps=2_048, time_limit=600, eval_every=10**9, eval_episodes=1, stop_return=1e9)
+    stopped = train("ppo", "CartPole-v1", name="r", callbacks=[lambda info: info["env_steps"] >= 1_024],
+                    **opts, **run_opts)  # fmt: skip
+    path = stopped.run_dir / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(path)
+    payload["state"]["elapsed"] = 1_000.0  # as if the first invocation had run into its limit
+    save_checkpoint(path, payload)
+    resumed = train(resume=stopped.run_dir, progress=False)
+    assert resumed["stopped_by"] == "steps" and resumed["env_steps"] == 2_048
+    assert resumed["wall_time_s"] >= 1_000.0  # the run's total time
+
+
+def test_the_last_checkpoint_holds_the_final_evaluation(run_opts):
+    result = train("ppo", "CartPole-v1", steps=1_024, eval_every=10**9, eval_episodes=2, stop_return=1e9, **run_opts)
+    state = load_checkpoint(result.run_dir)["state"]
+    assert state["evals"] == 1 and state["last_eval"]["step"] == result["env_steps"]
+    assert state["best_eval"] == result["best_eval_return"]
+
+
+def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
+    """Envs that cannot be restored (Atari, async vector envs) start new episodes: the last stored step of every
+    column becomes a boundary, and reward normalisation's running returns start over."""
+    stopped = train("dqn", "CartPole-v1", name="r", steps=3_000, eval_every=10**9, eval_episodes=1, stop_return=1e9,
+                    overrides={"reward_norm": "true"}, callbacks=[lambda info: info["env_steps"] >= 1_200],
+                    **run_opts)  # fmt: skip
+    payload = load_checkpoint(stopped.run_dir)
+    before = payload["buffer"]["storage"]
+    newest = int(payload["buffer"]["ptr"]) - 1
+    done = before["terminated"][newest] | before["truncated"][newest]
+    assert not done.all() and payload["reward_norm"]["returns"].any()  # episodes were going on
+    monkeypatch.setattr(env_state, "restore", lambda envs, state: False)
+    trainer = Trainer(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=stopped.run_dir)
+    try:
+        after = trainer.buffer.state_dict()["storage"]
+        assert (after["truncated"][newest] | after["terminated"][newest]).all()
+        assert torch.equal(after["terminated"], before["terminated"])
+        assert torch.equal(after["truncated"][:newest], before["truncated"][:newest])
+        assert not trainer.reward_norm.returns.any()
+    finally:
+        trainer.envs.close()
+        trainer.eval_envs.close()

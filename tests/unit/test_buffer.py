@@ -213,6 +213,46 @@ def test_n_step_matches_reference_loop(n_envs, n_step, capacity):
     assert_matches_reference(buf.sample(64), stream, buf, kept_from)
 
 
+def test_mark_boundary_ends_the_stored_episodes_of_the_given_columns():
+    """After a restart the envs of some columns begin new episodes: n-step sums and frame stacks stop at the
+    boundary, which bootstraps like a truncation (the old episode went on from next_obs)."""
+    g = 0.5
+    buf = ReplayBuffer(40, n_envs=3, n_step=3, gamma=g, frame_stack=2, seed=0)
+    buf.mark_boundary([0, 1, 2])  # nothing stored yet: nothing to mark
+    for t in range(2):
+        add_step(buf, [[t]] * 3, [0] * 3, [1.0] * 3, [[t + 0.5]] * 3, [0, 0, 0], [0, 0, 0])
+    buf.mark_boundary(np.array([1, 2]))
+    for t in range(2, 4):  # column 1 and 2's envs start new episodes here
+        add_step(buf, [[t]] * 3, [0] * 3, [1.0] * 3, [[t + 0.5]] * 3, [0, 0, 0], [0, 0, 0])
+    b = buf.sample(0)  # rows oldest first, columns in order
+    np.testing.assert_allclose(b.rew[[0, 1, 2]], [1 + g + g**2, 1 + g, 1 + g])
+    np.testing.assert_allclose(b.discount[[0, 1, 2]], [g**3, g**2, g**2])
+    assert b.terminated[[0, 1, 2]].tolist() == [0.0, 0.0, 0.0]  # a boundary bootstraps
+    assert b.next_obs[1, :, 0].tolist() == [1.0, 1.5]  # from the old episode's own next observation
+    assert b.obs[[6, 7], :, 0].tolist() == [[1, 2], [2, 2]]  # no frame of the old episode in column 1's stack
+    stored = buf.state_dict()["storage"]
+    assert stored["truncated"][:, 1].tolist() == [False, True, False, False]
+
+
+def test_mark_boundary_keeps_a_termination_and_rejects_unknown_columns():
+    buf = ReplayBuffer(10, n_envs=2, seed=0)
+    add_step(buf, [[0], [0]], [0, 0], [1.0, 1.0], [[1], [1]], [1, 0], [0, 0])
+    buf.mark_boundary([0, 1])
+    stored = buf.state_dict()["storage"]
+    assert stored["terminated"][0].tolist() == [True, False] and stored["truncated"][0].tolist() == [False, True]
+    with pytest.raises(ValueError, match="columns"):
+        buf.mark_boundary([2])
+
+
+def test_ready_counts_transitions_against_learning_starts_and_the_batch_size():
+    buf = ReplayBuffer(100, n_envs=4, seed=0)
+    assert not buf.ready(batch_size=1)
+    for t in range(3):
+        add_step(buf, [[t]] * 4, [0] * 4, [0.0] * 4, [[t]] * 4, [0] * 4, [0] * 4)
+    assert buf.ready(batch_size=12) and not buf.ready(batch_size=13)
+    assert buf.ready(batch_size=4, learning_starts=12) and not buf.ready(batch_size=4, learning_starts=13)
+
+
 # ---- frame stacking -----------------------------------------------------------------------------
 
 
@@ -409,6 +449,17 @@ def test_per_beta_annealing_and_set_beta():
     buf.set_beta(0.3)
     buf.sample(2)
     assert buf.beta == 0.3
+
+
+def test_per_schedule_state_carries_the_beta_annealing_to_an_empty_buffer():
+    """A run that does not save its replay data (data_parallel) still resumes β where it was."""
+    buf = filled_per(4, beta=0.2, beta_final=1.0, beta_anneal_steps=4, seed=0)
+    for _ in range(3):
+        buf.sample(2)
+    fresh = PrioritizedReplayBuffer(4, beta=0.4, beta_anneal_steps=100)
+    fresh.load_schedule_state(round_trip(buf.schedule_state()))
+    assert fresh.beta == pytest.approx(0.8) and len(fresh) == 0
+    assert ReplayBuffer(4).schedule_state() == {}
 
 
 def test_per_state_dict_round_trip():

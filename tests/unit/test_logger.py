@@ -47,6 +47,33 @@ def test_a_resumed_run_appends_to_metrics_csv_under_one_header(tmp_path):
     assert rows[0] == ["step", "wall_time", "key", "value"] and [r[0] for r in rows[1:]] == ["10", "20"]
 
 
+def test_a_resumed_run_drops_the_rows_logged_after_its_checkpoint(tmp_path):
+    """The resumed run logs those steps again: its metrics.csv reads as one run."""
+    first = RunLogger(tmp_path, total_steps=100, progress=False)
+    for step in (10, 20, 30):
+        first.log(step, {"charts/SPS": float(step)}, elapsed=step / 100)
+    first.close()
+    with open(tmp_path / "metrics.csv", "a", newline="") as f:
+        f.write("20,0.250,eval/return_mean,-12")  # a row cut short by a kill
+    second = RunLogger(tmp_path, total_steps=100, initial_step=20, progress=False)  # the checkpoint was at 20
+    second.log(30, {"charts/SPS": 3.0}, elapsed=0.35)
+    second.close()
+    assert rows_on_disk(tmp_path) == [
+        ["step", "wall_time", "key", "value"],
+        ["10", "0.100", "charts/SPS", "10"],
+        ["20", "0.200", "charts/SPS", "20"],
+        ["30", "0.350", "charts/SPS", "3"],
+    ]
+
+
+def test_a_resumed_run_whose_metrics_csv_was_left_empty_writes_the_header(tmp_path):
+    (tmp_path / "metrics.csv").write_text("")  # killed before its first row reached the disk
+    log = RunLogger(tmp_path, total_steps=100, initial_step=20, progress=False)
+    log.log(30, {"charts/SPS": 3.0}, elapsed=0.35)
+    log.close()
+    assert rows_on_disk(tmp_path) == [["step", "wall_time", "key", "value"], ["30", "0.350", "charts/SPS", "3"]]
+
+
 def test_plot_reads_a_live_run_and_leaves_out_a_half_written_last_row(tmp_path):
     log = RunLogger(tmp_path, total_steps=100, progress=False)
     try:

@@ -13,6 +13,7 @@ from rlfleet.data import SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs import make_vector_env
 from rlfleet.run.collector import Collector
+from rlfleet.run.train import train
 
 H = 3  # stored state size in the buffer tests
 
@@ -129,6 +130,39 @@ def test_too_short_buffer_and_bad_sizes_fail_clearly():
             np.zeros(2),
             (np.zeros((2, 4)),) * 2,
         )
+
+
+def test_ready_needs_a_whole_sequence_in_every_env_column():
+    """learning_starts counts transitions over all columns; a sequence needs seq_len steps of one column."""
+    buf = SequenceReplayBuffer(10_000, n_envs=64, seq_len=6)
+    fill(buf, 5, 64)
+    assert len(buf) == 320 and not buf.ready(batch_size=4, learning_starts=100)
+    fill(buf, 1, 64)
+    assert buf.ready(batch_size=4, learning_starts=100)
+    buf.sample(4)
+
+
+def test_a_marked_boundary_starts_the_next_step_of_a_sequence():
+    buf = SequenceReplayBuffer(100, n_envs=2, seq_len=4, state_size=H)
+    fill(buf, 2, 2, p_done=0.0)
+    buf.mark_boundary([1])
+    fill(buf, 2, 2, p_done=0.0)
+    b = buf.sample(0)  # one sequence per column: steps 0..3
+    assert b.starts[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert b.starts[1].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert b.truncated[1].tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("arch", ["single", "data_parallel"])
+def test_recurrent_dqn_learns_once_every_column_holds_a_sequence(arch, run_opts):
+    """64 env columns and 2 steps a round: the first round's 128 transitions pass learning_starts=100, but a
+    sequence of 6 steps is only there after the third round."""
+    overrides = {"lstm": 8, "hidden": "16", "burn_in": 2, "train_len": 4, "train_freq": 2, "learning_starts": 100,
+                 "batch_size": 4, "gradient_steps": 1}  # fmt: skip
+    n_envs = 64 if arch == "single" else 32
+    result = train("dqn", "rlfleet/CartPoleNoVel-v1", arch=arch, workers=2, serial=True, n_envs=n_envs, steps=640,
+                   eval_every=10**9, eval_episodes=1, stop_return=1e9, overrides=overrides, **run_opts)  # fmt: skip
+    assert result["env_steps"] == 640 and result.algo.updates == 3  # gradient steps in rounds 3, 4 and 5
 
 
 def test_state_dict_round_trip_continues_the_same_samples():
