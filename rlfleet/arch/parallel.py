@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -43,9 +43,11 @@ class WorkerSpec:
     action_space: gym.Space
     seed: int
     total_steps: int
+    resumes: int = field(default=0, kw_only=True)
+    """How many times the run was resumed: a resumed run's workers draw new seeds, not the first run's again."""
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
-        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation
+        return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation + 10_000_019 * self.resumes
 
 
 class WorkerActor:
@@ -182,7 +184,12 @@ class ParallelRunner(RunBase):
 
     def _payload(self, with_data: bool) -> dict[str, Any]:
         payload = super()._payload(with_data)
-        payload[self.arch] = {"episodes": self._episodes, "returns": list(self.returns), **self._extra_state()}
+        payload[self.arch] = {
+            "episodes": self._episodes,
+            "returns": list(self.returns),
+            "resumes": self.spec.resumes,
+            **self._extra_state(),
+        }
         return payload
 
     def _restore(self, payload: dict[str, Any]) -> None:
@@ -190,6 +197,7 @@ class ParallelRunner(RunBase):
         self.state.update(payload["state"])
         self.counter.set(int(payload["env_steps"]))
         saved = payload.get(self.arch) or {}
+        self.spec.resumes = int(saved.get("resumes", 0)) + 1  # the workers are not started yet
         self._episodes = int(saved.get("episodes", 0))
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)

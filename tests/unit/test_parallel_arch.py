@@ -13,13 +13,14 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import linear
+from rlfleet.arch import runner_class
 from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import StopFlag, WeightVersion, share_algo, trainable_params
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.run.checkpoint import load_checkpoint
-from rlfleet.run.config import ConfigError, build_algo_config
+from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
 from rlfleet.run.train import train
 
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
@@ -260,3 +261,19 @@ def test_grad_parallel_counts_only_the_steps_behind_applied_gradients(run_opts):
               callbacks=three_updates, name="second", **run_opts).result  # fmt: skip
     a2c = build_algo_config("a2c", None, {})[0]
     assert r["updates"] == 3 and r["env_steps"] == 3 * 2 * a2c.rollout_len * a2c.n_envs
+
+
+@pytest.mark.parametrize("arch", ["hogwild", "data_parallel", "grad_parallel"])
+def test_a_resumed_run_seeds_its_workers_anew(arch, run_opts, tmp_path):
+    """Workers of a resumed run are incarnation 0 again: with the first run's seeds they would replay its first
+    episodes and exploration. Each resume draws new ones."""
+    train("a2c", "CartPole-v1", arch=arch, workers=2, serial=True, steps=1_000, name="r", **run_opts)
+    payload = load_checkpoint(tmp_path / "r")
+    cfg = RunConfig(**payload["run_config"])
+    fresh = runner_class(arch)(cfg, run_dir=tmp_path / "fresh")
+    resumed = runner_class(arch)(cfg, resume_from=payload, run_dir=tmp_path / "r")
+    seeds = {fresh.spec.worker_seed(w, 0) for w in range(2)}
+    assert seeds.isdisjoint(resumed.spec.worker_seed(w, 0) for w in range(2))
+    assert resumed.spec.resumes == 1 and resumed._payload(with_data=False)[arch]["resumes"] == 1
+    for runner in (fresh, resumed):
+        runner.eval_envs.close()
