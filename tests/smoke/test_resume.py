@@ -152,8 +152,8 @@ def test_the_last_checkpoint_holds_the_final_evaluation(run_opts):
 
 
 def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
-    """Envs that cannot be restored (Atari, async vector envs) start new episodes: the last stored step of every
-    column becomes a boundary, and reward normalisation's running returns start over."""
+    """Envs that cannot be restored (Atari, async vector envs) start new episodes, not the first run's again: the
+    last stored step of every column becomes a boundary, and reward normalisation's running returns start over."""
     stopped = train("dqn", "CartPole-v1", name="r", steps=3_000, eval_every=10**9, eval_episodes=1, stop_return=1e9,
                     overrides={"reward_norm": "true"}, callbacks=[lambda info: info["env_steps"] >= 1_200],
                     **run_opts)  # fmt: skip
@@ -170,6 +170,10 @@ def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts
         assert torch.equal(after["terminated"], before["terminated"])
         assert torch.equal(after["truncated"][:newest], before["truncated"][:newest])
         assert not trainer.reward_norm.returns.any()
+        first_run = Trainer(RunConfig(**{**payload["run_config"], "name": "fresh"}))
+        assert not np.allclose(trainer.collector.obs, first_run.collector.obs)  # not the first run's episodes
+        first_run.envs.close()
+        first_run.eval_envs.close()
     finally:
         trainer.envs.close()
         trainer.eval_envs.close()
