@@ -57,7 +57,6 @@ from rlfleet.arch.parallel import ParallelRunner, Producer
 from rlfleet.arch.shared import WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.arch.workers import WorkerQueues, stop_workers
 from rlfleet.optim import build_optimizer
-from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
 
 QUEUE_SIZE = 2  # gradients each worker's queue holds: at most 2 × workers wait for the centre
@@ -153,8 +152,6 @@ class GradParallelRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
-        if self.cfg.grad_sets < 0:
-            raise ConfigError(f"--grad-sets must be >= 0 (0: one per worker), got {self.cfg.grad_sets}")
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)

@@ -116,8 +116,6 @@ class ParallelRunner(RunBase):
                 f"{cfg.algo} learns from replay; the {self.arch} architecture runs on-policy algorithms "
                 "(a2c/a3c, pg, ppo, onestep_q, sarsa, nstep_q): use --arch data_parallel or single for it"
             )
-        if cfg.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(
