@@ -164,7 +164,7 @@ def resolve_env_spec(env_id: str) -> EnvSpec:
         module, _, env_id = env_id.partition(":")
         try:
             importlib.import_module(module)
-        except ImportError as exc:
+        except (ImportError, TypeError, ValueError) as exc:  # TypeError, ValueError: a relative or empty name
             raise UnknownEnvError(f"cannot import {module!r}, the module of env id {module}:{env_id}: {exc}") from None
     if env_id in gym.registry:
         return gym.spec(env_id)

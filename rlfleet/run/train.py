@@ -33,11 +33,12 @@ from rlfleet.envs.normalize import (
     normalize_rewards,
 )
 from rlfleet.run import env_state
-from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, run_folder_of, save_checkpoint
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config, check_run_config
 from rlfleet.run.evaluate import evaluate
 from rlfleet.run.logger import RunLogger
+from rlfleet.run.paths import check_output_folder
 from rlfleet.run.plot import plot_runs
 
 LOG_EVERY = 1_000  # env steps between training-metric log lines
@@ -137,7 +138,10 @@ class RunBase(abc.ABC):
         self.obs_stats = self.make_obs_stats()
         self.reward_norm = self.make_reward_norm()
         self.check_config()
+        if run_dir is None:
+            check_output_folder(cfg.logdir, "--logdir")
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
+        check_output_folder(self.run_dir, "run folder")
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(
                 f"run folder {self.run_dir} already exists; use --resume {self.run_dir} or another --name"
@@ -493,7 +497,7 @@ def train(
     """
     if resume is not None:
         payload = load_checkpoint(resume)
-        run_dir = Path(resume) if Path(resume).is_dir() else Path(resume).parent.parent
+        run_dir = run_folder_of(resume)
         resumable = {"steps", "time_limit", "progress"}
         if set(options) - resumable:
             raise ConfigError(
