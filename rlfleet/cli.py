@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+from rlfleet.fields import parse_count
 
 USAGE_ERROR = 2
 
@@ -42,6 +45,7 @@ def _train(args: argparse.Namespace) -> int:
             workers=args.workers,
             optimizer=args.optimizer,
             grad_sets=args.grad_sets,
+            torch_threads=args.torch_threads,
             serial=args.serial,
             max_restarts=args.max_restarts,
             dataset=args.dataset,
@@ -74,12 +78,11 @@ def _eval(args: argparse.Namespace) -> int:
 def _collect(args: argparse.Namespace) -> int:
     from rlfleet.run.collect import collect_demonstrations
 
-    demos = collect_demonstrations(args.checkpoint, episodes=args.episodes, seed=args.seed)
-    path = demos.save(args.output)
+    demos = collect_demonstrations(args.checkpoint, episodes=args.episodes, seed=args.seed, output=args.output)
     returns = demos.episode_returns
     print(
         f"{demos.env}: {len(returns)} episodes, {len(demos)} (obs, act) pairs, return {returns.mean():.1f} ± "
-        f"{returns.std():.1f}\ndataset: {path}"
+        f"{returns.std():.1f}\ndataset: {args.output}"
     )
     return 0
 
@@ -110,59 +113,78 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (exit 2) like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"rlfleet: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(text: str) -> int:
+    """An integer option, also written as `1e6`."""
+    try:
+        return parse_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlfleet", description=__doc__)
+    parser = _Parser(prog="rlfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train an agent")
     t.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
     t.add_argument("--env", help="Gymnasium env id, e.g. CartPole-v1 or ALE/Pong-v5")
-    t.add_argument("--steps", type=int, help="env steps to train (default: the algorithm's total_steps)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--n-envs", type=int, help="parallel training envs")
+    t.add_argument("--steps", type=_count, help="env steps to train (default: the algorithm's total_steps)")
+    t.add_argument("--seed", type=_count, default=0)
+    t.add_argument("--n-envs", type=_count, help="parallel training envs")
     t.add_argument("--preset", help="named defaults of the algorithm (see `rlfleet list`)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field")
     t.add_argument("--logdir", default="runs", help="folder of run folders (default: runs)")
     t.add_argument("--name", help="run folder name")
-    t.add_argument("--eval-every", type=int, help="env steps between greedy evaluations")
-    t.add_argument("--eval-episodes", type=int, default=10)
+    t.add_argument("--eval-every", type=_count, help="env steps between greedy evaluations")
+    t.add_argument("--eval-episodes", type=_count, default=10)
     t.add_argument("--stop-return", type=float, help="stop when evaluation reaches this (default: env threshold)")
-    t.add_argument("--time-limit", type=float, help="wall-clock seconds to train at most")
-    t.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints")
+    t.add_argument("--time-limit", type=float, help="wall-clock seconds this invocation trains at most")
+    t.add_argument("--checkpoint-every", type=_count, help="env steps between checkpoints")
     t.add_argument("--vector-mode", default="auto", choices=["auto", "sync", "async", "envpool"])
     t.add_argument(
         "--arch", help="architecture: single, hogwild, data_parallel, grad_parallel, offline (default: the algorithm's)"
     )
-    t.add_argument("--workers", type=int, default=2, help="worker processes of a parallel architecture (default: 2)")
+    t.add_argument("--workers", type=_count, default=2, help="worker processes of a parallel architecture (default: 2)")
     t.add_argument(
         "--optimizer",
         default="shared_rmsprop",
         help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, sgd, shared_adam",
     )
     t.add_argument(
-        "--grad-sets", type=int, default=0, help="gradient sets grad_parallel sums per step (default 0: one per worker)"
+        "--grad-sets",
+        type=_count,
+        default=0,
+        help="gradient sets grad_parallel sums per step (default 0: one per worker)",
     )
     t.add_argument(
-        "--max-restarts", type=int, default=10, help="worker restarts a parallel run allows in all (default: 10)"
+        "--max-restarts", type=_count, default=10, help="worker restarts a parallel run allows in all (default: 10)"
     )
     t.add_argument("--serial", action="store_true", help="run a parallel architecture's workers in one process")
     t.add_argument("--dataset", metavar="FILE", help="demonstrations for bc (written by `rlfleet collect`)")
     t.add_argument("--expert", metavar="CHECKPOINT", help="bc: DAgger, the expert labels the learner's states")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    t.add_argument("--torch-threads", type=_count, default=1, help="torch threads of the training process (default 1)")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint greedily")
     e.add_argument("checkpoint", help="checkpoint file or run folder")
-    e.add_argument("--episodes", type=int, default=10)
-    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument("--episodes", type=_count, default=10)
+    e.add_argument("--seed", type=_count, default=12345)
     e.add_argument("--video", metavar="DIR", help="record videos of the episodes into DIR")
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("collect", help="record a checkpoint's greedy episodes as demonstrations for bc")
     c.add_argument("checkpoint", help="checkpoint file or run folder")
-    c.add_argument("--episodes", type=int, default=20)
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--episodes", type=_count, default=20)
+    c.add_argument("--seed", type=_count, default=0)
     c.add_argument("-o", "--output", required=True, metavar="FILE", help="the .npz to write")
     c.set_defaults(func=_collect)
 
@@ -184,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.envs import UnknownEnvError
     from rlfleet.run.checkpoint import CheckpointError
     from rlfleet.run.config import ConfigError
+    from rlfleet.run.plot import MetricsError
 
     try:
         return args.func(args)
@@ -194,10 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         ConfigError,
         CheckpointError,
         DatasetError,
+        MetricsError,
     ) as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
+        # a path the checks above did not foresee (or that changed under the command): still one line
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
 

@@ -1,5 +1,9 @@
 """The algorithm registry. Each algorithm lives in one module with a `Config` dataclass, `PRESETS`, and a class.
 
+Every number field of a `Config` declares the values it allows where it is declared
+(`gamma: float = bounded(0.99, ge=0, le=1)`, see `rlfleet.fields`); `rlfleet.run.config.build_algo_config`
+checks type, finiteness and range of every field before a run starts.
+
 The contract every algorithm class keeps (architectures call nothing else):
 
 - `__init__(cfg, obs_space, action_space, seed)`; raises `UnsupportedSpaceError` for spaces it can't handle;

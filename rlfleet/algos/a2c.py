@@ -39,6 +39,7 @@ from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
+from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
@@ -47,31 +48,31 @@ from rlfleet.nets.recurrent import LSTMCore
 class Config(NormOptions):
     """A2C hyperparameters; the defaults solve CartPole-v1 (presets: atari, paper, continuous, lstm)."""
 
-    n_envs: int = 8
+    n_envs: int = bounded(8, ge=1)
     """Parallel envs stepped in lockstep by one process."""
-    rollout_len: int = 16
+    rollout_len: int = bounded(16, ge=1)
     """Steps per env per update (the paper's t_max)."""
-    gamma: float = 0.99
+    gamma: float = bounded(0.99, ge=0, le=1)
     """Discount factor."""
-    gae_lambda: float = 0.9
+    gae_lambda: float = bounded(0.9, ge=0, le=1)
     """GAE λ; 1.0 gives plain n-step returns as in the A3C paper."""
-    reward_scale: float = 1.0
+    reward_scale: float = bounded(1.0, gt=0)
     """Rewards are multiplied by this before returns are computed (values are learned in these units)."""
-    lr: float = 3e-3
+    lr: float = bounded(3e-3, ge=0)
     """Learning rate."""
     lr_anneal: bool = False
     """Anneal the learning rate linearly to 0 over the run's total steps (as the A3C paper does)."""
     optimizer: str = "rmsprop"
     """adam, rmsprop or sgd."""
-    ent_coef: float = 0.0
+    ent_coef: float = bounded(0.0, ge=0)
     """Entropy bonus β (the A3C paper uses 0.01)."""
-    vf_coef: float = 0.5
+    vf_coef: float = bounded(0.5, ge=0)
     """Weight of the value loss."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = bounded(0.5, ge=0)
     """Global gradient-norm clip; 0 disables it."""
     normalize_advantage: bool = True
     """Standardise advantages per segment."""
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
@@ -79,14 +80,14 @@ class Config(NormOptions):
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
     shared: bool = False
     """One encoder for policy and value also for vector observations (images and `lstm` always share)."""
-    lstm: int = 0
+    lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""
     log_std: str = "state_independent"
     """Box actions: the Gaussian's σ — state_independent (learned vector), state_dependent (linear in the
     features) or softplus (σ² = softplus(linear), the A3C paper's head)."""
-    init_std: float = 1.0
+    init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range."""
-    total_steps: int = 200_000
+    total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""
 
 

@@ -29,6 +29,7 @@ from rlfleet.algos.common import (
     to_env_actions,
 )
 from rlfleet.data.batch import Batch
+from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
 
 
@@ -36,29 +37,29 @@ from rlfleet.nets.models import ActorCritic
 class Config:
     """BC hyperparameters; the defaults clone a CartPole-v1 expert from 20 episodes."""
 
-    batch_size: int = 64
+    batch_size: int = bounded(64, ge=1)
     """Demonstrations per gradient step (drawn without replacement, reshuffled every epoch)."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0)
     """Learning rate (Adam)."""
     lr_anneal: bool = False
     """Anneal the learning rate linearly to 0 over the run's gradient steps."""
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, ge=0)
     """Adam's L2 weight decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = bounded(1.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
-    total_steps: int = 5_000
+    total_steps: int = bounded(5_000, ge=1)
     """Default budget in gradient steps (the offline runner counts gradient steps, not env steps)."""
-    dagger_iterations: int = 4
+    dagger_iterations: int = bounded(4, ge=0)
     """With an expert (`--expert`): DAgger rounds. The budget is split into `dagger_iterations` + 1 equal
     phases; after each phase but the last the learner runs `dagger_episodes` episodes, the expert labels
     every state visited, and those pairs join the training data."""
-    dagger_episodes: int = 10
+    dagger_episodes: int = bounded(10, ge=1)
     """With an expert: learner episodes per DAgger round (run side by side, greedily)."""
 
 

@@ -36,6 +36,7 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
+from rlfleet.fields import bounded
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
@@ -43,37 +44,37 @@ from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 class Config(NormOptions):
     """DDPG hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
-    n_envs: int = 1
+    n_envs: int = bounded(1, ge=1)
     """Parallel envs stepped in lockstep by one process."""
-    buffer_size: int = 100_000
+    buffer_size: int = bounded(100_000, ge=1)
     """Replay capacity in transitions."""
-    batch_size: int = 64
+    batch_size: int = bounded(64, ge=1)
     """Minibatch size."""
-    learning_starts: int = 1_000
+    learning_starts: int = bounded(1_000, ge=0)
     """Env steps collected before the first update."""
-    random_steps: int = 1_000
+    random_steps: int = bounded(1_000, ge=0)
     """Env steps of uniformly random actions at the start (exploration warm-up)."""
-    train_freq: int = 1
+    train_freq: int = bounded(1, ge=1)
     """Vector-env steps between training phases."""
-    gradient_steps: int = 1
+    gradient_steps: int = bounded(1, ge=1)
     """Gradient steps per training phase."""
-    gamma: float = 0.98
+    gamma: float = bounded(0.98, ge=0, le=1)
     """Discount factor."""
-    n_step: int = 1
+    n_step: int = bounded(1, ge=1)
     """Steps of real reward before bootstrapping."""
-    tau: float = 0.01
+    tau: float = bounded(0.01, gt=0, le=1)
     """Polyak rate of the target networks: θ' ← (1 − τ) θ' + τ θ after every update."""
-    actor_lr: float = 1e-3
+    actor_lr: float = bounded(1e-3, ge=0)
     """Learning rate of the actor (Adam)."""
-    critic_lr: float = 1e-3
+    critic_lr: float = bounded(1e-3, ge=0)
     """Learning rate of the critic (Adam)."""
-    exploration_noise: float = 0.1
+    exploration_noise: float = bounded(0.1, ge=0)
     """σ of the Gaussian noise added to μ(s) while exploring, in units of half the action range."""
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the actor and the critic MLPs."""
     activation: str = "relu"
     """MLP activation: relu, tanh or elu."""
-    total_steps: int = 50_000
+    total_steps: int = bounded(50_000, ge=1)
     """Default training budget in env steps."""
 
 

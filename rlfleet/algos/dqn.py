@@ -42,6 +42,7 @@ from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs.normalize import NormOptions
+from rlfleet.fields import bounded
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore
 
@@ -50,25 +51,25 @@ from rlfleet.nets.recurrent import LSTMCore
 class Config(NormOptions):
     """DQN hyperparameters; the defaults (double + dueling + prioritized, 3-step) solve CartPole-v1."""
 
-    n_envs: int = 4
+    n_envs: int = bounded(4, ge=1)
     """Parallel envs stepped in lockstep by one process."""
-    buffer_size: int = 50_000
+    buffer_size: int = bounded(50_000, ge=1)
     """Replay capacity in transitions."""
-    batch_size: int = 64
+    batch_size: int = bounded(64, ge=1)
     """Minibatch size (in sequences when `lstm` > 0)."""
-    learning_starts: int = 1_000
+    learning_starts: int = bounded(1_000, ge=0)
     """Env steps collected before the first update."""
-    train_freq: int = 16
+    train_freq: int = bounded(16, ge=1)
     """Vector-env steps between training phases."""
-    gradient_steps: int = 16
+    gradient_steps: int = bounded(16, ge=1)
     """Gradient steps per training phase."""
-    gamma: float = 0.99
+    gamma: float = bounded(0.99, ge=0, le=1)
     """Discount factor."""
-    n_step: int = 3
+    n_step: int = bounded(3, ge=1)
     """Steps of real reward before bootstrapping."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0)
     """Learning rate (Adam)."""
-    target_update_every: int = 100
+    target_update_every: int = bounded(100, ge=1)
     """Gradient steps between hard target-network copies."""
     double: bool = True
     """Double Q-learning: the online net picks the next action, the target net evaluates it."""
@@ -76,33 +77,33 @@ class Config(NormOptions):
     """Dueling value/advantage head."""
     prioritized: bool = True
     """Prioritized replay (proportional); feed-forward only: with `lstm` > 0 sequences are drawn uniformly."""
-    alpha: float = 0.6
+    alpha: float = bounded(0.6, ge=0)
     """Priority exponent."""
-    beta: float = 0.4
+    beta: float = bounded(0.4, ge=0, le=1)
     """Initial importance-sampling exponent, annealed to 1 over the run."""
-    eps_start: float = 1.0
+    eps_start: float = bounded(1.0, ge=0, le=1)
     """Initial exploration rate."""
-    eps_final: float = 0.05
+    eps_final: float = bounded(0.05, ge=0, le=1)
     """Final exploration rate."""
-    eps_anneal_steps: int = 10_000
+    eps_anneal_steps: int = bounded(10_000, ge=0)
     """Env steps over which ε decays linearly."""
-    max_grad_norm: float = 10.0
+    max_grad_norm: float = bounded(10.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = (128, 128)
+    hidden: tuple[int, ...] = bounded((128, 128), ge=1)
     """Hidden layer sizes of the MLP encoder."""
     activation: str = "relu"
     """MLP activation."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
-    lstm: int = 0
+    lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells between encoder and head, trained on replayed sequences."""
-    burn_in: int = 8
+    burn_in: int = bounded(8, ge=0)
     """Recurrent: steps at the start of each replayed sequence that only warm up the state (no loss)."""
-    train_len: int = 8
+    train_len: int = bounded(8, ge=1)
     """Recurrent: steps per replayed sequence that the loss is computed on (after the burn-in)."""
     stored_state: bool = True
     """Recurrent: start each sequence from the state acting had there (R2D2's stored state); False: zeros."""
-    total_steps: int = 100_000
+    total_steps: int = bounded(100_000, ge=1)
     """Default training budget in env steps."""
 
 

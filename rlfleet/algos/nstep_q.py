@@ -40,6 +40,7 @@ from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
+from rlfleet.fields import bounded
 from rlfleet.nets.models import QNetwork
 
 TARGETS = ("onestep_q", "sarsa", "nstep_q")
@@ -51,31 +52,31 @@ class Config(NormOptions):
 
     target: str = "nstep_q"
     """onestep_q, sarsa or nstep_q."""
-    n_envs: int = 8
+    n_envs: int = bounded(8, ge=1)
     """Parallel envs (each with its own final ε)."""
-    rollout_len: int = 5
+    rollout_len: int = bounded(5, ge=1)
     """Steps per env between updates: t_max for n-step Q, I_AsyncUpdate for the one-step methods."""
-    gamma: float = 0.99
+    gamma: float = bounded(0.99, ge=0, le=1)
     """Discount factor."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0)
     """Learning rate."""
     lr_anneal: bool = False
     """Anneal the learning rate linearly to 0 over the run (the paper does)."""
     optimizer: str = "adam"
     """adam, rmsprop or sgd."""
-    target_update_every: int = 1_000
+    target_update_every: int = bounded(1_000, ge=1)
     """Env steps between target-network copies (paper: 40,000 frames)."""
-    eps_start: float = 1.0
+    eps_start: float = bounded(1.0, ge=0, le=1)
     """Initial ε of every env."""
-    eps_final_choices: tuple[float, ...] = (0.1, 0.01, 0.5)
+    eps_final_choices: tuple[float, ...] = bounded((0.1, 0.01, 0.5), ge=0, le=1)
     """Final ε values an env can draw (paper: 0.1, 0.01, 0.5)."""
-    eps_final_probs: tuple[float, ...] = (0.4, 0.3, 0.3)
+    eps_final_probs: tuple[float, ...] = bounded((0.4, 0.3, 0.3), ge=0, le=1)
     """Probabilities of those values (paper: 0.4, 0.3, 0.3)."""
-    eps_anneal_steps: int = 10_000
+    eps_anneal_steps: int = bounded(10_000, ge=0)
     """Env steps over which ε decays from eps_start to each env's final ε (paper: 4M frames)."""
-    max_grad_norm: float = 10.0
+    max_grad_norm: float = bounded(10.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = (128, 128)
+    hidden: tuple[int, ...] = bounded((128, 128), ge=1)
     """Hidden layer sizes of the MLP encoder."""
     activation: str = "relu"
     """MLP activation."""
@@ -83,7 +84,7 @@ class Config(NormOptions):
     """Dueling value/advantage head."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
-    total_steps: int = 200_000
+    total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""
 
 

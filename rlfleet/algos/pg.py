@@ -30,6 +30,7 @@ from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
+from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
 
 
@@ -37,27 +38,27 @@ from rlfleet.nets.models import ActorCritic
 class Config(NormOptions):
     """REINFORCE hyperparameters; the defaults solve CartPole-v1."""
 
-    n_envs: int = 8
+    n_envs: int = bounded(8, ge=1)
     """Parallel envs stepped in lockstep by one process."""
-    rollout_len: int = 32
+    rollout_len: int = bounded(32, ge=1)
     """Steps per env per update; episodes unfinished at the segment end are dropped without a baseline."""
-    gamma: float = 0.95
+    gamma: float = bounded(0.95, ge=0, le=1)
     """Discount factor."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0)
     """Learning rate (Adam)."""
-    epochs: int = 2
+    epochs: int = bounded(2, ge=1)
     """Passes over each segment."""
-    minibatch_size: int = 64
+    minibatch_size: int = bounded(64, ge=0)
     """Samples per gradient step; 0 uses the whole segment as one batch."""
     normalize_returns: bool = True
     """Standardise the returns (or advantages, with a baseline) per segment."""
     baseline: bool = False
     """Learn a state-value baseline (and bootstrap unfinished episodes from it)."""
-    vf_coef: float = 0.5
+    vf_coef: float = bounded(0.5, ge=0)
     """Weight of the baseline's value loss."""
-    max_grad_norm: float = 0.0
+    max_grad_norm: float = bounded(0.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
@@ -65,9 +66,9 @@ class Config(NormOptions):
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
     log_std: str = "state_independent"
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
-    init_std: float = 1.0
+    init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range."""
-    total_steps: int = 200_000
+    total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""
 
 

@@ -36,6 +36,7 @@ from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
+from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
@@ -44,47 +45,47 @@ from rlfleet.nets.recurrent import LSTMCore
 class Config(NormOptions):
     """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous, mujoco)."""
 
-    n_envs: int = 8
+    n_envs: int = bounded(8, ge=1)
     """Parallel envs stepped in lockstep by one process."""
-    rollout_len: int = 32
+    rollout_len: int = bounded(32, ge=1)
     """Steps per env per update."""
-    gamma: float = 0.98
+    gamma: float = bounded(0.98, ge=0, le=1)
     """Discount factor."""
-    gae_lambda: float = 0.8
+    gae_lambda: float = bounded(0.8, ge=0, le=1)
     """GAE λ."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0)
     """Learning rate (Adam)."""
     lr_anneal: bool = True
     """Anneal the learning rate linearly to 0 over the run's total steps."""
-    epochs: int = 10
+    epochs: int = bounded(10, ge=1)
     """Passes over each segment."""
-    minibatch_size: int = 64
+    minibatch_size: int = bounded(64, ge=1)
     """Samples per gradient step (with `lstm`, rounded to whole sequences of `rollout_len` steps)."""
-    clip: float = 0.2
+    clip: float = bounded(0.2, gt=0)
     """Surrogate clipping ε."""
-    value_clip: float = 0.0
+    value_clip: float = bounded(0.0, ge=0)
     """Clip the value update to ± this around the old value (0 disables)."""
-    ent_coef: float = 0.0
+    ent_coef: float = bounded(0.0, ge=0)
     """Entropy bonus."""
-    vf_coef: float = 0.5
+    vf_coef: float = bounded(0.5, ge=0)
     """Weight of the value loss."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = bounded(0.5, ge=0)
     """Global gradient-norm clip; 0 disables it."""
     normalize_advantage: bool = True
     """Standardise advantages per minibatch."""
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
     """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
-    lstm: int = 0
+    lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""
     log_std: str = "state_independent"
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
-    init_std: float = 1.0
+    init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range."""
-    total_steps: int = 100_000
+    total_steps: int = bounded(100_000, ge=1)
     """Default training budget in env steps."""
 
 

@@ -58,7 +58,6 @@ from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, Producer
 from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer
-from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunResult, _StopRequest
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
@@ -153,8 +152,6 @@ class GradParallelRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
-        if self.cfg.grad_sets < 0:
-            raise ConfigError(f"--grad-sets must be >= 0 (0: one per worker), got {self.cfg.grad_sets}")
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)

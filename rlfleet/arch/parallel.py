@@ -128,10 +128,6 @@ class ParallelRunner(RunBase):
                 f"runs {cfg.algo}'s own update), or --set epochs=1 --set minibatch_size="
                 f"{self.algo_cfg.rollout_len * self.algo_cfg.n_envs} (one minibatch: the whole segment)"
             )
-        if cfg.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {cfg.workers}")
-        if cfg.max_restarts < 0:
-            raise ConfigError(f"--max-restarts must be >= 0, got {cfg.max_restarts}")
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(

@@ -123,11 +123,22 @@ def same_action_space(a: gym.Space, b: gym.Space) -> bool:
     return False
 
 
+def is_dataset_file(path: str | Path) -> bool:
+    """Whether `path` is a file written by `Demonstrations.save` (reads only its format entry)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return isinstance(data, np.lib.npyio.NpzFile) and "format" in data.files and str(data["format"]) == FORMAT
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return False
+
+
 def load_demonstrations(path: str | Path) -> Demonstrations:
     """Read a file written by `Demonstrations.save`; a one-line `DatasetError` for anything else."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DatasetError(f"no dataset at {path}")
+    if not path.is_file():
+        raise DatasetError(f"dataset {path} is a folder, not a file (write one with rlfleet collect -o FILE)")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}

@@ -164,7 +164,7 @@ def resolve_env_spec(env_id: str) -> EnvSpec:
         module, _, env_id = env_id.partition(":")
         try:
             importlib.import_module(module)
-        except ImportError as exc:
+        except (ImportError, TypeError, ValueError) as exc:  # TypeError, ValueError: a relative or empty name
             raise UnknownEnvError(f"cannot import {module!r}, the module of env id {module}:{env_id}: {exc}") from None
     if env_id in gym.registry:
         return gym.spec(env_id)
@@ -205,8 +205,21 @@ def _has_wrapper(env: gym.Env, wrapper_type: type[gym.Wrapper]) -> bool:
     return False
 
 
+def _quiet_ale() -> None:
+    """Keep ALE's banner ("A.L.E: Arcade Learning Environment ...", "[Powered by Stella]") off the terminal.
+
+    The emulator prints it when the first ``ALEInterface`` of a process is made, one line before ale-py's
+    ``AtariEnv`` lowers the log level to errors, so a run printed it once per process: 12 times for PPO's
+    8 async envs plus evaluation. Setting the (process-wide, static) level first, to the level AtariEnv sets
+    anyway, keeps errors and drops the banner."""
+    import ale_py
+
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+
+
 def _make_atari(spec: EnvSpec, options: AtariOptions, *, training: bool, render_mode: str | None) -> gym.Env:
     """Build the DQN-preprocessed Atari env from Gymnasium's wrappers (see :func:`make_env`)."""
+    _quiet_ale()
     ale_kwargs: dict[str, Any] = {
         "frameskip": 1,
         "full_action_space": options.full_action_space,

@@ -33,6 +33,7 @@ import numpy as np
 from gymnasium.vector import VectorEnv
 
 from rlfleet.envs.wrappers import ForwardingVectorWrapper
+from rlfleet.fields import bounded
 
 
 @dataclass
@@ -43,12 +44,12 @@ class NormOptions:
     """Normalise observations by the running mean and variance of the training observations: training
     env steps update them, evaluation uses them frozen, checkpoints keep them (float vector observations,
     single architecture; see `rlfleet.envs.normalize`)."""
-    obs_clip: float = 10.0
+    obs_clip: float = bounded(10.0, gt=0)
     """With `obs_norm`: normalised observations are clipped to ± this."""
     reward_norm: bool = False
     """Divide training rewards by the running standard deviation of the discounted return (with the
     algorithm's γ); evaluation and logged episode returns stay raw (single architecture)."""
-    reward_clip: float = 10.0
+    reward_clip: float = bounded(10.0, gt=0)
     """With `reward_norm`: scaled rewards are clipped to ± this."""
 
 

@@ -16,6 +16,10 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable, or not an rlfleet checkpoint."""
 
 
+REQUIRED = ("run_config", "algo_config", "algo")
+"""Entries every checkpoint holds (state dicts and configs, each a dict)."""
+
+
 def to_safe(obj: Any) -> Any:
     """Convert NumPy arrays/scalars (recursively) to tensors and plain numbers, which weights_only loading allows."""
     if isinstance(obj, np.ndarray):
@@ -55,8 +59,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / "checkpoints" / "latest.pt"
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file (a run folder holds checkpoints/latest.pt)")
     try:
         with warnings.catch_warnings():  # foreign pickles make torch warn over several lines; we reject them anyway
             warnings.simplefilter("ignore")
@@ -70,4 +76,23 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != "rlfleet-checkpoint-v1":
         raise CheckpointError(f"{path} is not an rlfleet checkpoint")
+    missing = [key for key in REQUIRED if not isinstance(payload.get(key), dict)]
+    if missing:
+        raise CheckpointError(f"{path} is an incomplete rlfleet checkpoint (no {', '.join(missing)})")
     return from_safe(payload)
+
+
+def run_folder_of(path: str | Path) -> Path:
+    """The run folder of a checkpoint: a folder itself, or `RUN` for a file `RUN/checkpoints/NAME.pt`.
+
+    A checkpoint file anywhere else belongs to no run folder, and a resumed run must not write its files
+    into whatever folder lies two levels above it."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.parent.name != "checkpoints":
+        raise CheckpointError(
+            f"{path} lies outside a run folder: --resume takes a run folder or a checkpoint in its checkpoints/ "
+            "(the resumed run writes into that run folder)"
+        )
+    return path.parent.parent

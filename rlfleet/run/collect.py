@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rlfleet.data.demos import Demonstrations
-from rlfleet.run.evaluate import evaluate, load_agent
+from rlfleet.data.demos import Demonstrations, is_dataset_file
+from rlfleet.fields import check_value
+from rlfleet.run.evaluate import EPISODES, SEED, evaluate, load_agent
+from rlfleet.run.paths import check_output_file
 
 ENVS = 16  # episodes recorded side by side (one per env)
 
@@ -71,17 +73,23 @@ def record_episodes(algo, env_id: str, episodes: int, seed: int, recorder: Episo
     return np.concatenate(returns)
 
 
-def collect_demonstrations(checkpoint: str | Path, episodes: int, seed: int = 0) -> Demonstrations:
-    """`episodes` greedy episodes of a checkpoint's agent on its own env, as demonstrations."""
+def collect_demonstrations(
+    checkpoint: str | Path, episodes: int, seed: int = 0, output: str | Path | None = None
+) -> Demonstrations:
+    """`episodes` greedy episodes of a checkpoint's agent on its own env, as demonstrations; saved to `output`
+    if given (checked before anything runs: not a folder, not another kind of file, in a writable folder)."""
     from rlfleet.envs import env_spec_info
-    from rlfleet.run.config import ConfigError
 
-    if episodes < 1:
-        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
-
+    check_value("--episodes", episodes, int, EPISODES)
+    check_value("--seed", seed, int, SEED)
+    if output is not None:
+        check_output_file(output, "-o", ours=is_dataset_file, kind="an rlfleet dataset")
     algo, run = load_agent(checkpoint)
     recorder = EpisodeRecorder()
     record_episodes(algo, run["env"], episodes, seed, recorder)
     obs, act, rew, starts = recorder.arrays()
     action_space = env_spec_info(run["env"])["action_space"]
-    return Demonstrations(obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint))
+    demos = Demonstrations(obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint))
+    if output is not None:
+        demos.save(output)
+    return demos

@@ -9,45 +9,57 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet.algos import config_fields, resolve
+from rlfleet.envs import VECTOR_MODES
+from rlfleet.fields import (
+    ConfigError,
+    bounded,
+    check_fields,
+    checked,
+    non_empty,
+    one_of,
+    parse_count,
+    single_folder_name,
+)
 
-
-class ConfigError(ValueError):
-    """A bad hyperparameter, preset or run option."""
+__all__ = ["ConfigError", "RunConfig", "build_algo_config", "check_run_config", "parse_overrides"]
 
 
 @dataclass
 class RunConfig:
-    """Everything about a run that is not the algorithm's own hyperparameters."""
+    """Everything about a run that is not the algorithm's own hyperparameters.
 
-    algo: str
+    Each field declares the values it allows (`rlfleet.fields`); `check_run_config` checks them all before a
+    run touches the disk, and its messages name a field by its command-line option (`--n-envs`)."""
+
+    algo: str = field(metadata={"option": "ALGO"})
     """Registered algorithm name (see `rlfleet list`)."""
-    env: str
+    env: str = checked(check=non_empty)
     """Gymnasium env id (`CartPole-v1`, `ALE/Pong-v5`, ...)."""
     arch: str | None = None
     """Architecture: single (one process), hogwild (A3C's asynchronous workers), data_parallel or
     grad_parallel; None takes the algorithm's default (`single`, or `hogwild` for `a3c`)."""
-    workers: int = 2
+    workers: int = bounded(2, ge=1)
     """Worker processes of a parallel architecture (ignored by `single`)."""
     optimizer: str = "shared_rmsprop"
     """Optimizer of the shared parameters (hogwild, grad_parallel): shared_rmsprop (statistics shared by all
     workers, the A3C paper's default), rmsprop (per-worker statistics), sgd (per-worker momentum), shared_adam."""
-    grad_sets: int = 0
+    grad_sets: int = bounded(0, ge=0)
     """Gradient sets the grad_parallel centre sums per optimizer step (0 = one per worker)."""
-    max_restarts: int = 10
+    max_restarts: int = bounded(10, ge=0)
     """Worker restarts a parallel run allows in all (a worker that keeps crashing ends the run after that)."""
     serial: bool = False
     """Run a parallel architecture's workers one after another in this process (tests, debugging)."""
-    steps: int | None = None
+    steps: int | None = bounded(None, ge=1)
     """Env steps to train for; None takes the algorithm's `total_steps`."""
-    seed: int = 0
+    seed: int = bounded(0, ge=0)
     """Seed for envs, networks and sampling."""
-    n_envs: int | None = None
+    n_envs: int | None = bounded(None, ge=1)
     """Parallel training envs; None takes the algorithm's `n_envs`."""
     preset: str | None = None
     """Named set of defaults from the algorithm's PRESETS; None picks the preset named after the env's family
     (`atari` for Atari envs, `mujoco` for MuJoCo envs, `continuous` for other envs with Box actions) where the
     algorithm has one."""
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict, metadata={"option": "--set"})
     """Algorithm config fields to set (`--set key=value`)."""
     dataset: str | None = None
     """Demonstrations (an .npz written by `rlfleet collect`) for an imitation algorithm (bc)."""
@@ -55,24 +67,35 @@ class RunConfig:
     """Checkpoint (file or run folder) of an expert whose greedy actions label the learner's states (DAgger; bc)."""
     logdir: str = "runs"
     """Folder that holds run folders."""
-    name: str | None = None
-    """Run folder name; default `<algo>-<env>-s<seed>-<timestamp>`."""
-    eval_every: int | None = None
-    """Env steps between greedy evaluations; default max(2,000, steps / 50)."""
-    eval_episodes: int = 10
+    name: str | None = checked(None, single_folder_name)
+    """Run folder name, one path component (the run stays inside `logdir`); default
+    `<algo>-<env>-s<seed>-<timestamp>`."""
+    eval_every: int | None = bounded(None, ge=0)
+    """Env steps between greedy evaluations; None or 0: max(2,000, steps / 50)."""
+    eval_episodes: int = bounded(10, ge=1)
     """Episodes per evaluation (run side by side on separate envs)."""
-    stop_return: float | None = None
-    """Stop once an evaluation's mean return reaches this; default the env's reward_threshold."""
-    time_limit: float | None = None
+    stop_return: float | None = bounded(None, finite=False)
+    """Stop once an evaluation's mean return reaches this (inf: never); default the env's reward_threshold."""
+    time_limit: float | None = bounded(None, gt=0)
     """Wall-clock seconds this invocation trains at most (checkpoint saved); a resumed run gets them again."""
-    checkpoint_every: int | None = None
-    """Env steps between checkpoints; default 10 evaluations' worth."""
-    vector_mode: str = "auto"
+    checkpoint_every: int | None = bounded(None, ge=0)
+    """Env steps between checkpoints; None or 0: 10 evaluations' worth."""
+    vector_mode: str = checked("auto", one_of(VECTOR_MODES))
     """Vector env: auto, sync, async or envpool."""
-    torch_threads: int = 1
+    torch_threads: int = bounded(1, ge=1)
     """torch.set_num_threads for the training process (small nets run fastest on one thread)."""
-    progress: bool = True
+    progress: bool = field(default=True, metadata={"option": "progress"})
     """Show a progress bar."""
+
+
+def run_option(f: dataclasses.Field) -> str:
+    """How messages name a `RunConfig` field: by its command-line option."""
+    return f.metadata.get("option", "--" + f.name.replace("_", "-"))
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    """A one-line `ConfigError` for the first run option of a wrong type, not finite or out of its range."""
+    check_fields(cfg, run_option)
 
 
 def _parse_value(text: str, annotation: Any, key: str) -> Any:
@@ -88,19 +111,19 @@ def _parse_value(text: str, annotation: Any, key: str) -> Any:
                 return False
             raise ValueError(text)
         if annotation is int:
-            return int(float(text)) if "e" in text.lower() else int(text)
+            return parse_count(text)
         if annotation is float:
             return float(text)
         if origin is tuple:
             inner = typing.get_args(annotation)[0]
             parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
-            return tuple(inner(p.strip()) for p in parts)
+            return tuple(parse_count(p.strip()) if inner is int else inner(p.strip()) for p in parts)
         if origin in (typing.Union, types.UnionType):
             args = [a for a in typing.get_args(annotation) if a is not type(None)]
             if text.lower() == "none":
                 return None
             return _parse_value(text, args[0], key)
-    except ValueError:
+    except (ValueError, OverflowError):
         expected = annotation.__name__ if isinstance(annotation, type) else annotation
         raise ConfigError(f"bad value {text!r} for {key} (expected {expected})") from None
     return text
@@ -114,10 +137,6 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key.strip()] = value.strip()
     return out
-
-
-# counts that no algorithm can run with at 0 (they size envs, buffers, segments and update loops)
-AT_LEAST_ONE = ("n_envs", "rollout_len", "batch_size", "epochs", "buffer_size", "train_freq", "gradient_steps")
 
 
 def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], env_family: str | None = None):
@@ -139,10 +158,5 @@ def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], 
             raise ConfigError(f"unknown config key {key!r} for {algo}; valid keys: {', '.join(sorted(fields))}")
         values[key] = _parse_value(value, hints[key], key) if isinstance(value, str) else value
     cfg = config_cls(**values)
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-            raise ConfigError(f"{algo} config {f.name}={value} must not be negative")
-        if f.name in AT_LEAST_ONE and value < 1:
-            raise ConfigError(f"{algo} config {f.name}={value} must be at least 1")
+    check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
     return cfg, preset

@@ -9,6 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet.fields import Bounds, check_fields, check_value
+from rlfleet.run.paths import check_output_folder
+
+EPISODES = Bounds(ge=1)
+"""Episodes `rlfleet eval` and `rlfleet collect` run (`--episodes`)."""
+SEED = Bounds(ge=0)
+"""Seeds of evaluation envs (`--seed`)."""
+
 
 def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None] | None = None) -> np.ndarray:
     """Run exactly one episode in each of `n_episodes` envs with the greedy policy; returns their returns.
@@ -53,14 +61,24 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
     from rlfleet.algos import resolve
     from rlfleet.envs import env_spec_info
     from rlfleet.envs.normalize import ObsNormalizedAgent
-    from rlfleet.run.checkpoint import load_checkpoint
+    from rlfleet.run.checkpoint import CheckpointError, load_checkpoint
 
     payload = load_checkpoint(checkpoint)
     run = payload["run_config"]
+    if not isinstance(run.get("algo"), str) or not isinstance(run.get("env"), str):
+        raise CheckpointError(f"checkpoint {checkpoint} names no algorithm and env in its run config")
     algo_cls, config_cls, _, _ = resolve(run["algo"])
     info = env_spec_info(run["env"])
-    algo = algo_cls(config_cls(**payload["algo_config"]), info["observation_space"], info["action_space"])
-    algo.load_state_dict(payload["algo"])
+    try:
+        cfg = config_cls(**payload["algo_config"])
+        check_fields(cfg, lambda f: f"{run['algo']} config {f.name}")
+        algo = algo_cls(cfg, info["observation_space"], info["action_space"])
+        algo.load_state_dict(payload["algo"])
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:  # another version's config or networks
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointError(
+            f"checkpoint {checkpoint} does not fit rlfleet's {run['algo']} ({exc.__class__.__name__}: {detail})"
+        ) from None
     return ObsNormalizedAgent.from_checkpoint(algo, payload), run
 
 
@@ -74,9 +92,14 @@ def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
 def evaluate_checkpoint(
     checkpoint: str | Path, episodes: int = 10, seed: int = 12345, video_dir: str | Path | None = None
 ) -> dict[str, Any]:
-    """Rebuild the agent of a checkpoint, run `episodes` greedy episodes, optionally save each as a GIF."""
+    """Rebuild the agent of a checkpoint, run `episodes` greedy episodes, optionally save each as a GIF
+    (into `video_dir`, made if missing)."""
     from rlfleet.envs import make_env, make_vector_env
 
+    check_value("--episodes", episodes, int, EPISODES)
+    check_value("--seed", seed, int, SEED)
+    if video_dir is not None:
+        check_output_folder(video_dir, "--video")
     algo, run = load_agent(checkpoint)
     if video_dir is None:
         envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False)

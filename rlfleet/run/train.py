@@ -7,6 +7,7 @@ import abc
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import signal
 import threading
@@ -32,11 +33,12 @@ from rlfleet.envs.normalize import (
     normalize_rewards,
 )
 from rlfleet.run import env_state
-from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, run_folder_of, save_checkpoint
 from rlfleet.run.collector import Collector
-from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
+from rlfleet.run.config import ConfigError, RunConfig, build_algo_config, check_run_config
 from rlfleet.run.evaluate import evaluate
 from rlfleet.run.logger import RunLogger
+from rlfleet.run.paths import check_output_folder
 from rlfleet.run.plot import plot_runs
 
 LOG_EVERY = 1_000  # env steps between training-metric log lines
@@ -116,28 +118,19 @@ class RunBase(abc.ABC):
         run_dir: Path | None = None,
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
+        check_run_config(cfg)  # every option's type and range, as RunConfig declares them
         info = env_spec_info(cfg.env)
         self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
         self.algo_cls = algo_cls
         self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["family"])
         if cfg.n_envs is not None:
-            if cfg.n_envs < 1:
-                raise ConfigError(f"--n-envs must be >= 1, got {cfg.n_envs}")
             self.algo_cfg.n_envs = cfg.n_envs
         self.cfg = cfg
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
-        if self.total_steps <= 0:
-            raise ConfigError(f"--steps must be positive, got {self.total_steps}")
-        for name in ("eval_every", "checkpoint_every"):
-            value = getattr(cfg, name)
-            if value is not None and value < 0:  # a negative interval would never move past the current step
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {value}")
         self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         self.stop_return = cfg.stop_return if cfg.stop_return is not None else info["reward_threshold"]
-        if cfg.eval_episodes < 1:
-            raise ConfigError(f"--eval-episodes must be >= 1, got {cfg.eval_episodes}")
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
@@ -145,7 +138,10 @@ class RunBase(abc.ABC):
         self.obs_stats = self.make_obs_stats()
         self.reward_norm = self.make_reward_norm()
         self.check_config()
+        if run_dir is None:
+            check_output_folder(cfg.logdir, "--logdir")
         self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
+        check_output_folder(self.run_dir, "run folder")
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(
                 f"run folder {self.run_dir} already exists; use --resume {self.run_dir} or another --name"
@@ -513,7 +509,7 @@ def train(
     """
     if resume is not None:
         payload = load_checkpoint(resume)
-        run_dir = Path(resume) if Path(resume).is_dir() else Path(resume).parent.parent
+        run_dir = run_folder_of(resume)
         resumable = {"steps", "time_limit", "progress"}
         if set(options) - resumable:
             raise ConfigError(
@@ -530,7 +526,8 @@ def train(
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown run option(s) {sorted(unknown)}; valid: {sorted(known - {'algo', 'env'})}")
-    cfg = RunConfig(algo=algo, env=env, **options)
+    paths = {k: os.fspath(v) for k, v in options.items() if isinstance(v, os.PathLike)}  # saved as plain text
+    cfg = RunConfig(algo=algo, env=env, **{**options, **paths})
     return _runner(cfg)(cfg, callbacks=callbacks).run()
 
 

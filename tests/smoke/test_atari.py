@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import json
 import math
+import subprocess
+import sys
 import time
 
 import pytest
@@ -71,3 +73,18 @@ def test_algorithm_runs_on_pong(algo: str, run_opts: dict):
     if algo == "dqn":
         assert latest["algo"]["updates"] > 0  # gradient steps were taken
         assert latest["buffer"]["size"] > 0
+
+
+def test_ale_banner_is_never_printed(tmp_path):
+    """ALE prints a two-line banner on the first emulator of each process: a PPO run showed it 12 times."""
+    code = (
+        "from rlfleet.envs import env_spec_info, make_vector_env\n"
+        "env_spec_info('ALE/Pong-v5')\n"
+        "envs = make_vector_env('ALE/Pong-v5', 2, seed=0, mode='async')\n"  # two more processes
+        "envs.reset(seed=0)\n"
+        "envs.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "A.L.E: Arcade Learning Environment" not in output and "Powered by Stella" not in output, output

@@ -9,12 +9,15 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from procs import RLFLEET
 
 from rlfleet.algos import REGISTRY
-from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.data.demos import Demonstrations
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 
 ALGOS = ("a2c", "a3c", "bc", "ddpg", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sac", "sarsa", "td3")
 RESULT_KEYS = {
@@ -34,16 +37,38 @@ def tree(root: Path) -> dict[str, bytes | None]:
 
 
 def make_workdir(folder: Path) -> Path:
-    """A folder with a garbage checkpoint, a foreign torch file and an existing (fake) run folder in it."""
+    """A folder with bad inputs in it: a garbage checkpoint, a foreign torch file, a checkpoint that lies loose
+    (outside a run's checkpoints/), an existing (fake) run folder, runs with corrupt metrics, bad datasets,
+    a file of the user's and an empty folder."""
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "garbage.pt").write_bytes(b"this is not a checkpoint\n" * 10)
     (folder / "empty.pt").write_bytes(b"")
     torch.save({"weights": torch.zeros(3)}, folder / "foreign.pt")
+    run_config = {"algo": "ppo", "env": "CartPole-v1"}
+    save_checkpoint(folder / "loose.pt", {"run_config": run_config, "algo_config": {}, "algo": {}, "env_steps": 0})
     run = folder / "runs" / "old"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "latest.pt").write_bytes(b"\x80\x02garbage")
     (run / "config.json").write_text('{"keep": "me"}')
     (run / "metrics.csv").write_text("step,wall_time,key,value\n1,0.1,charts/episodic_return,9\n")
+    (folder / "runs" / "notes.txt").write_text("a file of the user's where a run folder could go\n")
+    for name, text in CORRUPT_METRICS.items():
+        (folder / "runs" / name).mkdir()
+        (folder / "runs" / name / "metrics.csv").write_bytes(text)
+    (folder / "empty.npz").write_bytes(b"")
+    (folder / "garbage.npz").write_bytes(b"PK\x03\x04 this is not a zip")
+    (folder / "notes.txt").write_text("the user's notes: no rlfleet command may overwrite them\n")
+    (folder / "adir").mkdir()
+    obs, act, starts = np.zeros((3, 4), np.float32), np.zeros(3, np.int64), np.array([True, False, False])
+    Demonstrations(obs, act, np.ones(3), starts, "CartPole-v1", gym.spaces.Discrete(2)).save(folder / "demos.npz")
     return folder
+
+
+CORRUPT_METRICS = {
+    "text-in-value": b"step,wall_time,key,value\n1,0.1,charts/episodic_return,abc\n",
+    "no-header": b"1,0.1,charts/episodic_return,9\n",
+    "binary": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\n",
+}
 
 
 TRAIN = ("train", "ppo", "--env", "CartPole-v1", "--steps", "600", "--logdir", "runs", "--no-progress")
@@ -60,10 +85,14 @@ USAGE_ERRORS = {
     "eval-missing": (("eval", "nowhere/latest.pt"), ["nowhere", "no checkpoint"]),
     "resume-garbage-run": (("train", "--resume", "runs/old", "--no-progress"), ["latest.pt", "cannot read checkpoint"]),
     "resume-missing": (("train", "--resume", "runs/nope", "--no-progress"), ["runs/nope", "no checkpoint"]),
+    "set-gamma-above-one": ((*TRAIN, "--set", "gamma=1.5"), ["ppo config gamma=1.5", "must be in [0, 1]"]),
+    "name-leaves-logdir": ((*TRAIN, "--name", "../escaped"), ["--name='../escaped'", "single folder name"]),
+    "plot-corrupt-metrics": (("plot", "runs/text-in-value"), ["runs/text-in-value/metrics.csv", "line 2"]),
+    "steps-not-a-number": (("train", "ppo", "--env", "CartPole-v1", "--steps", "many"), ["--steps", "'many'"]),
 }
 
 # more of the same, checked in-process with `rlfleet.cli.main` (a subprocess costs seconds of imports)
-MORE_USAGE_ERRORS = {
+EARLIER_USAGE_ERRORS = {
     "set-no-equals": ((*TRAIN, "--set", "lr"), ["key=value", "'lr'"]),
     "set-bad-int": ((*TRAIN, "--set", "epochs=2.5"), ["'2.5'", "epochs", "int"]),
     "set-bad-bool": ((*TRAIN, "--set", "lr_anneal=maybe"), ["'maybe'", "lr_anneal", "bool"]),
@@ -94,6 +123,114 @@ MORE_USAGE_ERRORS = {
     "eval-garbage-run": (("eval", "runs/old"), ["latest.pt", "cannot read checkpoint"]),
     "resume-garbage-file": (("train", "--resume", "garbage.pt"), ["garbage.pt", "cannot read checkpoint"]),
 }
+
+# by category: input -> fragments of the one error line (exit 2, no traceback, nothing in the work folder changed)
+
+# an algorithm's config fields: type, range and finiteness, declared with the field (tests/unit/test_config_fields.py
+# walks every field of every algorithm; these check that the CLI says the same in one line)
+CONFIG_RANGES = {
+    "set-gamma-negative": ((*TRAIN, "--set", "gamma=-0.5"), ["ppo config gamma=-0.5 is negative", "in [0, 1]"]),
+    "set-lr-inf": ((*TRAIN, "--set", "lr=inf"), ["ppo config lr=inf is not a finite number", ">= 0"]),
+    "set-lr-nan": ((*TRAIN, "--set", "lr=nan"), ["ppo config lr=nan is not a finite number"]),
+    "set-clip-zero": ((*TRAIN, "--set", "clip=0"), ["ppo config clip=0.0 is out of range", "must be > 0"]),
+    "set-hidden-zero": ((*TRAIN, "--set", "hidden=64,0"), ["hidden=(64, 0)", "every entry must be >= 1"]),
+    "set-int-overflow": ((*TRAIN, "--set", "n_envs=1e400"), ["'1e400'", "n_envs", "int"]),
+    "set-tau-zero": (("train", "sac", "--env", "Pendulum-v1", "--set", "tau=0"), ["sac config tau=0", "(0, 1]"]),
+    "set-eps-above-one": (
+        ("train", "dqn", "--env", "CartPole-v1", "--set", "eps_final=2"),
+        ["dqn config eps_final=2.0", "in [0, 1]"],
+    ),
+    "set-n-step-zero": (("train", "dqn", "--env", "CartPole-v1", "--set", "n_step=0"), ["n_step=0", ">= 1"]),
+    "set-a3c-lr": (("train", "a3c", "--env", "CartPole-v1", "--set", "lr=-1"), ["a3c config lr=-1.0", "negative"]),
+}
+
+# run options: type, range and finiteness, declared with RunConfig's fields; eval's and collect's options
+RUN_OPTIONS = {
+    "time-limit-negative": ((*TRAIN, "--time-limit", "-1"), ["--time-limit=-1.0 is negative", "must be > 0"]),
+    "time-limit-nan": ((*TRAIN, "--time-limit", "nan"), ["--time-limit=nan is not a finite number"]),
+    "stop-return-nan": ((*TRAIN, "--stop-return", "nan"), ["--stop-return=nan is not a number"]),
+    "steps-zero": ((*TRAIN[:4], "--steps", "0"), ["--steps=0", "must be >= 1"]),
+    "seed-negative": ((*TRAIN, "--seed", "-1"), ["--seed=-1 is negative", ">= 0"]),
+    "eval-episodes-zero": ((*TRAIN, "--eval-episodes", "0"), ["--eval-episodes=0", ">= 1"]),
+    "grad-sets-negative": ((*TRAIN, "--arch", "grad_parallel", "--grad-sets", "-2"), ["--grad-sets=-2"]),
+    "torch-threads-zero": ((*TRAIN, "--torch-threads", "0"), ["--torch-threads=0", ">= 1"]),
+    "eval-episodes-0": (("eval", "runs/old", "--episodes", "0"), ["--episodes=0", "must be >= 1"]),
+    "eval-episodes-negative": (("eval", "runs/old", "--episodes", "-3"), ["--episodes=-3 is negative"]),
+    "eval-seed-negative": (("eval", "runs/old", "--seed", "-1"), ["--seed=-1 is negative"]),
+    "collect-episodes-0": (("collect", "runs/old", "-o", "d.npz", "--episodes", "0"), ["--episodes=0"]),
+    "collect-seed-negative": (("collect", "runs/old", "-o", "d.npz", "--seed", "-1"), ["--seed=-1"]),
+    "steps-float": (("train", "ppo", "--env", "CartPole-v1", "--steps", "2.5"), ["--steps", "'2.5'"]),
+    "no-command": ((), ["command"]),
+    "unknown-option": ((*TRAIN, "--stepz", "5"), ["--stepz"]),
+    "env-relative-module": (("train", "ppo", "--env", "../x:Foo"), ["'../x'", "x:Foo"]),
+}
+
+# run names: one path component inside --logdir
+RUN_NAMES = {
+    "name-parent": ((*TRAIN, "--name", ".."), ["--name='..'", "single folder name"]),
+    "name-dot": ((*TRAIN, "--name", "."), ["--name='.'", "single folder name"]),
+    "name-empty": ((*TRAIN, "--name", ""), ["--name=''", "single folder name"]),
+    "name-separator": ((*TRAIN, "--name", "a/b"), ["--name='a/b'", "single folder name"]),
+    "name-backslash": ((*TRAIN, "--name", "a\\b"), ["--name='a\\\\b'", "single folder name"]),
+    "name-absolute": ((*TRAIN, "--name", "/tmp/x"), ["--name='/tmp/x'", "single folder name"]),
+    "name-up-two": ((*TRAIN, "--name", "../../x"), ["--name='../../x'", "single folder name"]),
+    "name-nul": ((*TRAIN, "--name", "a\0b"), ["--name='a\\x00b'", "single folder name"]),
+}
+
+# files a command reads: checkpoint, run folder, dataset, metrics; missing, empty, corrupt, wrong kind
+FILE_ARGUMENTS = {
+    "eval-folder-without-checkpoint": (("eval", "adir"), ["adir", "no checkpoint"]),
+    "eval-incomplete-checkpoint": (("eval", "loose.pt"), ["loose.pt", "does not fit"]),
+    "eval-a-dataset": (("eval", "demos.npz"), ["demos.npz", "checkpoint"]),
+    "eval-checkpoints-folder": (("eval", "runs/old/checkpoints"), ["runs/old/checkpoints", "no checkpoint"]),
+    "expert-garbage": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "demos.npz", "--expert", "garbage.pt"),
+        ["garbage.pt", "cannot read checkpoint"],
+    ),
+    "expert-folder-without-checkpoint": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "demos.npz", "--expert", "adir"),
+        ["adir", "no checkpoint"],
+    ),
+    "dataset-other-env": (("train", "bc", "--env", "Acrobot-v1", "--dataset", "demos.npz"), ["'CartPole-v1'"]),
+    "dataset-missing": (("train", "bc", "--env", "CartPole-v1", "--dataset", "nope.npz"), ["nope.npz", "no dataset"]),
+    "dataset-empty": (("train", "bc", "--env", "CartPole-v1", "--dataset", "empty.npz"), ["empty.npz", "cannot read"]),
+    "dataset-garbage": (("train", "bc", "--env", "CartPole-v1", "--dataset", "garbage.npz"), ["garbage.npz"]),
+    "dataset-folder": (("train", "bc", "--env", "CartPole-v1", "--dataset", "adir"), ["adir", "is a folder"]),
+    "dataset-checkpoint": (("train", "bc", "--env", "CartPole-v1", "--dataset", "garbage.pt"), ["garbage.pt"]),
+    "resume-loose-checkpoint": (("train", "--resume", "loose.pt"), ["loose.pt", "checkpoints/"]),
+    "resume-folder-without-checkpoint": (("train", "--resume", "adir"), ["adir", "no checkpoint"]),
+    "plot-no-header": (("plot", "runs/no-header"), ["runs/no-header/metrics.csv", "step, key, value"]),
+    "plot-binary-metrics": (("plot", "runs/binary"), ["runs/binary/metrics.csv"]),
+    "plot-a-file": (("plot", "notes.txt"), ["notes.txt", "not a run folder"]),
+    "plot-good-and-corrupt": (("plot", "runs/old", "runs/text-in-value"), ["runs/text-in-value/metrics.csv"]),
+}
+
+# where a command writes: --logdir, the run folder, --video, -o; a file where a folder goes and the reverse,
+# and no overwriting of a file the command did not write
+OUTPUT_PATHS = {
+    "logdir-is-a-file": ((*TRAIN[:-3], "--logdir", "notes.txt"), ["--logdir notes.txt", "is a file"]),
+    "logdir-below-a-file": ((*TRAIN[:-3], "--logdir", "notes.txt/runs"), ["notes.txt", "is a file"]),
+    "run-folder-is-a-file": ((*TRAIN, "--name", "notes.txt"), ["runs/notes.txt", "is a file"]),
+    "video-is-a-file": (("eval", "runs/old", "--video", "notes.txt"), ["--video notes.txt", "is a file"]),
+    "collect-onto-a-folder": (("collect", "runs/old", "-o", "adir"), ["-o adir", "is a folder"]),
+    "collect-below-a-file": (("collect", "runs/old", "-o", "notes.txt/d.npz"), ["notes.txt", "is a file"]),
+    "collect-over-a-user-file": (("collect", "runs/old", "-o", "notes.txt"), ["notes.txt", "not an rlfleet dataset"]),
+    "plot-onto-a-folder": (("plot", "runs/old", "-o", "adir"), ["-o adir", "is a folder"]),
+    "plot-below-a-file": (("plot", "runs/old", "-o", "notes.txt/c.png"), ["notes.txt", "is a file"]),
+    "plot-over-a-user-file": (("plot", "runs/old", "-o", "notes.txt"), ["notes.txt", ".png"]),
+}
+
+MORE_USAGE_ERRORS = {
+    **EARLIER_USAGE_ERRORS,
+    **CONFIG_RANGES,
+    **RUN_OPTIONS,
+    **RUN_NAMES,
+    **FILE_ARGUMENTS,
+    **OUTPUT_PATHS,
+}
+assert len(MORE_USAGE_ERRORS) == sum(
+    map(len, (EARLIER_USAGE_ERRORS, CONFIG_RANGES, RUN_OPTIONS, RUN_NAMES, FILE_ARGUMENTS, OUTPUT_PATHS))
+), "a case id is used twice"
 
 
 def check_one_error_line(returncode: int, stdout: str, stderr: str, expected: list[str]) -> None:
@@ -131,13 +268,47 @@ def test_usage_error_is_one_clean_line(usage_error_runs, case: str):
 @pytest.mark.timeout(60)  # a bad interval once made training loop forever
 @pytest.mark.parametrize("case", list(MORE_USAGE_ERRORS))
 def test_more_usage_errors_in_process(tmp_path: Path, monkeypatch, capsys, case: str):
+    folder = make_workdir(tmp_path / "work")
+    monkeypatch.chdir(folder)
+    before = tree(tmp_path)  # the work folder's parent too: a run name with ".." must not reach it
+    args, expected = MORE_USAGE_ERRORS[case]
+    code = run_main(args)
+    out, err = capsys.readouterr()
+    check_one_error_line(code, out, err, expected)
+    assert tree(tmp_path) == before, "a failed command created or changed files"
+
+
+def run_main(args) -> int:
+    """`rlfleet.cli.main` as the `rlfleet` command runs it: argparse's own errors exit through SystemExit."""
     from rlfleet.cli import main
 
+    try:
+        return main([str(a) for a in args])
+    except SystemExit as exit_:
+        return exit_.code
+
+
+# a folder the user may not write to (tests run as root, for whom every folder is writable: refused by os.access)
+UNWRITABLE = {
+    "logdir": ((*TRAIN[:-3], "--logdir", "locked/runs"), ["--logdir locked/runs", "not writable"]),
+    "video": (("eval", "runs/old", "--video", "locked/video"), ["--video locked/video", "not writable"]),
+    "collect-output": (("collect", "runs/old", "-o", "locked/d.npz"), ["-o locked/d.npz", "not writable"]),
+    "plot-output": (("plot", "runs/old", "-o", "locked/c.png"), ["-o locked/c.png", "not writable"]),
+}
+
+
+@pytest.mark.parametrize("case", list(UNWRITABLE))
+def test_an_unwritable_output_is_one_line(tmp_path: Path, monkeypatch, capsys, case: str):
+    import os
+
     folder = make_workdir(tmp_path)
+    (folder / "locked").mkdir()
     monkeypatch.chdir(folder)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p).name != "locked" and access(p, mode, **kw))
     before = tree(folder)
-    args, expected = MORE_USAGE_ERRORS[case]
-    code = main([str(a) for a in args])
+    args, expected = UNWRITABLE[case]
+    code = run_main(args)
     out, err = capsys.readouterr()
     check_one_error_line(code, out, err, expected)
     assert tree(folder) == before, "a failed command created or changed files"

@@ -48,6 +48,24 @@ def test_collect_writes_demonstrations(work: Path):
     assert demos.episode_returns.sum() == len(demos)
 
 
+def test_collect_replaces_only_its_own_dataset(work: Path, tmp_path: Path, monkeypatch, capsys):
+    """-o may name an earlier dataset (replaced) or a file in folders still to be made; other files are refused."""
+    from rlfleet.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.npz").write_bytes((work / "data.npz").read_bytes())
+    expert = str(work / "runs" / "expert")
+    assert main(["collect", expert, "--episodes", "1", "-o", "old.npz"]) == 0
+    assert load_demonstrations(tmp_path / "old.npz").starts.sum() == 1
+    assert main(["collect", expert, "--episodes", "1", "-o", "new/folder/d.npz"]) == 0
+    assert load_demonstrations(tmp_path / "new" / "folder" / "d.npz").starts.sum() == 1
+    (tmp_path / "notes.npz").write_bytes(b"the user's own file")
+    capsys.readouterr()
+    assert main(["collect", expert, "--episodes", "1", "-o", "notes.npz"]) == 2
+    assert "not an rlfleet dataset; refusing to overwrite it" in capsys.readouterr().err
+    assert (tmp_path / "notes.npz").read_bytes() == b"the user's own file"
+
+
 def test_bc_run_folder_and_eval(work: Path):
     run = work / "runs" / "bc"
     for name in ("config.json", "metrics.csv", "curves.png", "result.json", "checkpoints/latest.pt"):

@@ -1,0 +1,225 @@
+"""Config fields that declare the values they allow, and the one check of them: type, finiteness, range.
+
+A field says what it allows where it is declared::
+
+    gamma: float = bounded(0.99, ge=0, le=1)
+    \"\"\"Discount factor.\"\"\"
+    name: str | None = checked(None, single_folder_name)
+
+and `check_fields(cfg, label)` walks `dataclasses.fields(cfg)` once: every value must have the field's
+annotated type (an int passes for a float, a bool not for an int), every float must be finite (NaN never;
+±inf only where the field says `finite=False`), every number (each entry of a tuple) must lie in the declared
+range, and a `checked` field's own check must pass. The first problem is raised as a one-line `ConfigError`
+with the allowed range in it: "ppo config gamma=1.5 is out of range: must be in [0, 1]".
+
+This module sits below every other (algorithms, envs and run services import it; it imports none of them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BOUNDS = "rlfleet.bounds"
+CHECK = "rlfleet.check"
+
+
+class ConfigError(ValueError):
+    """A bad hyperparameter, preset or run option."""
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a number field: `ge`/`gt` (low end, closed/open), `le`/`lt` (high end, closed/open);
+    `finite=False` lets a float be ±inf (NaN is never allowed)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    finite: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.ge is not None and self.gt is not None) or (self.le is not None and self.lt is not None):
+            raise TypeError("a range has one low end (ge or gt) and one high end (le or lt)")
+
+    def contains(self, x: float) -> bool:
+        return (
+            (self.ge is None or x >= self.ge)
+            and (self.gt is None or x > self.gt)
+            and (self.le is None or x <= self.le)
+            and (self.lt is None or x < self.lt)
+        )
+
+    @property
+    def low(self) -> float | None:
+        return self.ge if self.ge is not None else self.gt
+
+    def __str__(self) -> str:
+        low, high = self.low, self.le if self.le is not None else self.lt
+        if low is not None and high is not None:
+            left, right = "[" if self.ge is not None else "(", "]" if self.le is not None else ")"
+            return f"in {left}{_number(low)}, {_number(high)}{right}"
+        if low is not None:
+            return f"{'>=' if self.ge is not None else '>'} {_number(low)}"
+        if high is not None:
+            return f"{'<=' if self.le is not None else '<'} {_number(high)}"
+        return "finite" if self.finite else "a number"
+
+
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    finite: bool = True,
+    **metadata: Any,
+) -> Any:
+    """A dataclass field with a declared range (for a tuple field: the range of each entry).
+
+    `bounded(0.99, ge=0, le=1)` allows [0, 1]; `bounded(0.01, gt=0, le=1)` allows (0, 1]; `bounded(8, ge=1)`
+    allows 1, 2, ...; `finite=False` also allows ±inf. Other keywords go into the field's metadata."""
+    return dataclasses.field(
+        default=default, metadata={BOUNDS: Bounds(ge=ge, gt=gt, le=le, lt=lt, finite=finite), **metadata}
+    )
+
+
+def checked(default: Any = dataclasses.MISSING, check: Callable[[Any], str | None] | None = None, **metadata) -> Any:
+    """A dataclass field with its own check: `check(value)` returns None when the value is fine, else what the
+    value must be ("must be one of: auto, sync")."""
+    return dataclasses.field(default=default, metadata={CHECK: check, **metadata})
+
+
+def field_bounds(f: dataclasses.Field) -> Bounds | None:
+    """The range a field declares (None: none declared)."""
+    return f.metadata.get(BOUNDS)
+
+
+def one_of(choices: Sequence[str]) -> Callable[[Any], str | None]:
+    """A `checked` test: the value is one of `choices`."""
+
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of: {', '.join(choices)}"
+
+    return check
+
+
+def non_empty(value: Any) -> str | None:
+    """A `checked` test: a string that is not empty."""
+    return None if value else "must not be empty"
+
+
+def single_folder_name(value: Any) -> str | None:
+    """A `checked` test: one path component (no separator, not `.` or `..`, not empty, no NUL), so that the
+    folder it names stays inside its parent. None passes (the field's default applies)."""
+    if value is None:
+        return None
+    if value in ("", ".", "..") or any(c in value for c in "/\\\0"):
+        return "is not a single folder name: it must not be '', '.' or '..' nor hold '/', '\\' or NUL"
+    return None
+
+
+def parse_count(text: str) -> int:
+    """An integer from text (`--set n_envs=8`, `--steps 1e6`): float notation is fine for a whole number;
+    anything else is a ValueError."""
+    try:
+        if "e" in text.lower() and not text.lower().startswith("0x"):
+            value = float(text)
+            if not value.is_integer():
+                raise ValueError(text)
+            return int(value)
+        return int(text)
+    except (ValueError, OverflowError):
+        raise ValueError(f"invalid int value: {text!r}") from None
+
+
+# ----------------------------------------------------------------------------------------------- types
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # None is the default, not worth a word
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is tuple:
+        return f"tuple of {_type_name(typing.get_args(annotation)[0])}"
+    if typing.get_origin(annotation) is dict:
+        return "dict"
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+def _has_type(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if origin is tuple:
+        inner = typing.get_args(annotation)[0]
+        return isinstance(value, tuple | list) and all(_has_type(v, inner) for v in value)
+    if origin is not None:
+        return isinstance(value, origin)
+    return isinstance(value, annotation) if isinstance(annotation, type) else True
+
+
+def _article(name: str) -> str:
+    return "an" if name[:1] in "aeiou" else "a"
+
+
+# ----------------------------------------------------------------------------------------------- the check
+def check_value(label: str, value: Any, annotation: Any, bounds: Bounds | None = None, check=None) -> None:
+    """Check one value as `check_fields` checks a field (for options that are no dataclass field: `rlfleet
+    eval --episodes`); `label` names it in the message."""
+    shown = repr(value) if isinstance(value, str) else value
+    if not _has_type(value, annotation):
+        name = _type_name(annotation)
+        raise ConfigError(f"{label}={shown!s} is not {_article(name)} {name}")
+    entries = value if isinstance(value, tuple | list) else (value,)
+    numbers_ = [v for v in entries if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+    bounds = bounds or Bounds()
+    ranged = bounds.low is not None or bounds.le is not None or bounds.lt is not None
+    allowed = f": must be {bounds}" if ranged else ""
+    for v in numbers_:
+        if math.isnan(v) or (bounds.finite and math.isinf(v)):
+            what = "a finite number" if bounds.finite else "a number"
+            raise ConfigError(f"{label}={shown} is not {what}{allowed}")
+    for v in numbers_:
+        if not bounds.contains(v):
+            every = "every entry " if isinstance(value, tuple | list) else ""
+            low = bounds.low
+            problem = "is negative" if v < 0 and low is not None and low >= 0 else "is out of range"
+            raise ConfigError(f"{label}={shown} {problem}: {every}must be {bounds}")
+    if check is not None:
+        problem = check(value)
+        if problem is not None:
+            raise ConfigError(f"{label}={shown} {problem}")
+
+
+def check_fields(obj: Any, label: Callable[[dataclasses.Field], str]) -> None:
+    """Check every field of the dataclass `obj` for type, finiteness, range and its own check; the first
+    problem is a one-line `ConfigError` whose subject is `label(field)` ("ppo config gamma")."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        check_value(label(f), getattr(obj, f.name), hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))

@@ -1,0 +1,194 @@
+"""Config fields declare the values they allow (`rlfleet.fields`), and one check refuses every other value.
+
+The cases are generated from the dataclasses themselves, so a field added later is covered the day it is added:
+every number field of every algorithm's `Config` and of `RunConfig` has a declared range, every float must be
+finite, every field's type is checked, and every preset lies inside the ranges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+import pytest
+
+from rlfleet import train
+from rlfleet.algos import REGISTRY, resolve
+from rlfleet.fields import Bounds, ConfigError, field_bounds
+from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import RunConfig, build_algo_config
+
+ALGOS = sorted(REGISTRY)
+
+# number fields where every finite value means something, so they declare no range
+UNBOUNDED = {
+    "target_entropy_scale",  # SAC: the target entropy is -scale * |A|; either sign is a valid target
+    "stop_return",  # any return can be the one that counts as solved
+}
+
+
+def number_kind(annotation) -> type | None:
+    """int or float for a number field (also `X | None` and `tuple[X, ...]`), else None."""
+    args = typing.get_args(annotation)
+    if annotation in (int, float):
+        return annotation
+    if typing.get_origin(annotation) is tuple:
+        return number_kind(args[0])
+    numbers = [a for a in args if a in (int, float)]
+    return numbers[0] if len(numbers) == 1 and set(args) <= {numbers[0], type(None)} else None
+
+
+def config_fields(cls) -> list[tuple[dataclasses.Field, object]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def algo_number_fields() -> list[tuple[str, str, object, Bounds | None]]:
+    out = []
+    for algo in ALGOS:
+        for f, annotation in config_fields(resolve(algo)[1]):
+            if number_kind(annotation) is not None:
+                out.append((algo, f.name, annotation, field_bounds(f)))
+    return out
+
+
+def outside(bounds: Bounds, annotation) -> list:
+    """Values just outside the declared range (below its low end, above its high end); tuples for tuple fields."""
+    kind = number_kind(annotation)
+    step = 1 if kind is int else 1e-3
+    values = []
+    if bounds.ge is not None:
+        values.append(bounds.ge - step)
+    if bounds.gt is not None:
+        values.append(bounds.gt)
+    if bounds.le is not None:
+        values.append(bounds.le + step)
+    if bounds.lt is not None:
+        values.append(bounds.lt)
+    values = [kind(v) for v in values]
+    return [(v,) for v in values] if typing.get_origin(annotation) is tuple else values
+
+
+def test_every_number_field_declares_its_range():
+    undeclared = [f"{algo} {name}" for algo, name, _, bounds in algo_number_fields() if bounds is None]
+    undeclared += [
+        f"RunConfig {f.name}"
+        for f, annotation in config_fields(RunConfig)
+        if number_kind(annotation) is not None and field_bounds(f) is None
+    ]
+    assert [u for u in undeclared if u.split()[-1] not in UNBOUNDED] == []
+
+
+@pytest.mark.parametrize("algo, name, annotation, bounds", [c for c in algo_number_fields() if c[3] is not None])
+def test_values_outside_a_declared_range_are_refused(algo, name, annotation, bounds):
+    values = outside(bounds, annotation)
+    assert values, f"{algo} {name}: a range without ends"
+    for value in values:
+        with pytest.raises(ConfigError) as error:
+            build_algo_config(algo, None, {name: value})
+        message = str(error.value)
+        assert f"{algo} config {name}=" in message and f"must be {bounds}" in message, message
+        assert "\n" not in message
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_float_must_be_finite(algo):
+    for f, annotation in config_fields(resolve(algo)[1]):
+        if number_kind(annotation) is not float:
+            continue
+        for value in (math.nan, math.inf, -math.inf):
+            bad = (value,) if typing.get_origin(annotation) is tuple else value
+            with pytest.raises(ConfigError, match=rf"{algo} config {f.name}=.* is not a finite number"):
+                build_algo_config(algo, None, {f.name: bad})
+        # the text of `--set` takes the same way
+        with pytest.raises(ConfigError, match=rf"{f.name}=.*finite"):
+            build_algo_config(algo, None, {f.name: "nan" if typing.get_origin(annotation) is not tuple else "nan,1"})
+
+
+WRONG_TYPE = {int: 2.5, float: (1.0,), bool: 1, str: 3}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_field_is_checked_for_its_type(algo):
+    for f, annotation in config_fields(resolve(algo)[1]):
+        origin = typing.get_origin(annotation)
+        bad = 64 if origin is tuple else WRONG_TYPE[annotation]  # Python values skip the parsing of `--set`
+        with pytest.raises(ConfigError, match=rf"{algo} config {f.name}=.* is not a"):
+            build_algo_config(algo, None, {f.name: bad})
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_preset_lies_inside_the_ranges(algo):
+    _, _, presets, _ = resolve(algo)
+    for preset in [None, *presets]:
+        build_algo_config(algo, preset, {})
+
+
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        ({"gamma": "1.5"}, ["ppo config gamma=1.5 is out of range", "must be in [0, 1]"]),
+        ({"lr": "inf"}, ["ppo config lr=inf is not a finite number", "must be >= 0"]),
+        ({"clip": "0"}, ["ppo config clip=0.0 is out of range", "must be > 0"]),
+        ({"lr": "-0.1"}, ["ppo config lr=-0.1 is negative", "must be >= 0"]),
+        ({"hidden": "64,0"}, ["ppo config hidden=(64, 0)", "every entry must be >= 1"]),
+        ({"n_envs": 2.5}, ["ppo config n_envs=2.5 is not an int"]),
+        ({"n_envs": True}, ["ppo config n_envs=True is not an int"]),
+        ({"n_envs": "1e400"}, ["bad value '1e400' for n_envs"]),
+        ({"lr_anneal": 1}, ["ppo config lr_anneal=1 is not a bool"]),
+        ({"obs_clip": "0"}, ["ppo config obs_clip=0.0 is out of range", "must be > 0"]),
+    ],
+)
+def test_config_messages_name_the_field_the_value_and_the_range(overrides, fragments):
+    with pytest.raises(ConfigError) as error:
+        build_algo_config("ppo", None, overrides)
+    for fragment in fragments:
+        assert fragment in str(error.value)
+
+
+# the same for run options through the Python API: ConfigError, and nothing written
+RUN_OPTION_ERRORS = {
+    "steps-zero": (dict(steps=0), ["--steps=0", "must be >= 1"]),
+    "steps-text": (dict(steps="100"), ["--steps='100' is not an int"]),
+    "seed-negative": (dict(seed=-1), ["--seed=-1 is negative", "must be >= 0"]),
+    "n-envs-float": (dict(n_envs=2.0), ["--n-envs=2.0 is not an int"]),
+    "time-limit-negative": (dict(time_limit=-1.0), ["--time-limit=-1.0 is negative", "must be > 0"]),
+    "time-limit-zero": (dict(time_limit=0), ["--time-limit=0 is out of range", "must be > 0"]),
+    "time-limit-inf": (dict(time_limit=math.inf), ["--time-limit=inf is not a finite number"]),
+    "stop-return-nan": (dict(stop_return=math.nan), ["--stop-return=nan is not a number"]),
+    "eval-episodes-zero": (dict(eval_episodes=0), ["--eval-episodes=0", "must be >= 1"]),
+    "eval-every-negative": (dict(eval_every=-5), ["--eval-every=-5 is negative"]),
+    "workers-zero": (dict(workers=0), ["--workers=0", "must be >= 1"]),
+    "grad-sets-negative": (dict(grad_sets=-1), ["--grad-sets=-1 is negative"]),
+    "torch-threads-zero": (dict(torch_threads=0), ["--torch-threads=0", "must be >= 1"]),
+    "vector-mode-unknown": (dict(vector_mode="fast"), ["--vector-mode='fast'", "auto, sync, async, envpool"]),
+    "progress-not-bool": (dict(progress="no"), ["progress='no' is not a bool"]),
+    "overrides-not-dict": (dict(overrides=["lr=1"]), ["--set", "is not a dict"]),
+    "name-parent": (dict(name=".."), ["--name='..'", "a single folder name"]),
+    "name-separator": (dict(name="a/b"), ["--name='a/b'", "a single folder name"]),
+    "name-escapes": (dict(name="../x"), ["--name='../x'", "a single folder name"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_OPTION_ERRORS))
+def test_run_options_are_checked_before_anything_is_written(tmp_path, case):
+    logdir = tmp_path / "runs"
+    options, fragments = RUN_OPTION_ERRORS[case]
+    with pytest.raises(ConfigError) as error:
+        train("ppo", "CartPole-v1", logdir=str(logdir), **{"progress": False, **options})
+    for fragment in fragments:
+        assert fragment in str(error.value), str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_env_id_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="--env=''"):
+        train("ppo", "", logdir=str(tmp_path), progress=False)
+
+
+def test_a_path_object_is_a_fine_logdir(tmp_path):
+    """Path options are kept as text: a PosixPath in the checkpoint made it unreadable (weights_only loading)."""
+    result = train("ppo", "CartPole-v1", logdir=tmp_path, name="p", steps=256, eval_episodes=1, progress=False)
+    assert result.run_dir == tmp_path / "p"
+    assert load_checkpoint(result.run_dir)["run_config"]["logdir"] == str(tmp_path)
