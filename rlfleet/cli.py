@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--optimizer",
         default="shared_rmsprop",
-        help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, sgd, shared_adam",
+        help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, momentum_sgd, shared_adam",
     )
     t.add_argument(
         "--grad-sets", type=int, default=0, help="gradient sets grad_parallel sums per step (default 0: one per worker)"

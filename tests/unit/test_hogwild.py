@@ -20,7 +20,7 @@ from rlfleet.run.train import train
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 
 
-def spec(algo: str, optimizer: str = "sgd", preset: str | None = None, **overrides) -> HogwildSpec:
+def spec(algo: str, optimizer: str = "momentum_sgd", preset: str | None = None, **overrides) -> HogwildSpec:
     cfg, _ = build_algo_config(algo, preset, overrides)
     return HogwildSpec(algo, cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000, optimizer=optimizer,
                       lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
@@ -58,11 +58,11 @@ def test_each_worker_draws_its_own_final_epsilon():
 
 def test_worker_applies_its_local_gradient_to_the_shared_parameters():
     """θ ← θ − η·clip(∇θ' L) with plain SGD: the shared parameters move by exactly the worker's gradient."""
-    s = spec("a2c", optimizer="sgd", lr=0.1, max_grad_norm=0.0)  # the worker steps with the algorithm's lr
+    s = spec("a2c", optimizer="momentum_sgd", lr=0.1, max_grad_norm=0.0)  # the worker steps with the algorithm's lr
     algo = shared_algo(s)
     shared = share_algo(algo)
     before = [p.detach().clone() for p in trainable_params(shared)]
-    worker = HogwildWorker(s, shared, build_optimizer("sgd", trainable_params(shared), 0.1, momentum=0.0), 0)
+    worker = HogwildWorker(s, shared, build_optimizer("momentum_sgd", trainable_params(shared), 0.1, momentum=0.0), 0)
     try:
         with torch.no_grad():  # the local copy diverges before the step: the step must pull the shared weights
             for p in worker.copy.local_params:
@@ -167,6 +167,7 @@ def test_algo_modules_are_the_networks():
         ({"algo": "dqn", "arch": "hogwild"}, "replay"),
         ({"algo": "a3c", "workers": 0}, "--workers"),
         ({"algo": "a3c", "optimizer": "adagrad"}, "unknown optimizer"),
+        ({"algo": "a3c", "optimizer": "sgd"}, "unknown optimizer 'sgd'.*momentum_sgd"),  # the renamed rule
         ({"algo": "a3c", "arch": "gossip"}, "unknown architecture"),
     ],
 )
