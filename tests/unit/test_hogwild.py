@@ -56,6 +56,31 @@ def test_each_worker_draws_its_own_final_epsilon():
     assert np.allclose(freq, [0.4, 0.3, 0.3], atol=0.015), freq
 
 
+def test_nstep_q_atari_preset_counts_the_papers_frames_in_env_steps():
+    """Paper: target network every 40,000 frames, ε annealed over 4M frames; an Atari env step is 4 frames."""
+    from rlfleet.envs.make import ATARI_FRAME_SKIP
+
+    cfg, _ = build_algo_config("nstep_q", "atari", {})
+    algo_cls, _, _, _ = resolve("nstep_q")
+    spaces = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6)
+    algo = algo_cls(cfg, *spaces, seed=0)
+    with torch.no_grad():
+        for p in algo.q.parameters():
+            p.add_(1.0)  # the online net moves away from the target
+
+    def synced() -> bool:
+        return all(torch.equal(a, b) for a, b in zip(algo.q_target.parameters(), algo.q.parameters(), strict=True))
+
+    algo.schedule((40_000 - ATARI_FRAME_SKIP) // ATARI_FRAME_SKIP, cfg.total_steps)
+    assert not synced()
+    algo.schedule(40_000 // ATARI_FRAME_SKIP, cfg.total_steps)  # 40,000 frames
+    assert synced()
+    algo.schedule(2_000_000 // ATARI_FRAME_SKIP, cfg.total_steps)  # half of 4M frames: ε half way from 1
+    np.testing.assert_allclose(algo.eps, 1.0 + (algo.eps_final - 1.0) / 2)
+    algo.schedule(4_000_000 // ATARI_FRAME_SKIP, cfg.total_steps)  # 4M frames: every env at its final ε
+    np.testing.assert_allclose(algo.eps, algo.eps_final)
+
+
 def test_worker_applies_its_local_gradient_to_the_shared_parameters():
     """θ ← θ − η·clip(∇θ' L) with plain SGD: the shared parameters move by exactly the worker's gradient."""
     s = spec("a2c", optimizer="momentum_sgd", lr=0.1, max_grad_norm=0.0)  # the worker steps with the algorithm's lr
