@@ -36,10 +36,10 @@ shared global step counter); changing `lr` in the coordinator changes nothing in
 Nothing is locked: concurrent updates of the same element may overwrite each other, and the shared step
 counters may miss increments. That is the paper's design, not a bug.
 
-`state_dict()` uses torch's layout (same state keys as `torch.optim.RMSprop` / `torch.optim.Adam` /
-`torch.optim.SGD`), so checkpoints save and load as usual. `load_state_dict()` copies the loaded values INTO
-the existing shared tensors instead of replacing them, so resuming keeps the state shared with workers
-already holding it.
+`state_dict()` uses torch's layout (the state keys of `torch.optim.RMSprop` / `torch.optim.Adam`;
+`MomentumSGD` has torch SGD's `momentum_buffer` plus `step`), so checkpoints save and load as usual.
+`load_state_dict()` copies the loaded values INTO the existing shared tensors instead of replacing them, so
+resuming keeps the state shared with workers already holding it.
 """
 
 from __future__ import annotations
