@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--optimizer",
         default="shared_rmsprop",
-        help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, sgd, shared_adam",
+        help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, momentum_sgd, shared_adam",
     )
     t.add_argument(
         "--grad-sets",

@@ -1,9 +1,11 @@
-"""Optimisers for lock-free ("Hogwild!") actor-learners: Shared RMSProp and Shared Adam, plus `build_optimizer`.
+"""Optimisers for lock-free ("Hogwild!") actor-learners: Shared RMSProp, momentum SGD and Shared Adam, plus
+`build_optimizer`.
 
 The A3C paper (Mnih et al. 2016, Supplementary 7) compares three optimisers, all applied without locks to
 parameters shared by every actor-learner:
 
-- momentum SGD, with a momentum buffer per worker (`"sgd"`);
+- **momentum SGD**, with a momentum vector m per worker (`"momentum_sgd"`):
+  m ← αm + (1−α)Δθ, θ ← θ − ηm;
 - RMSProp with per-worker statistics g (`"rmsprop"`);
 - **Shared RMSProp**, whose statistics g are shared by all workers and updated without locks
   (`"shared_rmsprop"`, the paper's choice and the most robust of the three):
@@ -20,8 +22,12 @@ Who builds what (`is_shared(name)` tells the two kinds apart):
   every worker updates the same statistics. The parameters and the state must travel in the same pickle (the
   same `Process(args=...)`) so that the worker's state is keyed by the worker's copies of the parameters:
   passing the optimizer alone is enough, its `param_groups` hold the parameters.
-- **Per-worker kinds** (`"rmsprop"`, `"sgd"`): each worker calls `build_optimizer` itself over the shared
-  parameters it received; its statistics (square averages, momentum) live in that worker only.
+- **Per-worker kinds** (`"rmsprop"`, `"momentum_sgd"`): each worker calls `build_optimizer` itself over the
+  shared parameters it received; its statistics (square averages, momentum) live in that worker only.
+
+The name `"sgd"` is refused: it used to be `torch.optim.SGD(momentum=0.9)`, whose step under a steady
+gradient is η/(1−α) = 10× the paper's rule; the error says to use `"momentum_sgd"` (with 10× the learning
+rate for the old step size).
 
 Hyperparameters live in `param_groups`, which are plain Python dicts: after pickling, each process holds its
 own copy, so a learning-rate schedule must be applied by every worker to its own optimizer (e.g. from the
@@ -30,9 +36,10 @@ shared global step counter); changing `lr` in the coordinator changes nothing in
 Nothing is locked: concurrent updates of the same element may overwrite each other, and the shared step
 counters may miss increments. That is the paper's design, not a bug.
 
-`state_dict()` uses torch's layout (same state keys as `torch.optim.RMSprop` / `torch.optim.Adam`), so
-checkpoints save and load as usual. `load_state_dict()` copies the loaded values INTO the existing shared
-tensors instead of replacing them, so resuming keeps the state shared with workers already holding it.
+`state_dict()` uses torch's layout (the state keys of `torch.optim.RMSprop` / `torch.optim.Adam`;
+`MomentumSGD` has torch SGD's `momentum_buffer` plus `step`), so checkpoints save and load as usual.
+`load_state_dict()` copies the loaded values INTO the existing shared tensors instead of replacing them, so
+resuming keeps the state shared with workers already holding it.
 """
 
 from __future__ import annotations
@@ -44,13 +51,14 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-HOGWILD_OPTIMIZERS = ("shared_rmsprop", "rmsprop", "sgd", "shared_adam")
+HOGWILD_OPTIMIZERS = ("shared_rmsprop", "rmsprop", "momentum_sgd", "shared_adam")
 _SHARED = ("shared_rmsprop", "shared_adam")
 
 
 class _SharedStateOptimizer(Optimizer, metaclass=ABCMeta):
-    """Base of the shared optimisers: eager per-parameter state in shared memory, loaded by copying in place,
-    and one `step` (closure, weight decay, sparse check) around each optimiser's own `_update` rule."""
+    """Base of the Hogwild optimisers: eager per-parameter state in shared memory, loaded by copying in place,
+    and one `step` (closure, weight decay, sparse check) around each optimiser's own `_update` rule. A
+    per-worker kind keeps its state in shared memory too, but only the worker that built it holds it."""
 
     @abstractmethod
     def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -169,6 +177,54 @@ class SharedRMSprop(_SharedStateOptimizer):
         param.addcdiv_(grad, square_avg.add(group["eps"]).sqrt_(), value=-group["lr"])
 
 
+class MomentumSGD(_SharedStateOptimizer):
+    """The A3C paper's momentum SGD (Supplementary 7): m ← αm + (1−α)Δθ, θ ← θ − ηm, m starting at 0.
+
+    m is an exponential average of the gradients, so under a steady gradient the step tends to ηΔθ. This is
+    not `torch.optim.SGD(momentum=α)`, which accumulates m ← αm + Δθ and so steps up to η/(1−α)·Δθ (10× at
+    α = 0.9); it is `torch.optim.SGD(momentum=α, dampening=α)` except on the first step, where torch starts
+    m at Δθ and the paper's rule at (1−α)Δθ. In the paper each worker keeps its own m: build one per worker
+    (`build_optimizer("momentum_sgd", ...)` in the worker).
+
+    Args:
+        params: the (shared) parameters, or parameter groups.
+        lr: η.
+        momentum: α, the decay of m. The paper gives no value; 0.9 (the common momentum) averages the
+            gradients of about the last 10 updates.
+        weight_decay: L2 penalty added to the gradient before the update (the paper uses none).
+
+    State per parameter, created at construction (in shared memory, like the shared kinds'): `momentum_buffer`
+    (m, the key `torch.optim.SGD` uses) and `step` (number of updates applied, a float tensor).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-2,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+    ):
+        if lr < 0.0:
+            raise ValueError(f"MomentumSGD: lr must be >= 0, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"MomentumSGD: momentum must be in [0, 1), got {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"MomentumSGD: weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+
+    def _new_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            "step": torch.zeros((), dtype=torch.float32),
+            "momentum_buffer": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+
+    def _update(self, param, grad, state, group) -> None:
+        state["step"].add_(1)
+        momentum = state["momentum_buffer"]
+        momentum.lerp_(grad, 1.0 - group["momentum"])  # αm + (1−α)Δθ
+        param.add_(momentum, alpha=-group["lr"])
+
+
 class SharedAdam(_SharedStateOptimizer):
     """Adam (bias-corrected, as `torch.optim.Adam`) with its moments and step count in shared memory.
 
@@ -220,6 +276,12 @@ class SharedAdam(_SharedStateOptimizer):
 
 
 def _check_name(name: str) -> None:
+    if name == "sgd":
+        raise ValueError(
+            "optimizer 'sgd' is now 'momentum_sgd', the A3C paper's m ← αm + (1−α)Δθ, θ ← θ − ηm; the old 'sgd' "
+            "(torch's SGD, momentum 0.9) stepped 10x as far: use 'momentum_sgd' with 10x the learning rate for "
+            "the same step"
+        )
     if name not in HOGWILD_OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
 
@@ -237,7 +299,8 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwar
     - `"shared_adam"`: `SharedAdam` (betas (0.9, 0.999), ε=1e-8);
     - `"rmsprop"`: the same update as `SharedRMSprop`, but each worker builds its own, so the statistics stay
       per worker (nobody else holds them);
-    - `"sgd"`: `torch.optim.SGD(momentum=0.9)`, momentum per worker.
+    - `"momentum_sgd"`: `MomentumSGD` (α=0.9), the paper's momentum SGD; each worker builds its own, so the
+      momentum stays per worker.
     """
     _check_name(name)
     if name == "shared_rmsprop":
@@ -246,4 +309,4 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwar
         return SharedAdam(params, lr=lr, **kwargs)
     if name == "rmsprop":
         return SharedRMSprop(params, lr=lr, **kwargs)  # built in each worker: its g is that worker's alone
-    return torch.optim.SGD(params, lr=lr, **{"momentum": 0.9, **kwargs})
+    return MomentumSGD(params, lr=lr, **kwargs)  # built in each worker: its m is that worker's alone

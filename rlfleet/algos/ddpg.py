@@ -8,9 +8,9 @@ the learner takes `gradient_steps` replay minibatches and
 - ascends the actor along Q(s, μ(s)),
 - moves the target networks toward the online ones: θ' ← (1 − τ) θ' + τ θ.
 
-The critic and actor losses are summed into one backward pass and one Adam step: the actor's loss reads the
-critic through detached weights, so each network gets exactly its own gradient (the actor sees the critic
-before this step's update, as in the original implementations that run both updates together).
+As in the paper's Algorithm 1, each update steps the critic first and then the actor, whose loss reads the
+critic as that step left it (through detached weights: its gradient reaches the actor only). One Adam holds
+both networks' parameter groups; each step moves only the network that has gradients.
 """
 
 from __future__ import annotations
@@ -154,14 +154,16 @@ class DDPG:
             return b.rew + b.discount * (1.0 - b.terminated) * next_q
 
     def update(self, batch: Batch) -> dict:
-        """One gradient step on critic and actor, then the soft target update; metrics are 0-dim tensors."""
+        """A critic step, then an actor step on the updated critic, then the soft target update (the paper's
+        Algorithm 1); metrics are 0-dim tensors."""
         act = torch.from_numpy(self.bounds.normalize(batch.act))
         b = batch.to_torch()
         y = self.td_target(b)
         q = self.critic(b.obs, act)[0]
         critic_loss = (q - y).pow(2).mean()
+        optimize(self.optimizer, critic_loss, self.params, None)  # only the critic has gradients
         actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
-        optimize(self.optimizer, critic_loss + actor_loss, self.params, None)
+        optimize(self.optimizer, actor_loss, self.params, None)  # only the actor has gradients
         soft_update(self._targets, self.params, self.cfg.tau)
         self.updates += 1
         return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q.detach().mean()}

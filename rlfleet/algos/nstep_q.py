@@ -2,12 +2,16 @@
 on-policy segments with a target network and no replay.
 
 Every env acts ε-greedily with its own final ε (drawn from {0.1, 0.01, 0.5} w.p. {0.4, 0.3, 0.3},
-annealed from 1); after a segment of `rollout_len` steps (the paper's t_max / I_AsyncUpdate) the
-accumulated loss Σ (y − Q(s, a))² is applied in one step, with
+annealed from 1); after a segment of `rollout_len` steps (the paper's t_max / I_AsyncUpdate) from each of
+the N envs, one gradient step is taken on the mean of (y − Q(s, a))² over the segment's T·N steps, with
 
     one-step Q:      y_t = r_t + γ max_a' Q⁻(s_{t+1}, a')
     one-step Sarsa:  y_t = r_t + γ Q⁻(s_{t+1}, a_{t+1})          (a_{t+1} the action taken next)
-    n-step Q:        y_t = r_t + γ r_{t+1} + … + γ^{k} max_a' Q⁻(s_{t+k}, a')   (to the segment end)
+    n-step Q:        y_t = r_t + γ r_{t+1} + … + γ^{k−1} r_{t+k−1} + γ^k max_a' Q⁻(s_{t+k}, a')
+                     (s_{t+k} the observation after the segment: the longest return inside it)
+
+The paper accumulates the sum, dθ += ∂(y − Q)²/∂θ; with a fixed segment size the mean differs from it by
+the constant factor 1/(T·N), which the learning rate (and `max_grad_norm`) absorbs.
 
 Terminations bootstrap 0, time-limit truncations bootstrap from the final observation. For Sarsa the
 action after the segment's last step is drawn from the same ε-greedy policy. The three variants are
@@ -88,6 +92,9 @@ class Config(NormOptions):
     """Default training budget in env steps."""
 
 
+# The paper's Atari setup: 16 actor-learners, t_max = 5, RMSProp with the learning rate annealed to 0, the
+# Mnih 2013 network; the shared target network every 40,000 frames and ε annealed over the first 4M frames,
+# here in env steps (each is ATARI_FRAME_SKIP = 4 frames): 10,000 and 1,000,000
 PRESETS = {
     "atari": dict(
         n_envs=16,
@@ -95,8 +102,8 @@ PRESETS = {
         lr=7e-4,
         optimizer="rmsprop",
         lr_anneal=True,
-        target_update_every=40_000,
-        eps_anneal_steps=4_000_000,
+        target_update_every=10_000,
+        eps_anneal_steps=1_000_000,
         encoder="mnih2013",
         total_steps=10_000_000,
     ),

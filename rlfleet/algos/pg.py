@@ -1,9 +1,10 @@
 """PG: REINFORCE (Williams 1992) with returns-to-go and an optional learned baseline.
 
-Per segment: discounted returns-to-go G_t inside each episode, optionally standardised, then
-`epochs` passes of minibatch SGD on −E[log π(a|s) · (G − b(s))]. Without a baseline, the steps of an
-episode still running at the segment end have no complete return yet and are left out of the loss
-(the episode's later steps, in the next segment, are used). With `baseline=True` a value network is
+Per segment: discounted returns-to-go G_t inside each episode, then `epochs` passes of minibatch SGD on
+−E[log π(a|s) · (G − b(s))], with G − b(s) optionally standardised per minibatch. Without a baseline, the
+steps of an episode still running at the segment end have no complete return yet and are left out of the
+loss (the episode's later steps, in the next segment, are used), and a time-limit truncation ends the
+return where it happens. With `baseline=True` a value network is
 trained on G and bootstraps unfinished episodes and time-limit truncations instead. Box actions get a
 diagonal Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see `ActionBounds`).
 """
@@ -51,7 +52,7 @@ class Config(NormOptions):
     minibatch_size: int = bounded(64, ge=0)
     """Samples per gradient step; 0 uses the whole segment as one batch."""
     normalize_returns: bool = True
-    """Standardise the returns (or advantages, with a baseline) per segment."""
+    """Standardise the returns (or advantages, with a baseline) per minibatch."""
     baseline: bool = False
     """Learn a state-value baseline (and bootstrap unfinished episodes from it)."""
     vf_coef: float = bounded(0.5, ge=0)

@@ -10,10 +10,12 @@ takes `gradient_steps` replay minibatches and
 - tunes α by descending −log α · (log π(a|s) + H̄), H̄ = −target_entropy_scale · |A| (or keeps α fixed),
 - moves the target critics toward the online ones: θ' ← (1 − τ) θ' + τ θ.
 
-The three losses share one backward pass and one Adam step (the original implementation also runs the
-three updates together); the policy's loss reads the critics through detached weights and α is a constant
-in the critic and policy losses, so each parameter gets exactly its own gradient. The policy is evaluated
-on s and s' in one pass.
+The three are updated in the order of the paper's Algorithm 1 (Haarnoja et al. 2018b): a critic step, then
+a policy step whose loss reads the critics as that step left them (through detached weights: its gradient
+reaches the policy only), then an α step on log π of fresh actions from the updated policy; α is the
+pre-update constant in the critic and policy losses. (The original implementation computes all three
+gradients from the pre-update parameters at once.) One Adam holds the parameter groups; each step moves
+only the network that has gradients. The policy is sampled on s and s' in one pass.
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ class SAC:
             return b.rew + b.discount * (1.0 - b.terminated) * next_v
 
     def update(self, batch: Batch) -> dict:
-        """One step on critics, policy and α (one backward), then the soft target update; 0-dim tensor metrics."""
+        """A critic step, a policy step on the updated critics, an α step on the updated policy, then the soft
+        target update; 0-dim tensor metrics."""
         act = torch.from_numpy(self.bounds.normalize(batch.act))
         b = batch.to_torch()
         n = len(act)
@@ -180,13 +183,16 @@ class SAC:
         y = self.td_target(b, actions[n:].detach(), logp[n:].detach(), alpha)
         q = self.critic(b.obs, act)  # [2, B]
         critic_loss = 0.5 * (q - y).pow(2).mean(1).sum()
+        optimize(self.optimizer, critic_loss, self.params, None)  # only the critics have gradients
         logp = logp[:n]
-        q_pi = self.critic(b.obs, actions[:n], detach=True).min(0).values
+        q_pi = self.critic(b.obs, actions[:n], detach=True).min(0).values  # the critics after their step
         actor_loss = (alpha * logp - q_pi).mean()
-        loss = critic_loss + actor_loss
+        optimize(self.optimizer, actor_loss, self.params, None)  # only the policy has gradients
         if self.cfg.auto_alpha:
-            loss = loss - self.log_alpha * (logp.detach().mean() + self.target_entropy)
-        optimize(self.optimizer, loss, self.params, None)
+            with torch.no_grad():
+                _, new_logp = self.actor.sample(b.obs)  # the policy after its step
+            alpha_loss = -self.log_alpha * (new_logp.mean() + self.target_entropy)
+            optimize(self.optimizer, alpha_loss, self.params, None)  # only log α has a gradient
         soft_update(self._targets, self._critic_params, self.cfg.tau)
         self.updates += 1
         return {

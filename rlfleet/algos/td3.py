@@ -8,9 +8,10 @@ exploration noise and a uniform random warm-up, plus the paper's three changes:
 - delayed policy updates: the actor (along Q_1(s, μ(s))) and the Polyak-averaged targets move only every
   `policy_delay`-th critic update.
 
-The twin critics are one `QEnsemble` (one batched pass for both). Critic and actor losses share one
-backward pass and one Adam step; the actor's loss reads the critic through detached weights, so each
-network gets exactly its own gradient.
+As in the paper's Algorithm 1, an update steps the critics first; the actor's loss is then computed with
+the critics as that step left them (through detached weights: its gradient reaches the actor only), and
+the targets move last. The twin critics are one `QEnsemble` (one batched pass for both); one Adam holds
+both networks' parameter groups, and each step moves only the network that has gradients.
 """
 
 from __future__ import annotations
@@ -169,19 +170,20 @@ class TD3:
             return b.rew + b.discount * (1.0 - b.terminated) * next_q
 
     def update(self, batch: Batch) -> dict:
-        """One critic step; every `policy_delay`-th also an actor step and the soft target update."""
+        """One critic step; every `policy_delay`-th then an actor step on the updated critic and the soft
+        target update."""
         act = torch.from_numpy(self.bounds.normalize(batch.act))
         b = batch.to_torch()
         y = self.td_target(b)
         q = self.critic(b.obs, act)  # [2, B]
         critic_loss = (q - y).pow(2).mean(1).sum()
+        optimize(self.optimizer, critic_loss, self.params, None)  # only the critics have gradients
         self.updates += 1
         metrics = {"critic_loss": critic_loss.detach(), "q": q.detach()[0].mean()}
-        if self.updates % self.cfg.policy_delay:  # critic only: the actor's parameters get no gradient
-            optimize(self.optimizer, critic_loss, self.params, None)
+        if self.updates % self.cfg.policy_delay:
             return metrics
         actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
-        optimize(self.optimizer, critic_loss + actor_loss, self.params, None)
+        optimize(self.optimizer, actor_loss, self.params, None)  # only the actor has gradients
         soft_update(self._targets, self.params, self.cfg.tau)
         self.policy_updates += 1
         metrics["actor_loss"] = actor_loss.detach()

@@ -26,7 +26,7 @@ from rlfleet.arch.shared import LocalCopy, StepCounter, WeightVersion
 from rlfleet.arch.workers import WorkerPool, producer_process
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
-from rlfleet.optim import HOGWILD_OPTIMIZERS
+from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
 from rlfleet.run.train import RunBase
@@ -134,8 +134,11 @@ class ParallelRunner(RunBase):
                     f"{option} runs on the single architecture only (each {self.arch} worker steps its own "
                     f"envs); use --arch single or --set {option}=false"
                 )
-        if uses_optimizer and cfg.optimizer not in HOGWILD_OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+        if uses_optimizer:
+            try:
+                is_shared(cfg.optimizer)  # a known name (the renamed 'sgd' gets its own pointer)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
     def worker_spec(self, spec_cls: type[WorkerSpec] = WorkerSpec, **extra: Any) -> WorkerSpec:
         """The run's `WorkerSpec` (or a subclass of it, whose extra fields come as keywords)."""

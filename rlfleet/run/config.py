@@ -42,7 +42,8 @@ class RunConfig:
     """Worker processes of a parallel architecture (ignored by `single`)."""
     optimizer: str = "shared_rmsprop"
     """Optimizer of the shared parameters (hogwild, grad_parallel): shared_rmsprop (statistics shared by all
-    workers, the A3C paper's default), rmsprop (per-worker statistics), sgd (per-worker momentum), shared_adam."""
+    workers, the A3C paper's default), rmsprop (per-worker statistics), momentum_sgd (the paper's momentum SGD,
+    m ← αm + (1−α)Δθ, per-worker m), shared_adam."""
     grad_sets: int = bounded(0, ge=0)
     """Gradient sets the grad_parallel centre sums per optimizer step (0 = one per worker)."""
     max_restarts: int = bounded(10, ge=0)

@@ -4,6 +4,7 @@ rescaled into the bounds, the temperature, state_dict round trips and checkpoint
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -215,34 +216,94 @@ def test_sac_fixed_alpha_stays_and_auto_alpha_targets_minus_action_dims():
     assert auto.alpha < 0.3
 
 
-def test_sac_gradients_are_those_of_separate_losses():
-    """One backward of the summed losses gives each network the gradient of its own loss."""
-    algo = make("sac")
+def record_steps(algo) -> list[dict[str, list[torch.Tensor | None]]]:
+    """Make every optimizer step first record the gradients it applies (per network), then step as usual."""
+    steps: list[dict[str, list[torch.Tensor | None]]] = []
+    real_step = algo.optimizer.step
+    nets = {"actor": list(algo.actor.parameters()), "critic": list(algo.critic.parameters())}
+    if hasattr(algo, "log_alpha"):
+        nets["log_alpha"] = [algo.log_alpha]
+
+    def step(*args, **kwargs):
+        steps.append({k: [None if p.grad is None else p.grad.clone() for p in ps] for k, ps in nets.items()})
+        return real_step(*args, **kwargs)
+
+    algo.optimizer.step = step
+    return steps
+
+
+def only(step: dict[str, list[torch.Tensor | None]]) -> set[str]:
+    """The networks that have gradients in a recorded step."""
+    return {k for k, grads in step.items() if any(g is not None for g in grads)}
+
+
+def assert_grads_close(got: list[torch.Tensor], want: tuple[torch.Tensor, ...]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert torch.allclose(g, w, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ddpg", "td3"])
+def test_actor_step_reads_the_critic_after_its_step(name):
+    """As in DDPG's and TD3's Algorithm 1: the critic steps first, then the actor ascends the UPDATED critic,
+    ∇φ Q_1(s, μφ(s)), with μ at its parameters from before the update."""
+    algo = make(name)
+    batch = filled_buffer(algo).sample(32)
+    if name == "td3":
+        algo.update(batch)  # the first of policy_delay = 2 updates moves the critics only
+    actor_before, critic_before = copy.deepcopy(algo.actor), copy.deepcopy(algo.critic)
+    steps = record_steps(algo)
+    metrics = algo.update(batch)
+    assert [only(step) for step in steps] == [{"critic"}, {"actor"}]
+    assert changed(params_of(critic_before), algo.critic)
+
+    obs = batch.to_torch().obs
+
+    def actor_grads(critic):
+        actor = copy.deepcopy(actor_before)
+        loss = -critic(obs, actor(obs))[0].mean()
+        return loss, torch.autograd.grad(loss, list(actor.parameters()))
+
+    loss, want = actor_grads(algo.critic)  # the critic as the critic step left it
+    assert_grads_close(steps[1]["actor"], want)
+    assert float(metrics["actor_loss"]) == pytest.approx(float(loss), abs=1e-6)
+    _, stale = actor_grads(critic_before)  # what the actor read before: distinguishable
+    assert any(not torch.allclose(g, w, atol=1e-6) for g, w in zip(steps[1]["actor"], stale, strict=True))
+
+
+@pytest.mark.parametrize("auto_alpha", [True, False])
+def test_sac_steps_critics_then_policy_then_temperature(auto_alpha):
+    """SAC's Algorithm 1 (Haarnoja et al. 2018): a critic step on J_Q, then a policy step on J_π through the
+    UPDATED critics, then (auto_alpha) an α step on J(α) with log π of the UPDATED policy; each step moves
+    only its own network, with the gradient of its own loss."""
+    algo = make("sac", auto_alpha=auto_alpha)
     batch = filled_buffer(algo).sample(16)
-    grads = {}
-
-    def capture(*_):
-        grads["actor"] = [p.grad.clone() for p in algo.actor.parameters()]
-        grads["critic"] = [p.grad.clone() for p in algo.critic.parameters()]
-
-    algo.optimizer.step = capture  # keep the weights, read the gradients
+    before = copy.deepcopy(algo)  # networks, targets and α as the update finds them
+    actor_before, critic_before = before.actor, before.critic
+    alpha = algo.log_alpha.detach().exp()
+    steps = record_steps(algo)
     torch.manual_seed(1)
     algo.update(batch)
+    assert [only(step) for step in steps] == [{"critic"}, {"actor"}, {"log_alpha"}][: 2 + auto_alpha]
 
     b = batch.to_torch()
     act = torch.from_numpy(algo.bounds.normalize(batch.act))
-    alpha = algo.log_alpha.detach().exp()
-    torch.manual_seed(1)
-    actions, logp = algo.actor.sample(torch.cat([b.obs, b.next_obs]))
-    y = algo.td_target(b, actions[16:].detach(), logp[16:].detach(), alpha)
-    critic_loss = 0.5 * (algo.critic(b.obs, act) - y).pow(2).mean(1).sum()
-    critic_grads = torch.autograd.grad(critic_loss, list(algo.critic.parameters()))
+    torch.manual_seed(1)  # the same noise draws, in the same order, as the update
+    actions, logp = actor_before.sample(torch.cat([b.obs, b.next_obs]))
+    y = before.td_target(b, actions[16:].detach(), logp[16:].detach(), alpha)
+    critic_loss = 0.5 * (critic_before(b.obs, act) - y).pow(2).mean(1).sum()
+    assert_grads_close(steps[0]["critic"], torch.autograd.grad(critic_loss, list(critic_before.parameters())))
+
     actor_loss = (alpha * logp[:16] - algo.critic(b.obs, actions[:16]).min(0).values).mean()
-    actor_grads = torch.autograd.grad(actor_loss, list(algo.actor.parameters()))
-    for got, want in zip(grads["critic"], critic_grads, strict=True):
-        assert torch.allclose(got, want, atol=1e-6)
-    for got, want in zip(grads["actor"], actor_grads, strict=True):
-        assert torch.allclose(got, want, atol=1e-6)
+    want = torch.autograd.grad(actor_loss, list(actor_before.parameters()), retain_graph=True)
+    assert_grads_close(steps[1]["actor"], want)
+    stale_loss = (alpha * logp[:16] - critic_before(b.obs, actions[:16]).min(0).values).mean()
+    stale = torch.autograd.grad(stale_loss, list(actor_before.parameters()))
+    assert any(not torch.allclose(g, w, atol=1e-6) for g, w in zip(steps[1]["actor"], stale, strict=True))
+
+    if auto_alpha:  # ∂/∂log α of −log α (log π + H̄) = −(E[log π(a|s)] + H̄), a ~ the updated policy
+        with torch.no_grad():
+            _, new_logp = algo.actor.sample(b.obs)
+        torch.testing.assert_close(steps[2]["log_alpha"][0], -(new_logp.mean() + algo.target_entropy))
 
 
 # ------------------------------------------------------------------------------------ acting

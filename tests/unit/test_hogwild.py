@@ -20,7 +20,7 @@ from rlfleet.run.train import train
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 
 
-def spec(algo: str, optimizer: str = "sgd", preset: str | None = None, **overrides) -> HogwildSpec:
+def spec(algo: str, optimizer: str = "momentum_sgd", preset: str | None = None, **overrides) -> HogwildSpec:
     cfg, _ = build_algo_config(algo, preset, overrides)
     return HogwildSpec(algo, cfg, "CartPole-v1", *SPACES, seed=0, total_steps=100_000, optimizer=optimizer,
                       lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)  # fmt: skip
@@ -56,13 +56,38 @@ def test_each_worker_draws_its_own_final_epsilon():
     assert np.allclose(freq, [0.4, 0.3, 0.3], atol=0.015), freq
 
 
+def test_nstep_q_atari_preset_counts_the_papers_frames_in_env_steps():
+    """Paper: target network every 40,000 frames, ε annealed over 4M frames; an Atari env step is 4 frames."""
+    from rlfleet.envs.make import ATARI_FRAME_SKIP
+
+    cfg, _ = build_algo_config("nstep_q", "atari", {})
+    algo_cls, _, _, _ = resolve("nstep_q")
+    spaces = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6)
+    algo = algo_cls(cfg, *spaces, seed=0)
+    with torch.no_grad():
+        for p in algo.q.parameters():
+            p.add_(1.0)  # the online net moves away from the target
+
+    def synced() -> bool:
+        return all(torch.equal(a, b) for a, b in zip(algo.q_target.parameters(), algo.q.parameters(), strict=True))
+
+    algo.schedule((40_000 - ATARI_FRAME_SKIP) // ATARI_FRAME_SKIP, cfg.total_steps)
+    assert not synced()
+    algo.schedule(40_000 // ATARI_FRAME_SKIP, cfg.total_steps)  # 40,000 frames
+    assert synced()
+    algo.schedule(2_000_000 // ATARI_FRAME_SKIP, cfg.total_steps)  # half of 4M frames: ε half way from 1
+    np.testing.assert_allclose(algo.eps, 1.0 + (algo.eps_final - 1.0) / 2)
+    algo.schedule(4_000_000 // ATARI_FRAME_SKIP, cfg.total_steps)  # 4M frames: every env at its final ε
+    np.testing.assert_allclose(algo.eps, algo.eps_final)
+
+
 def test_worker_applies_its_local_gradient_to_the_shared_parameters():
     """θ ← θ − η·clip(∇θ' L) with plain SGD: the shared parameters move by exactly the worker's gradient."""
-    s = spec("a2c", optimizer="sgd", lr=0.1, max_grad_norm=0.0)  # the worker steps with the algorithm's lr
+    s = spec("a2c", optimizer="momentum_sgd", lr=0.1, max_grad_norm=0.0)  # the worker steps with the algorithm's lr
     algo = shared_algo(s)
     shared = share_algo(algo)
     before = [p.detach().clone() for p in trainable_params(shared)]
-    worker = HogwildWorker(s, shared, build_optimizer("sgd", trainable_params(shared), 0.1, momentum=0.0), 0)
+    worker = HogwildWorker(s, shared, build_optimizer("momentum_sgd", trainable_params(shared), 0.1, momentum=0.0), 0)
     try:
         with torch.no_grad():  # the local copy diverges before the step: the step must pull the shared weights
             for p in worker.copy.local_params:
@@ -128,10 +153,10 @@ def test_the_shared_target_is_copied_once_every_target_period_of_global_steps(n_
 def test_a_segment_with_nothing_to_learn_from_moves_no_parameter():
     """REINFORCE without a baseline learns only from finished episodes: a 5-step segment from a reset has none, so
     the worker makes no update (momentum would still move the parameters, an empty loss would make them NaN)."""
-    s = spec("pg", optimizer="sgd", baseline=False, epochs=1, minibatch_size=0, n_envs=1, rollout_len=5)
+    s = spec("pg", optimizer="momentum_sgd", baseline=False, epochs=1, minibatch_size=0, n_envs=1, rollout_len=5)
     shared = share_algo(shared_algo(s))
     params = trainable_params(shared)
-    optimizer = build_optimizer("sgd", params, 0.1)
+    optimizer = build_optimizer("momentum_sgd", params, 0.1)
     for p in params:  # the optimizer has moved before: its momentum is not zero
         p.grad = torch.ones_like(p)
     optimizer.step()
@@ -214,6 +239,7 @@ def test_algo_modules_are_the_networks():
         ({"algo": "dqn", "arch": "hogwild"}, "replay"),
         ({"algo": "a3c", "workers": 0}, "--workers"),
         ({"algo": "a3c", "optimizer": "adagrad"}, "unknown optimizer"),
+        ({"algo": "a3c", "optimizer": "sgd"}, "'sgd' is now 'momentum_sgd'.*10x the learning rate"),  # renamed
         ({"algo": "a3c", "arch": "gossip"}, "unknown architecture"),
         ({"algo": "ppo", "arch": "hogwild"}, "ppo's update takes 10 epoch.*one gradient per segment.*data_parallel"),
     ],

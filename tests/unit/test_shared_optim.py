@@ -1,5 +1,6 @@
-"""Hogwild optimisers: Shared RMSProp against the paper's formula, state shared across spawned processes,
-SharedAdam against torch.optim.Adam, state_dict round trips that keep the shared storage, `build_optimizer`."""
+"""Hogwild optimisers: Shared RMSProp and momentum SGD against the paper's formulas, state shared across spawned
+processes, SharedAdam against torch.optim.Adam, state_dict round trips that keep the shared storage,
+`build_optimizer`."""
 
 import copy
 import io
@@ -11,7 +12,7 @@ import torch.multiprocessing as mp
 from spawned import WORKER_TIMEOUT_S, step_with_constant_grad
 from torch import nn
 
-from rlfleet.optim import HOGWILD_OPTIMIZERS, SharedAdam, SharedRMSprop, build_optimizer, is_shared
+from rlfleet.optim import HOGWILD_OPTIMIZERS, MomentumSGD, SharedAdam, SharedRMSprop, build_optimizer, is_shared
 
 
 def run_two_workers(optimizer, grads):
@@ -88,7 +89,7 @@ def test_shared_rmsprop_weight_decay_is_added_to_the_gradient_first():
     assert opt.state[param]["square_avg"].tolist() == pytest.approx([0.405, 0.02], rel=1e-12)
 
 
-@pytest.mark.parametrize("optimizer_cls", [SharedRMSprop, SharedAdam])
+@pytest.mark.parametrize("optimizer_cls", [SharedRMSprop, SharedAdam, MomentumSGD])
 def test_shared_optimizers_return_the_closure_loss_and_skip_params_without_grad(optimizer_cls):
     model = shared_linear()
     frozen = nn.Parameter(torch.ones(2))
@@ -107,7 +108,7 @@ def test_shared_optimizers_return_the_closure_loss_and_skip_params_without_grad(
     assert torch.equal(frozen, before[-1]) and opt.state[frozen]["step"].item() == 0
 
 
-@pytest.mark.parametrize("optimizer_cls", [SharedRMSprop, SharedAdam])
+@pytest.mark.parametrize("optimizer_cls", [SharedRMSprop, SharedAdam, MomentumSGD])
 def test_shared_optimizers_refuse_sparse_gradients(optimizer_cls):
     param = nn.Parameter(torch.zeros(3))
     opt = optimizer_cls([param], lr=0.01)
@@ -185,6 +186,60 @@ def test_load_state_dict_rejects_other_shapes():
     other = SharedRMSprop(nn.Linear(4, 2).parameters())
     with pytest.raises(ValueError, match="another model"):
         opt.load_state_dict(other.state_dict())
+
+
+# --- MomentumSGD -------------------------------------------------------------------------------------------------
+
+
+def test_momentum_sgd_matches_paper_recurrence_by_hand():
+    """m ← αm + (1 − α)Δθ, θ ← θ − ηm (Supplementary 7), m starting at 0, over several steps."""
+    lr, alpha = 0.1, 0.9
+    theta0 = [[1.0, -2.0], [0.5]]
+    grads = [[[1.0, 0.0], [-3.0]], [[-2.0, 4.0], [1.0]], [[0.5, 0.5], [0.0]], [[0.0, -1.0], [2.0]]]
+    params = [nn.Parameter(torch.tensor(values, dtype=torch.float64)) for values in theta0]
+    opt = MomentumSGD(params, lr=lr, momentum=alpha)
+
+    theta = copy.deepcopy(theta0)
+    m = [[0.0] * len(values) for values in theta0]
+    for step_grads in grads:
+        for param, grad in zip(params, step_grads, strict=True):
+            param.grad = torch.tensor(grad, dtype=torch.float64)
+        opt.step()
+        for i, grad in enumerate(step_grads):
+            for j, d in enumerate(grad):
+                m[i][j] = alpha * m[i][j] + (1 - alpha) * d
+                theta[i][j] = theta[i][j] - lr * m[i][j]
+        for i, param in enumerate(params):
+            assert param.tolist() == pytest.approx(theta[i], rel=1e-12, abs=1e-12)
+            assert opt.state[param]["momentum_buffer"].tolist() == pytest.approx(m[i], rel=1e-12, abs=1e-12)
+    # literal check of the first element: m = 0.1, −0.11, −0.049, −0.0441; θ = 1 − 0.1·Σm
+    assert params[0][0].item() == pytest.approx(1.0 - 0.1 * (0.1 - 0.11 - 0.049 - 0.0441), rel=1e-12)
+    assert opt.state[params[0]]["step"].item() == 4
+
+
+def test_momentum_sgd_step_is_one_minus_alpha_of_torch_momentum_sgd():
+    """Under a constant gradient torch's SGD(momentum=α) steps up to η/(1 − α)·Δθ, the paper's rule only ηΔθ."""
+    ours, theirs = nn.Parameter(torch.zeros(1, dtype=torch.float64)), nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    paper, torch_sgd = MomentumSGD([ours], lr=0.1, momentum=0.9), torch.optim.SGD([theirs], lr=0.1, momentum=0.9)
+    for _ in range(300):
+        for param in (ours, theirs):
+            param.grad = torch.ones(1, dtype=torch.float64)
+        paper.step()
+        torch_sgd.step()
+    assert paper.state[ours]["momentum_buffer"].item() == pytest.approx(1.0, rel=1e-9)  # m → Δθ
+    assert torch_sgd.state[theirs]["momentum_buffer"].item() == pytest.approx(10.0, rel=1e-9)  # Δθ/(1 − α)
+
+
+def test_momentum_sgd_weight_decay_defaults_and_bad_values():
+    param = nn.Parameter(torch.tensor([2.0], dtype=torch.float64))
+    opt = MomentumSGD([param], lr=0.5, momentum=0.5, weight_decay=0.25)
+    param.grad = torch.tensor([1.0], dtype=torch.float64)
+    opt.step()  # Δθ = 1 + 0.25·2 = 1.5; m = 0.5·1.5 = 0.75; θ = 2 − 0.5·0.75
+    assert param.item() == pytest.approx(1.625, rel=1e-12)
+    assert MomentumSGD(shared_linear().parameters()).defaults == {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0}
+    for bad in ({"lr": -1.0}, {"momentum": 1.0}, {"momentum": -0.1}, {"weight_decay": -1.0}):
+        with pytest.raises(ValueError, match=f"MomentumSGD: {next(iter(bad))} must be"):
+            MomentumSGD([param], **bad)
 
 
 # --- SharedAdam --------------------------------------------------------------------------------------------------
@@ -267,7 +322,7 @@ def test_shared_adam_loads_a_torch_adam_checkpoint():
 
 def test_build_optimizer_kinds_and_defaults():
     params = list(shared_linear().parameters())
-    assert HOGWILD_OPTIMIZERS == ("shared_rmsprop", "rmsprop", "sgd", "shared_adam")
+    assert HOGWILD_OPTIMIZERS == ("shared_rmsprop", "rmsprop", "momentum_sgd", "shared_adam")
     assert [is_shared(name) for name in HOGWILD_OPTIMIZERS] == [True, False, False, True]
 
     shared_rms = build_optimizer("shared_rmsprop", params, lr=1e-3)
@@ -279,12 +334,12 @@ def test_build_optimizer_kinds_and_defaults():
     assert (rms.defaults["alpha"], rms.defaults["eps"]) == (0.99, 1e-10)
     assert build_optimizer("rmsprop", params, lr=1e-3, eps=1e-3).defaults["eps"] == 1e-3
 
-    sgd = build_optimizer("sgd", params, lr=1e-2)
-    assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.9
-    assert build_optimizer("sgd", params, lr=1e-2, momentum=0.0).defaults["momentum"] == 0.0
+    sgd = build_optimizer("momentum_sgd", params, lr=1e-2)
+    assert type(sgd) is MomentumSGD and sgd.defaults["momentum"] == 0.9
+    assert build_optimizer("momentum_sgd", params, lr=1e-2, momentum=0.0).defaults["momentum"] == 0.0
 
 
-@pytest.mark.parametrize("name", ["rmsprop", "sgd"])
+@pytest.mark.parametrize("name", ["rmsprop", "momentum_sgd"])
 def test_per_worker_kinds_keep_separate_statistics(name):
     params = list(shared_linear().parameters())
     first, second = build_optimizer(name, params, lr=1e-3), build_optimizer(name, params, lr=1e-3)
@@ -296,14 +351,24 @@ def test_per_worker_kinds_keep_separate_statistics(name):
     for param in params:
         a, b = first.state[param][key], second.state[param][key]
         assert a.data_ptr() != b.data_ptr()
-        expected_a, expected_b = (0.01, 0.09) if name == "rmsprop" else (1.0, 3.0)  # (1−α)c² or the first grad
+        expected_a, expected_b = (0.01, 0.09) if name == "rmsprop" else (0.1, 0.3)  # (1−α)c² or (1−α)c
         torch.testing.assert_close(a, torch.full_like(param, expected_a))
         torch.testing.assert_close(b, torch.full_like(param, expected_b))
 
 
 def test_unknown_optimizer_name_lists_the_choices():
     params = list(shared_linear().parameters())
-    with pytest.raises(ValueError, match="unknown optimizer 'adamw'.*shared_rmsprop, rmsprop, sgd, shared_adam"):
+    with pytest.raises(
+        ValueError, match="unknown optimizer 'adamw'.*shared_rmsprop, rmsprop, momentum_sgd, shared_adam"
+    ):
         build_optimizer("adamw", params, lr=1e-3)
     with pytest.raises(ValueError, match="unknown optimizer"):
         is_shared("adam")
+
+
+def test_the_old_sgd_name_is_refused_with_a_pointer_to_momentum_sgd():
+    """`sgd` was torch's SGD(momentum=0.9), a step 10x the paper's rule: refused, not silently rescaled."""
+    params = list(shared_linear().parameters())
+    for call in (lambda: build_optimizer("sgd", params, lr=1e-3), lambda: is_shared("sgd")):
+        with pytest.raises(ValueError, match=r"optimizer 'sgd' is now 'momentum_sgd'.*10x the learning rate"):
+            call()
