@@ -27,7 +27,7 @@ from pathlib import Path
 
 from harness import cpu_model
 
-from rlfleet.run.train import train
+from rlfleet.launch import train
 
 METHODS = ["a3c", "nstep_q", "onestep_q", "sarsa"]
 BUDGET = {"a3c": 400_000, "nstep_q": 800_000, "onestep_q": 800_000, "sarsa": 1_000_000}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from harness import cpu_model
 
-from rlfleet.run.train import train
+from rlfleet.launch import train
 
 ARCHS = ["data_parallel", "grad_parallel", "hogwild"]
 

@@ -8,13 +8,18 @@ __version__ = "0.1.0"
 __all__ = ["train", "RunResult", "__version__"]
 
 if TYPE_CHECKING:
-    from rlfleet.run.train import RunResult, train
+    from rlfleet.launch import train
+    from rlfleet.run.runner import RunResult
 
 
 def __getattr__(name: str) -> Any:
     # lazy, so that importing a submodule (e.g. in env worker processes) doesn't pull in torch
-    if name in ("train", "RunResult"):
-        from rlfleet.run import train as train_module
+    if name == "train":
+        from rlfleet.launch import train
 
-        return getattr(train_module, name)
+        return train
+    if name == "RunResult":
+        from rlfleet.run.runner import RunResult
+
+        return RunResult
     raise AttributeError(f"module 'rlfleet' has no attribute {name!r}")

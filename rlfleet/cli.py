@@ -14,8 +14,8 @@ USAGE_ERROR = 2
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlfleet.launch import train
     from rlfleet.run.config import ConfigError, parse_overrides
-    from rlfleet.run.train import train
 
     options = dict(
         steps=args.steps,

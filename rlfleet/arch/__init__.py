@@ -2,13 +2,13 @@
 
 An architecture runs any compatible algorithm through the algorithm contract (`rlfleet.algos`) only:
 
-- `single`: one process steps a vector env and learns (`rlfleet.run.train.Trainer`);
+- `single`: one process steps a vector env and learns (`rlfleet.arch.single`);
 - `hogwild`: the A3C paper's asynchronous actor-learners, lock-free updates of shared parameters
   (`rlfleet.arch.hogwild`);
 - `data_parallel`: sampler processes feed experience to one learner (`rlfleet.arch.data_parallel`);
 - `grad_parallel`: workers send gradients, the centre steps the shared model (`rlfleet.arch.grad_parallel`);
 - `offline`: an imitation algorithm learns from a dataset of demonstrations, DAgger with an expert
-  (`rlfleet.run.offline.OfflineRunner`).
+  (`rlfleet.arch.offline`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from rlfleet.run.config import ConfigError
 
 # name -> (module, runner class, one-line description)
 ARCHITECTURES: dict[str, tuple[str, str, str]] = {
-    "single": ("rlfleet.run.train", "Trainer", "one process, vectorised envs"),
+    "single": ("rlfleet.arch.single", "SingleRunner", "one process, vectorised envs"),
     "hogwild": ("rlfleet.arch.hogwild", "HogwildRunner", "asynchronous actor-learners on shared parameters (A3C)"),
     "data_parallel": ("rlfleet.arch.data_parallel", "DataParallelRunner", "samplers feed one learner"),
     "grad_parallel": ("rlfleet.arch.grad_parallel", "GradParallelRunner", "workers send gradients to the centre"),
-    "offline": ("rlfleet.run.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
+    "offline": ("rlfleet.arch.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
 }
 
 

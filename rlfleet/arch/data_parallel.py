@@ -21,7 +21,7 @@ keeps). Then it collects:
 - replay algorithms (`data == "replay"`: dqn): `train_freq` vector steps of transitions
   (obs, act, rew, next_obs, terminated, truncated).
 
-The learner is the main process. It updates exactly as the single-process `Trainer` does: a segment
+The learner is the main process. It updates exactly as the single-process `SingleRunner` does: a segment
 goes to `algo.update(segment)`; transition blocks go into the learner's replay buffer, whose env columns
 are the samplers' envs side by side (`workers × n_envs` columns, so n-step sums stay inside one env's
 stream), one block from every sampler per round, followed by `gradient_steps` updates with priorities
@@ -58,7 +58,7 @@ from rlfleet.arch.parallel import ParallelRunner, Producer
 from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
-from rlfleet.run.train import RunResult, _StopRequest
+from rlfleet.run.runner import RunResult, StopRequest
 
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
 WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
@@ -234,7 +234,7 @@ class DataParallelRunner(ParallelRunner):
             self.count_returns(item.returns)
 
     def learn_segment(self, item: Experience) -> tuple[dict[str, float], int]:
-        """The `Trainer`'s on-policy step on a sampler's segment: schedule, `algo.update(segment)`."""
+        """The `SingleRunner`'s on-policy step on a sampler's segment: schedule, `algo.update(segment)`."""
         segment = item.data
         segment = Segment(segment.data, segment.last_obs, segment.last_value, _state_to_torch(segment.initial_state))
         with self.weights.writing():  # the schedule may sync target networks: part of the new version
@@ -244,7 +244,7 @@ class DataParallelRunner(ParallelRunner):
         return metrics, 1
 
     def learn_blocks(self, items: list[Experience]) -> tuple[dict[str, float], int]:
-        """The `Trainer`'s replay step on one block of every sampler (in sampler order, side by side).
+        """The `SingleRunner`'s replay step on one block of every sampler (in sampler order, side by side).
 
         Sampler `w` fills columns `[w × n_envs, (w + 1) × n_envs)`. A restarted sampler's envs begin new
         episodes, so before its first block the stream stored in its columns ends (`mark_boundary`).
@@ -292,7 +292,7 @@ class DataParallelRunner(ParallelRunner):
                 samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
                 pool = self.start_producers(Sampler, stop_flag, AHEAD[self.algo.data])
-            with _StopRequest() as stop:
+            with StopRequest() as stop:
                 turn = 0
                 while True:
                     items: list[Experience] = []

@@ -58,7 +58,7 @@ from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, Producer
 from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer
-from rlfleet.run.train import RunResult, _StopRequest
+from rlfleet.run.runner import RunResult, StopRequest
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
 WAIT_S = 0.2  # the centre's longest wait for a gradient before it checks workers, Ctrl-C and the clock
@@ -221,7 +221,7 @@ class GradParallelRunner(ParallelRunner):
                 workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
                 pool = self.start_producers(GradientWorker, stop_flag, self.credits)
-            with _StopRequest() as stop:
+            with StopRequest() as stop:
                 turn = 0
                 while True:
                     if workers:  # serial: the next worker's gradient

@@ -35,7 +35,7 @@ from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import StopFlag, algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer, is_shared
-from rlfleet.run.train import RunResult, _StopRequest
+from rlfleet.run.runner import RunResult, StopRequest
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
 
@@ -163,7 +163,7 @@ class HogwildRunner(ParallelRunner):
                 pool = self.start_pool(
                     _worker_process, (self.spec, self.shared, self.optimizer, self.counter, stop_flag)
                 )
-            with _StopRequest() as stop:
+            with StopRequest() as stop:
                 turn = 0
                 while True:
                     new_returns: list[float] = []

@@ -29,7 +29,7 @@ from rlfleet.envs import make_vector_env
 from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
-from rlfleet.run.train import RunBase
+from rlfleet.run.runner import RunBase
 
 
 @dataclass

@@ -16,7 +16,7 @@ rewards: episode returns are recorded inside each env (`RecordEpisodeStatistics`
 are not wrapped.
 
 Every algorithm's `Config` inherits `NormOptions` (`--set obs_norm=true`, `--set reward_norm=true`, or a
-preset); the run (`rlfleet.run.train`) builds the statistics, wraps its training (and, for observations,
+preset); the run (`rlfleet.run.runner.RunBase`) builds the statistics, wraps its training (and, for observations,
 evaluation) envs, and keeps the statistics in its checkpoints, from which `--resume` restores them. An
 agent loaded from a checkpoint (`rlfleet eval`, `rlfleet.run.evaluate.load_agent`) acts on raw observations
 through `ObsNormalizedAgent`, which normalises them with the checkpoint's frozen statistics exactly as the

@@ -5,7 +5,7 @@ held in attributes: numbers, NumPy arrays, random generators, small deques. `sna
 sub-env's wrapper chain and records those attributes; `restore` writes them back into freshly built
 envs. A MuJoCo env's physics (its `MjData`) is recorded too, as MuJoCo's full integration state. Envs
 whose state lives elsewhere (a C emulator, a subprocess) are not captured: `snapshot` returns None and a
-resumed run starts new episodes there instead (the `Trainer` then ends the episodes stored in its replay
+resumed run starts new episodes there instead (the `SingleRunner` then ends the episodes stored in its replay
 buffer at the checkpoint and restarts reward normalisation's running returns).
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlfleet.run.train import train
+from rlfleet.launch import train
 
 pytestmark = pytest.mark.learning
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from procs import RLFLEET, kill_session, session_processes, wait_until_gone
 
+from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
-from rlfleet.run.train import train
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])  # where `crashing_env` lives
 

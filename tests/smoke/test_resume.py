@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from rlfleet import train
+from rlfleet.arch.single import SingleRunner
 from rlfleet.run import env_state
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import RunConfig
-from rlfleet.run.train import Trainer
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
 # the same runs with observation and reward normalisation: their running statistics must resume exactly too
@@ -163,14 +163,14 @@ def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts
     done = before["terminated"][newest] | before["truncated"][newest]
     assert not done.all() and payload["reward_norm"]["returns"].any()  # episodes were going on
     monkeypatch.setattr(env_state, "restore", lambda envs, state: False)
-    trainer = Trainer(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=stopped.run_dir)
+    trainer = SingleRunner(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=stopped.run_dir)
     try:
         after = trainer.buffer.state_dict()["storage"]
         assert (after["truncated"][newest] | after["terminated"][newest]).all()
         assert torch.equal(after["terminated"], before["terminated"])
         assert torch.equal(after["truncated"][:newest], before["truncated"][:newest])
         assert not trainer.reward_norm.returns.any()
-        first_run = Trainer(RunConfig(**{**payload["run_config"], "name": "fresh"}))
+        first_run = SingleRunner(RunConfig(**{**payload["run_config"], "name": "fresh"}))
         assert not np.allclose(trainer.collector.obs, first_run.collector.obs)  # not the first run's episodes
         first_run.envs.close()
         first_run.eval_envs.close()

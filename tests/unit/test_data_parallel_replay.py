@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlfleet.arch.data_parallel import DataParallelRunner, Experience, TransitionBlock, concat_blocks
+from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import RunConfig
-from rlfleet.run.train import train
 
 
 def test_concat_blocks_gives_zero_states_to_a_block_acted_on_from_none():

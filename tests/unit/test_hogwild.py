@@ -13,9 +13,9 @@ from rlfleet.algos import nstep_q, resolve
 from rlfleet.algos.common import sample_final_epsilons
 from rlfleet.arch.hogwild import HogwildSpec, HogwildWorker
 from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
+from rlfleet.launch import train
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import build_algo_config
-from rlfleet.run.train import train
 
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 

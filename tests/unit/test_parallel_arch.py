@@ -19,9 +19,9 @@ from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import StopFlag, WeightVersion, share_algo, trainable_params
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
-from rlfleet.run.train import train
 
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 CTX = torch.multiprocessing.get_context("spawn")

@@ -12,8 +12,8 @@ from rlfleet.algos.dqn import DQN, Config
 from rlfleet.data import SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs import make_vector_env
+from rlfleet.launch import train
 from rlfleet.run.collector import Collector
-from rlfleet.run.train import train
 
 H = 3  # stored state size in the buffer tests
 

@@ -1,5 +1,7 @@
-"""`train()`: one run from config to result — envs, algorithm, the on- or off-policy loop, evaluation,
-logging, checkpoints (save, resume, Ctrl-C), `result.json` and `curves.png`."""
+"""What every architecture's run shares (`RunBase`): the resolved configs, the algorithm, the run folder, greedy
+evaluation, logging, best/latest checkpoints, stop conditions (steps, solved, time limit, Ctrl-C through
+`StopRequest`), `result.json` and `curves.png`. The architectures in `rlfleet.arch` build on it; nothing here
+imports them."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import abc
 import contextlib
 import dataclasses
 import json
-import os
 import re
 import signal
 import threading
@@ -23,18 +24,14 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import UnsupportedSpaceError
-from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.envs.normalize import (
     RewardNormalizer,
     RunningMeanStd,
     check_normalizable,
     normalize_observations,
-    normalize_rewards,
 )
-from rlfleet.run import env_state
-from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, run_folder_of, save_checkpoint
-from rlfleet.run.collector import Collector
+from rlfleet.run.checkpoint import save_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config, check_run_config
 from rlfleet.run.evaluate import evaluate
 from rlfleet.run.logger import RunLogger
@@ -56,14 +53,14 @@ class RunResult:
         return self.result[key]
 
 
-class _StopRequest:
+class StopRequest:
     """Turns the first Ctrl-C into a polite stop (checkpoint, clean exit); a second one interrupts."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous = None
 
-    def __enter__(self) -> _StopRequest:
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
@@ -360,189 +357,3 @@ class RunBase(abc.ABC):
             "updates": self.state["updates"],
             "checkpoint": str(self.run_dir / "checkpoints" / "latest.pt"),
         }
-
-
-class Trainer(RunBase):
-    """The `single` architecture: one process steps a vector env and learns.
-
-    An iteration is: collect (a rollout segment, or `train_freq` steps into replay) and learn from it;
-    then schedules, logging, evaluation, checkpoints and stop checks, all at iteration boundaries so
-    that a resumed run repeats the uninterrupted one exactly.
-    """
-
-    def __init__(
-        self,
-        cfg: RunConfig,
-        resume_from: dict[str, Any] | None = None,
-        run_dir: Path | None = None,
-        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
-    ):
-        super().__init__(cfg, resume_from, run_dir, callbacks)
-        n_envs = self.algo_cfg.n_envs
-        with workers_ignore_sigint():
-            envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
-            envs = normalize_observations(envs, self.obs_stats, update_stats=True)
-            self.envs = normalize_rewards(envs, self.reward_norm)
-            self.eval_envs = self.make_eval_envs()
-        self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
-        self.buffer = None
-        self.storage = None
-        if self.algo.data == "replay":
-            self.buffer = self.algo.make_buffer(n_envs, self.total_steps, seed=cfg.seed)
-        else:
-            self.storage = RolloutStorage(self.algo_cfg.rollout_len, n_envs)
-        if resume_from is not None:
-            self._restore(resume_from)
-        self._write_config()
-
-    @property
-    def env_steps(self) -> int:
-        return self.collector.env_steps
-
-    @property
-    def episodes(self) -> int:
-        return self.collector.episodes
-
-    # ----------------------------------------------------------------------------------------- state
-    def _payload(self, with_data: bool) -> dict[str, Any]:
-        payload = super()._payload(with_data)
-        if with_data:
-            payload["torch_rng"] = torch.get_rng_state()
-            payload["collector"] = {
-                "obs": self.collector.obs,
-                "episodes": self.collector.episodes,
-                "returns": list(self.collector.returns),
-                "lengths": list(self.collector.lengths),
-                "state": self.collector.state,  # a recurrent policy's state goes with obs (None: feed-forward)
-                "starts": self.collector.starts,
-            }
-            payload["envs"] = env_state.snapshot(self.envs)
-            if self.buffer is not None:
-                payload["buffer"] = self.buffer.state_dict()
-        return payload
-
-    def _restore(self, payload: dict[str, Any]) -> None:
-        self.algo.load_state_dict(payload["algo"])
-        if self.obs_stats is not None:
-            self.obs_stats.load_state_dict(payload["obs_norm"])
-        if self.reward_norm is not None:
-            self.reward_norm.load_state_dict(payload["reward_norm"])
-        self.state.update(payload["state"])
-        c = self.collector
-        c.env_steps = int(payload["env_steps"])
-        envs_restored = False
-        if "collector" in payload:
-            col = payload["collector"]
-            c.episodes = int(col["episodes"])
-            c.returns.extend(col["returns"])
-            c.lengths.extend(col["lengths"])
-            envs_restored = env_state.restore(self.envs, payload.get("envs"))
-            if envs_restored:
-                c.obs = col["obs"]
-                c.state = col.get("state")
-                c.starts = col.get("starts", c.starts)
-        if "torch_rng" in payload:
-            torch.set_rng_state(payload["torch_rng"])
-        if self.buffer is not None and "buffer" in payload:
-            self.buffer.load_state_dict(payload["buffer"])
-        if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
-            c.obs, _ = self.envs.reset(seed=self.cfg.seed + c.env_steps)  # new ones, not the first run's again
-            if self.buffer is not None:
-                self.buffer.mark_boundary(np.arange(self.collector.n_envs))
-            if self.reward_norm is not None:
-                self.reward_norm.restart_returns()
-
-    # ----------------------------------------------------------------------------------------- loop
-    def _learn_rollout(self) -> dict[str, float]:
-        segment = self.collector.collect_rollout(self.storage)
-        return self.algo.update(segment)
-
-    def _learn_replay(self) -> dict[str, float]:
-        cfg = self.algo_cfg
-        self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
-        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
-            return {}
-        metrics: dict[str, float] = {}
-        for _ in range(cfg.gradient_steps):
-            batch = self.buffer.sample(cfg.batch_size)
-            out = self.algo.update(batch)
-            priorities = out.pop("priorities", None)
-            if priorities is not None and hasattr(self.buffer, "update_priorities"):
-                self.buffer.update_priorities(batch.index, priorities)
-            metrics = out
-        return metrics
-
-    def run(self) -> RunResult:
-        learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay
-        c = self.collector
-        logger, start = self.start_logging()
-        stopped_by = "steps"
-        try:
-            with _StopRequest() as stop:
-                while c.env_steps < self.total_steps:
-                    self.algo.schedule(c.env_steps, self.total_steps)
-                    metrics = learn()
-                    reason = self.after_update(logger, start, c.pop_new_returns(), c.returns, metrics, stop.requested)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-            self.finish(logger, start, stopped_by)
-        finally:
-            logger.close()
-            self.envs.close()
-            self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
-
-
-def train(
-    algo: str | None = None,
-    env: str | None = None,
-    *,
-    resume: str | Path | None = None,
-    callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
-    **options: Any,
-) -> RunResult:
-    """Train `algo` on `env` (or resume a run folder); options are `RunConfig` fields.
-
-    >>> result = rlfleet.train("ppo", "CartPole-v1", seed=1)
-    >>> result["solved"], result.run_dir
-    """
-    if resume is not None:
-        payload = load_checkpoint(resume)
-        run_dir = run_folder_of(resume)
-        resumable = {"steps", "time_limit", "progress"}
-        if set(options) - resumable:
-            raise ConfigError(
-                f"a resumed run keeps its configuration; only {sorted(resumable)} can be changed, "
-                f"got {sorted(set(options) - resumable)}"
-            )
-        saved = payload["run_config"]
-        saved.update(options)
-        cfg = RunConfig(**saved)
-        return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
-    if algo is None or env is None:
-        raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-    unknown = set(options) - known
-    if unknown:
-        raise ConfigError(f"unknown run option(s) {sorted(unknown)}; valid: {sorted(known - {'algo', 'env'})}")
-    paths = {k: os.fspath(v) for k, v in options.items() if isinstance(v, os.PathLike)}  # saved as plain text
-    cfg = RunConfig(algo=algo, env=env, **{**options, **paths})
-    return _runner(cfg)(cfg, callbacks=callbacks).run()
-
-
-def _runner(cfg: RunConfig) -> type[RunBase]:
-    """The runner class of the run's architecture (resolving the algorithm's default into `cfg.arch`)."""
-    from rlfleet.algos import resolve
-    from rlfleet.arch import default_arch, runner_class
-    from rlfleet.run.offline import check_data_source
-
-    algo_cls = resolve(cfg.algo)[0]  # an unknown algorithm is reported as such, before the architecture
-    if cfg.arch is None:
-        cfg.arch = default_arch(cfg.algo)
-    runner = runner_class(cfg.arch)
-    check_data_source(cfg, algo_cls)  # --dataset/--expert and imitation algorithms go together
-    return runner
-
-
-__all__ = ["train", "Trainer", "RunResult", "RunConfig", "CheckpointError"]

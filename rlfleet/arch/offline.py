@@ -28,7 +28,7 @@ from rlfleet.data.demos import DatasetError, load_demonstrations
 from rlfleet.run.collect import EpisodeRecorder, record_episodes
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.evaluate import load_agent
-from rlfleet.run.train import RunBase, RunResult, _StopRequest
+from rlfleet.run.runner import RunBase, RunResult, StopRequest
 
 DAGGER_SEED = 20_000  # offset of the DAgger episodes' env seeds from the run's seed
 
@@ -206,7 +206,7 @@ class OfflineRunner(RunBase):
         logger, start = self.start_logging()
         stopped_by = "steps"
         try:
-            with _StopRequest() as stop:
+            with StopRequest() as stop:
                 while self.state["gradient_steps"] < self.total_steps:
                     new_returns: list[float] = []
                     if self._dagger_due():

@@ -1,0 +1,153 @@
+"""`single`: one process steps a vector env and learns — the default architecture of every algorithm but `a3c`
+and `bc`. The on- and off-policy loops are two short methods: collect a rollout segment and `update` on it, or
+collect `train_freq` vector steps into the replay buffer and take `gradient_steps` updates from it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfleet.data.rollout import RolloutStorage
+from rlfleet.envs import make_vector_env
+from rlfleet.envs.normalize import normalize_observations, normalize_rewards
+from rlfleet.run import env_state
+from rlfleet.run.collector import Collector
+from rlfleet.run.config import RunConfig
+from rlfleet.run.runner import RunBase, RunResult, StopRequest, workers_ignore_sigint
+
+
+class SingleRunner(RunBase):
+    """The `single` architecture: one process steps a vector env and learns.
+
+    An iteration is: collect (a rollout segment, or `train_freq` steps into replay) and learn from it;
+    then schedules, logging, evaluation, checkpoints and stop checks, all at iteration boundaries so
+    that a resumed run repeats the uninterrupted one exactly.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        n_envs = self.algo_cfg.n_envs
+        with workers_ignore_sigint():
+            envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+            envs = normalize_observations(envs, self.obs_stats, update_stats=True)
+            self.envs = normalize_rewards(envs, self.reward_norm)
+            self.eval_envs = self.make_eval_envs()
+        self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
+        self.buffer = None
+        self.storage = None
+        if self.algo.data == "replay":
+            self.buffer = self.algo.make_buffer(n_envs, self.total_steps, seed=cfg.seed)
+        else:
+            self.storage = RolloutStorage(self.algo_cfg.rollout_len, n_envs)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self._write_config()
+
+    @property
+    def env_steps(self) -> int:
+        return self.collector.env_steps
+
+    @property
+    def episodes(self) -> int:
+        return self.collector.episodes
+
+    # ----------------------------------------------------------------------------------------- state
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
+        if with_data:
+            payload["torch_rng"] = torch.get_rng_state()
+            payload["collector"] = {
+                "obs": self.collector.obs,
+                "episodes": self.collector.episodes,
+                "returns": list(self.collector.returns),
+                "lengths": list(self.collector.lengths),
+                "state": self.collector.state,  # a recurrent policy's state goes with obs (None: feed-forward)
+                "starts": self.collector.starts,
+            }
+            payload["envs"] = env_state.snapshot(self.envs)
+            if self.buffer is not None:
+                payload["buffer"] = self.buffer.state_dict()
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.algo.load_state_dict(payload["algo"])
+        if self.obs_stats is not None:
+            self.obs_stats.load_state_dict(payload["obs_norm"])
+        if self.reward_norm is not None:
+            self.reward_norm.load_state_dict(payload["reward_norm"])
+        self.state.update(payload["state"])
+        c = self.collector
+        c.env_steps = int(payload["env_steps"])
+        envs_restored = False
+        if "collector" in payload:
+            col = payload["collector"]
+            c.episodes = int(col["episodes"])
+            c.returns.extend(col["returns"])
+            c.lengths.extend(col["lengths"])
+            envs_restored = env_state.restore(self.envs, payload.get("envs"))
+            if envs_restored:
+                c.obs = col["obs"]
+                c.state = col.get("state")
+                c.starts = col.get("starts", c.starts)
+        if "torch_rng" in payload:
+            torch.set_rng_state(payload["torch_rng"])
+        if self.buffer is not None and "buffer" in payload:
+            self.buffer.load_state_dict(payload["buffer"])
+        if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
+            c.obs, _ = self.envs.reset(seed=self.cfg.seed + c.env_steps)  # new ones, not the first run's again
+            if self.buffer is not None:
+                self.buffer.mark_boundary(np.arange(self.collector.n_envs))
+            if self.reward_norm is not None:
+                self.reward_norm.restart_returns()
+
+    # ----------------------------------------------------------------------------------------- loop
+    def _learn_rollout(self) -> dict[str, float]:
+        segment = self.collector.collect_rollout(self.storage)
+        return self.algo.update(segment)
+
+    def _learn_replay(self) -> dict[str, float]:
+        cfg = self.algo_cfg
+        self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
+        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
+            return {}
+        metrics: dict[str, float] = {}
+        for _ in range(cfg.gradient_steps):
+            batch = self.buffer.sample(cfg.batch_size)
+            out = self.algo.update(batch)
+            priorities = out.pop("priorities", None)
+            if priorities is not None and hasattr(self.buffer, "update_priorities"):
+                self.buffer.update_priorities(batch.index, priorities)
+            metrics = out
+        return metrics
+
+    def run(self) -> RunResult:
+        learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay
+        c = self.collector
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        try:
+            with StopRequest() as stop:
+                while c.env_steps < self.total_steps:
+                    self.algo.schedule(c.env_steps, self.total_steps)
+                    metrics = learn()
+                    reason = self.after_update(logger, start, c.pop_new_returns(), c.returns, metrics, stop.requested)
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+            self.finish(logger, start, stopped_by)
+        finally:
+            logger.close()
+            self.envs.close()
+            self.eval_envs.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)
