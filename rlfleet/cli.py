@@ -3,55 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import NoReturn
 
-from rlfleet.fields import parse_count
+from rlfleet.fields import field_docs, parse_count
 
 USAGE_ERROR = 2
+
+
+CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress")
 
 
 def _train(args: argparse.Namespace) -> int:
     from rlfleet.launch import train
     from rlfleet.run.config import ConfigError, parse_overrides
 
-    options = dict(
-        steps=args.steps,
-        time_limit=args.time_limit,
-        progress=not args.no_progress,
-    )
+    given = {k: v for k, v in vars(args).items() if k not in CLI_ONLY}  # only the options on the command line
+    if args.no_progress:
+        given["progress"] = False
     if args.resume:
-        result = train(resume=args.resume, **{k: v for k, v in options.items() if v is not None})
+        result = train(resume=args.resume, **given)
     else:
-        if not args.algo or not args.env:
+        if not args.algo or "env" not in given:
             raise ConfigError("train needs ALGO and --env ID (or --resume RUN_DIR)")
-        result = train(
-            args.algo,
-            args.env,
-            seed=args.seed,
-            n_envs=args.n_envs,
-            preset=args.preset,
-            overrides=parse_overrides(args.set or []),
-            logdir=args.logdir,
-            name=args.name,
-            eval_every=args.eval_every,
-            eval_episodes=args.eval_episodes,
-            stop_return=args.stop_return,
-            checkpoint_every=args.checkpoint_every,
-            vector_mode=args.vector_mode,
-            arch=args.arch,
-            workers=args.workers,
-            optimizer=args.optimizer,
-            grad_sets=args.grad_sets,
-            torch_threads=args.torch_threads,
-            serial=args.serial,
-            max_restarts=args.max_restarts,
-            dataset=args.dataset,
-            expert=args.expert,
-            **options,
-        )
+        result = train(args.algo, overrides=parse_overrides(args.set or []), **given)
     r = result.result
     if r["eval_return_mean"] is None:
         print(
@@ -128,49 +107,61 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    """`train`'s options, made from the dataclasses that declare them (their type, default and docstring): the
+    run's `RunConfig`, then each architecture's `Options`, grouped by the architectures that have them. A
+    default lives in its dataclass only: options not on the command line are not passed on."""
+    from rlfleet.arch import ARCHITECTURES, runner_class
+    from rlfleet.run.config import RunConfig
+
+    skip = {"algo", "options", "overrides", "progress"}  # ALGO, --set and --no-progress are added by hand
+    _add_fields(parser.add_argument_group("run options"), RunConfig, [f.name for f in dataclasses.fields(RunConfig)
+                if f.name not in skip])  # fmt: skip
+    owners: dict[str, list[str]] = {}  # option -> the architectures that have it
+    classes: dict[str, type] = {}
+    for arch in ARCHITECTURES:
+        for f in dataclasses.fields(runner_class(arch).Options):
+            owners.setdefault(f.name, []).append(arch)
+            classes.setdefault(f.name, runner_class(arch).Options)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, archs in owners.items():
+        groups.setdefault(tuple(archs), []).append(name)
+    for archs, names in groups.items():
+        group = parser.add_argument_group(f"options of {', '.join(archs)}")
+        for name in names:
+            _add_fields(group, classes[name], [name])
+
+
+def _add_fields(group, cls: type, names: list[str]) -> None:
+    """One option per field of the dataclass `cls` in `names`: `--field-name`, typed by its annotation."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in names:
+        f = fields[name]
+        kind = next((t for t in typing.get_args(hints[name]) if t is not type(None)), hints[name])
+        doc = " ".join(docs.get(name, "").split())
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if default not in (None, False, ""):
+            doc += f" (default: {default})"
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=doc)
+        else:
+            convert = {int: _count, float: float}.get(kind, str)
+            metavar = {int: "N", float: "X"}.get(kind, name.split("_")[-1].upper())
+            group.add_argument(flag, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=doc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train an agent")
     t.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
-    t.add_argument("--env", help="Gymnasium env id, e.g. CartPole-v1 or ALE/Pong-v5")
-    t.add_argument("--steps", type=_count, help="env steps to train (default: the algorithm's total_steps)")
-    t.add_argument("--seed", type=_count, default=0)
-    t.add_argument("--n-envs", type=_count, help="parallel training envs")
-    t.add_argument("--preset", help="named defaults of the algorithm (see `rlfleet list`)")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field")
-    t.add_argument("--logdir", default="runs", help="folder of run folders (default: runs)")
-    t.add_argument("--name", help="run folder name")
-    t.add_argument("--eval-every", type=_count, help="env steps between greedy evaluations")
-    t.add_argument("--eval-episodes", type=_count, default=10)
-    t.add_argument("--stop-return", type=float, help="stop when evaluation reaches this (default: env threshold)")
-    t.add_argument("--time-limit", type=float, help="wall-clock seconds this invocation trains at most")
-    t.add_argument("--checkpoint-every", type=_count, help="env steps between checkpoints")
-    t.add_argument("--vector-mode", default="auto", choices=["auto", "sync", "async", "envpool"])
-    t.add_argument(
-        "--arch", help="architecture: single, hogwild, data_parallel, grad_parallel, offline (default: the algorithm's)"
-    )
-    t.add_argument("--workers", type=_count, default=2, help="worker processes of a parallel architecture (default: 2)")
-    t.add_argument(
-        "--optimizer",
-        default="shared_rmsprop",
-        help="optimizer of shared parameters: shared_rmsprop (default), rmsprop, momentum_sgd, shared_adam",
-    )
-    t.add_argument(
-        "--grad-sets",
-        type=_count,
-        default=0,
-        help="gradient sets grad_parallel sums per step (default 0: one per worker)",
-    )
-    t.add_argument(
-        "--max-restarts", type=_count, default=10, help="worker restarts a parallel run allows in all (default: 10)"
-    )
-    t.add_argument("--serial", action="store_true", help="run a parallel architecture's workers in one process")
-    t.add_argument("--dataset", metavar="FILE", help="demonstrations for bc (written by `rlfleet collect`)")
-    t.add_argument("--expert", metavar="CHECKPOINT", help="bc: DAgger, the expert labels the learner's states")
+    _add_train_options(t)
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field (see its file)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    t.add_argument("--torch-threads", type=_count, default=1, help="torch threads of the training process (default 1)")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)
 

@@ -17,10 +17,13 @@ This module sits below every other (algorithms, envs and run services import it;
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
+import inspect
 import math
 import numbers
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -223,3 +226,27 @@ def check_fields(obj: Any, label: Callable[[dataclasses.Field], str]) -> None:
     hints = _hints(type(obj))
     for f in dataclasses.fields(obj):
         check_value(label(f), getattr(obj, f.name), hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal under its declaration), from `cls` and its dataclass bases;
+    read from the source, since Python keeps no field docstrings at run time (the CLI's help comes from here)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.algos import resolve
-from rlfleet.arch import default_arch, runner_class
+from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.runner import RunBase, RunResult
+
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env", "options"}
 
 
 def train(
@@ -25,11 +27,14 @@ def train(
     callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     **options: Any,
 ) -> RunResult:
-    """Train `algo` on `env` (or resume a run folder); options are `RunConfig` fields.
+    """Train `algo` on `env` (or resume a run folder). Options are `RunConfig` fields (`steps`, `seed`, ...) and
+    the fields of the architecture's `Options` (`workers`, `grad_sets`, ...), given side by side.
 
     >>> result = rlfleet.train("ppo", "CartPole-v1", seed=1)
+    >>> result = rlfleet.train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=1)
     >>> result["solved"], result.run_dir
     """
+    options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}  # saved as text
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
@@ -39,19 +44,28 @@ def train(
                 f"a resumed run keeps its configuration; only {sorted(resumable)} can be changed, "
                 f"got {sorted(set(options) - resumable)}"
             )
-        saved = payload["run_config"]
-        saved.update(options)
-        cfg = RunConfig(**saved)
+        cfg = _saved_config(payload["run_config"], options)
         return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-    unknown = set(options) - known
-    if unknown:
-        raise ConfigError(f"unknown run option(s) {sorted(unknown)}; valid: {sorted(known - {'algo', 'env'})}")
-    paths = {k: os.fspath(v) for k, v in options.items() if isinstance(v, os.PathLike)}  # saved as plain text
-    cfg = RunConfig(algo=algo, env=env, **{**options, **paths})
+    run = {k: v for k, v in options.items() if k in RUN_FIELDS}
+    arch_options = {k: v for k, v in options.items() if k not in RUN_FIELDS}
+    cfg = RunConfig(algo=algo, env=env, options=arch_options, **run)
     return _runner(cfg)(cfg, callbacks=callbacks).run()
+
+
+def _saved_config(saved: dict[str, Any], changes: dict[str, Any]) -> RunConfig:
+    """The `RunConfig` of a checkpoint with `changes`. A checkpoint written before each architecture had an
+    `Options` dataclass of its own kept every architecture's options among the run's fields: those of the run's
+    architecture move into `options`, the others' are dropped."""
+    saved = {**saved, **changes}
+    options = dict(saved.pop("options", None) or {})
+    own = {f.name for f in dataclasses.fields(runner_class(saved["arch"]).Options)}
+    for key in [k for k in saved if k not in RUN_FIELDS | {"algo", "env"}]:
+        value = saved.pop(key)
+        if key in own:
+            options.setdefault(key, value)
+    return RunConfig(**saved, options=options)
 
 
 def _runner(cfg: RunConfig) -> type[RunBase]:
@@ -61,4 +75,14 @@ def _runner(cfg: RunConfig) -> type[RunBase]:
         cfg.arch = default_arch(cfg.algo)
     runner = runner_class(cfg.arch)
     check_data_source(cfg, algo_cls)  # --dataset/--expert and imitation algorithms go together
+    unknown = sorted(set(cfg.options) - {f.name for f in dataclasses.fields(runner.Options)})
+    if unknown:  # name where each one belongs
+        from_arch = {a: runner_class(a).Options for a in architecture_names()}
+        where = {k: [a for a, o in from_arch.items() if k in {f.name for f in dataclasses.fields(o)}] for k in unknown}
+        if all(where.values()):
+            has = ", ".join("--" + f.name.replace("_", "-") for f in dataclasses.fields(runner.Options)) or "none"
+            said = "; ".join(f"--{k.replace('_', '-')} is an option of {', '.join(a)}" for k, a in where.items())
+            raise ConfigError(f"{said}, not of {cfg.arch} (its options: {has})")
+        valid = sorted(RUN_FIELDS | {f.name for o in from_arch.values() for f in dataclasses.fields(o)})
+        raise ConfigError(f"unknown run option(s) {unknown}; valid: {valid}")
     return runner

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.arch.parallel import ParallelRunner, Producer
+from rlfleet.arch.parallel import ParallelOptions, ParallelRunner, Producer
 from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
@@ -191,6 +191,7 @@ class DataParallelRunner(ParallelRunner):
     """The learner of a `data_parallel` run (see the module docstring)."""
 
     arch = "data_parallel"
+    Options = ParallelOptions
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
@@ -201,17 +202,19 @@ class DataParallelRunner(ParallelRunner):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
         # serial samplers live in this process: the networks need not move to shared memory
-        self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
+        self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
         self.start_counters()  # env steps consumed by the learner
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         self.buffer = None
         self.incarnations: dict[int, int] = {}  # replay: each sampler's incarnation whose data its columns hold
         if self.algo.data == "replay":
-            self.buffer = self.algo.make_buffer(cfg.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed)
+            self.buffer = self.algo.make_buffer(
+                self.opts.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed
+            )
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
-        self._write_config({"workers": cfg.workers, "ahead": AHEAD[self.algo.data]})
+        self._write_config({"workers": self.opts.workers, "ahead": AHEAD[self.algo.data]})
 
     def _extra_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"version": self.weights.version}
@@ -280,7 +283,7 @@ class DataParallelRunner(ParallelRunner):
     def run(self) -> RunResult:
         logger, start = self.start_logging()
         stopped_by = "steps"
-        n = self.cfg.workers
+        n = self.opts.workers
         replay = self.algo.data == "replay"
         stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
         pool = None
@@ -288,7 +291,7 @@ class DataParallelRunner(ParallelRunner):
         pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
         last_item = time.monotonic()
         try:
-            if self.cfg.serial:
+            if self.opts.serial:
                 samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
                 pool = self.start_producers(Sampler, stop_flag, AHEAD[self.algo.data])

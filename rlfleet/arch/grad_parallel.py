@@ -55,8 +55,9 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, Producer
+from rlfleet.arch.parallel import ParallelRunner, Producer, SharedOptimizerOptions
 from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo, trainable_params
+from rlfleet.fields import bounded
 from rlfleet.optim import build_optimizer
 from rlfleet.run.runner import RunResult, StopRequest
 
@@ -145,10 +146,20 @@ class GradientCentre:
         return norm
 
 
+@dataclass
+class GradParallelOptions(SharedOptimizerOptions):
+    """grad_parallel's options."""
+
+    grad_sets: int = bounded(0, ge=0)
+    """Gradient sets the centre sums per optimizer step (0: one per worker, a synchronous sum; 1: each as it
+    comes, RLlib's AsyncGradients)."""
+
+
 class GradParallelRunner(ParallelRunner):
     """The centre of a `grad_parallel` run (see the module docstring)."""
 
     arch = "grad_parallel"
+    Options = GradParallelOptions
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
@@ -156,12 +167,12 @@ class GradParallelRunner(ParallelRunner):
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
-        self.grad_sets = cfg.grad_sets or cfg.workers
-        self.credits = max(AHEAD, -(-self.grad_sets // cfg.workers))  # enough for k gradients in flight
+        self.grad_sets = self.opts.grad_sets or self.opts.workers
+        self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         # serial workers live in this process: the networks need not move to shared memory
-        self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
+        self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
         params = trainable_params(self.shared)
-        self.optimizer = build_optimizer(cfg.optimizer, params, self.algo_cfg.lr)
+        self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr)
         self.centre = GradientCentre(params, self.optimizer, getattr(self.algo_cfg, "max_grad_norm", 0.0))
         self.start_counters()  # env steps behind the gradients taken in
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
@@ -170,8 +181,8 @@ class GradParallelRunner(ParallelRunner):
         self.eval_envs = self.make_eval_envs()
         self._write_config(
             {
-                "optimizer": cfg.optimizer,
-                "workers": cfg.workers,
+                "optimizer": self.opts.optimizer,
+                "workers": self.opts.workers,
                 "grad_sets": self.grad_sets,
                 "ahead": self.credits,
             }
@@ -210,14 +221,14 @@ class GradParallelRunner(ParallelRunner):
     def run(self) -> RunResult:
         logger, start = self.start_logging()
         stopped_by = "steps"
-        n = self.cfg.workers
+        n = self.opts.workers
         stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
         pool = None
         workers: list[GradientWorker] = []
         gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
         last_item = time.monotonic()
         try:
-            if self.cfg.serial:
+            if self.opts.serial:
                 workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
             else:
                 pool = self.start_producers(GradientWorker, stop_flag, self.credits)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import StopFlag, algo_modules, share_algo, trainable_params
 from rlfleet.optim import build_optimizer, is_shared
 from rlfleet.run.runner import RunResult, StopRequest
@@ -119,6 +119,7 @@ class HogwildRunner(ParallelRunner):
     """The monitor of a `hogwild` run (see the module docstring)."""
 
     arch = "hogwild"
+    Options = SharedOptimizerOptions
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
@@ -127,20 +128,20 @@ class HogwildRunner(ParallelRunner):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec(
             HogwildSpec,
-            optimizer=cfg.optimizer,
+            optimizer=self.opts.optimizer,
             lr=self.algo_cfg.lr,
             max_grad_norm=getattr(self.algo_cfg, "max_grad_norm", 0.0),
         )
         # serial workers live in this process: the networks need not move to shared memory
-        self.shared = algo_modules(self.algo) if cfg.serial else share_algo(self.algo)
+        self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
         self.optimizer = None
-        if is_shared(cfg.optimizer):
-            self.optimizer = build_optimizer(cfg.optimizer, trainable_params(self.shared), self.algo_cfg.lr)
+        if is_shared(self.opts.optimizer):
+            self.optimizer = build_optimizer(self.opts.optimizer, trainable_params(self.shared), self.algo_cfg.lr)
         self.start_counters(worker_slots=True)
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
-        self._write_config({"optimizer": cfg.optimizer, "workers": cfg.workers})
+        self._write_config({"optimizer": self.opts.optimizer, "workers": self.opts.workers})
 
     def _extra_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
@@ -157,8 +158,8 @@ class HogwildRunner(ParallelRunner):
         workers: list[HogwildWorker] = []
         stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
         try:
-            if self.cfg.serial:
-                workers = [HogwildWorker(self.spec, self.shared, self.optimizer, w) for w in range(self.cfg.workers)]
+            if self.opts.serial:
+                workers = [HogwildWorker(self.spec, self.shared, self.optimizer, w) for w in range(self.opts.workers)]
             else:
                 pool = self.start_pool(
                     _worker_process, (self.spec, self.shared, self.optimizer, self.counter, stop_flag)

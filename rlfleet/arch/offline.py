@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,21 @@ from rlfleet.run.runner import RunBase, RunResult, StopRequest
 DAGGER_SEED = 20_000  # offset of the DAgger episodes' env seeds from the run's seed
 
 
+@dataclass
+class OfflineOptions:
+    """The offline architecture's options."""
+
+    dataset: str | None = None
+    """Demonstrations (an .npz written by `rlfleet collect`) to imitate."""
+    expert: str | None = None
+    """Checkpoint (file or run folder) of an expert whose greedy actions label the learner's states (DAgger)."""
+
+
 def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
     """Imitation algorithms need `--dataset` and the offline architecture; the others must not get either."""
+    options = cfg.options
     if getattr(algo_cls, "data", None) != "dataset":
-        for flag, value in (("--dataset", cfg.dataset), ("--expert", cfg.expert)):
+        for flag, value in (("--dataset", options.get("dataset")), ("--expert", options.get("expert"))):
             if value is not None:
                 raise ConfigError(
                     f"{flag} is for imitation algorithms (bc); {cfg.algo} learns from its own env steps: drop {flag}"
@@ -46,7 +58,7 @@ def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
         return
     if cfg.arch != "offline":
         raise ConfigError(f"{cfg.algo} learns from a dataset: it runs on the offline architecture, not {cfg.arch}")
-    if cfg.dataset is None:
+    if options.get("dataset") is None:
         raise ConfigError(
             f"{cfg.algo} imitates demonstrations: give --dataset FILE "
             "(record one with rlfleet collect CHECKPOINT -o FILE)"
@@ -55,6 +67,8 @@ def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
 
 class OfflineRunner(RunBase):
     """Minibatch gradient steps on demonstrations (aggregated with expert-labelled learner states under DAgger)."""
+
+    Options = OfflineOptions
 
     log_every = 100
     min_eval_every = 500
@@ -84,7 +98,13 @@ class OfflineRunner(RunBase):
         self._perm: tuple[tuple[int, int], np.ndarray] | None = None
         self.eval_envs = self.make_eval_envs()
         self._write_config(
-            {"dataset": {"path": str(cfg.dataset), "size": len(self.demos), "episodes": int(self.demos.starts.sum())}}
+            {
+                "dataset": {
+                    "path": str(self.opts.dataset),
+                    "size": len(self.demos),
+                    "episodes": int(self.demos.starts.sum()),
+                }
+            }
         )
 
     def check_config(self) -> None:
@@ -92,15 +112,15 @@ class OfflineRunner(RunBase):
         if cfg.n_envs is not None:
             raise ConfigError(f"--n-envs does not apply to {cfg.algo} (the offline runner steps no training envs)")
         info = self.env_info
-        self.demos = load_demonstrations(cfg.dataset)
+        self.demos = load_demonstrations(self.opts.dataset)
         self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"])
         if len(self.demos) == 0:
-            raise DatasetError(f"dataset {cfg.dataset} holds no demonstrations")
+            raise DatasetError(f"dataset {self.opts.dataset} holds no demonstrations")
         self.expert = None
-        if cfg.expert is not None:
-            self.expert, expert_run = load_agent(cfg.expert)
+        if self.opts.expert is not None:
+            self.expert, expert_run = load_agent(self.opts.expert)
             if expert_run["env"] != cfg.env:
-                raise ConfigError(f"expert {cfg.expert} was trained on {expert_run['env']!r}, not on {cfg.env!r}")
+                raise ConfigError(f"expert {self.opts.expert} was trained on {expert_run['env']!r}, not on {cfg.env!r}")
 
     # ----------------------------------------------------------------------------------------- state
     @property
@@ -129,7 +149,7 @@ class OfflineRunner(RunBase):
         self.state.update(payload["state"])
         if self.state["dataset_size"] != size:
             raise DatasetError(
-                f"dataset {self.cfg.dataset} has {size} pairs, but the run was trained on "
+                f"dataset {self.opts.dataset} has {size} pairs, but the run was trained on "
                 f"{self.state['dataset_size']}: resume with the same file"
             )
         saved = payload.get("offline") or {}
@@ -141,7 +161,7 @@ class OfflineRunner(RunBase):
         return {
             **super()._result(stopped_by, wall),
             "gradient_steps": self.state["gradient_steps"],
-            "dataset": str(self.cfg.dataset),
+            "dataset": str(self.opts.dataset),
             "dataset_size": len(self.demos),
             "training_size": len(self.data),
             "dagger_rounds": self.state["dagger_round"],

@@ -26,6 +26,7 @@ from rlfleet.arch.shared import LocalCopy, StepCounter, WeightVersion
 from rlfleet.arch.workers import WorkerPool, producer_process
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
+from rlfleet.fields import bounded
 from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
@@ -48,6 +49,28 @@ class WorkerSpec:
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
         return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation + 10_000_019 * self.resumes
+
+
+@dataclass
+class ParallelOptions:
+    """The options every multi-process architecture has."""
+
+    workers: int = bounded(2, ge=1)
+    """Worker processes."""
+    max_restarts: int = bounded(10, ge=0)
+    """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
+    serial: bool = False
+    """Run the workers one after another in this process (tests, debugging)."""
+
+
+@dataclass
+class SharedOptimizerOptions(ParallelOptions):
+    """The options of an architecture that steps the shared parameters with its own optimizer."""
+
+    optimizer: str = "shared_rmsprop"
+    """Optimizer of the shared parameters: shared_rmsprop (statistics shared by all workers, the A3C paper's
+    default), rmsprop (per-worker statistics), momentum_sgd (the paper's momentum SGD, m ← αm + (1−α)Δθ,
+    per-worker m), shared_adam."""
 
 
 class WorkerActor:
@@ -136,7 +159,7 @@ class ParallelRunner(RunBase):
                 )
         if uses_optimizer:
             try:
-                is_shared(cfg.optimizer)  # a known name (the renamed 'sgd' gets its own pointer)
+                is_shared(self.opts.optimizer)  # a known name (the renamed 'sgd' gets its own pointer)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
 
@@ -158,7 +181,7 @@ class ParallelRunner(RunBase):
         slot, `worker_id + 1`), the episode count, the recent returns, and the policy lags (weight version
         learned from minus version acted with) not logged yet."""
         ctx = torch.multiprocessing.get_context("spawn")
-        self.counter = StepCounter(ctx, 1 + (self.cfg.workers if worker_slots else 0))
+        self.counter = StepCounter(ctx, 1 + (self.opts.workers if worker_slots else 0))
         self._episodes = 0
         self.returns: deque[float] = deque(maxlen=100)
         self.lags: list[int] = []
@@ -202,7 +225,7 @@ class ParallelRunner(RunBase):
         self._restore_extra(saved)
 
     def start_producers(self, producer_cls: type[Producer], stop, credits: int) -> WorkerPool:
-        """Start `cfg.workers` processes of `producer_cls` (`producer_process`) that build it from `self.spec`,
+        """Start `--workers` processes of `producer_cls` (`producer_process`) that build it from `self.spec`,
         the shared networks and the published weights, and send items home (`credits` ahead at most) until
         the budget or `stop`."""
         return self.start_pool(
@@ -210,13 +233,13 @@ class ParallelRunner(RunBase):
         )
 
     def start_pool(self, target, args: tuple, credits: int | None = None) -> WorkerPool:
-        """Start `cfg.workers` processes of `target(worker_id, incarnation, outbox, *args)`, their pids listed in
+        """Start `--workers` processes of `target(worker_id, incarnation, outbox, *args)`, their pids listed in
         `<run>/workers.json`."""
         pool = WorkerPool(
-            self.cfg.workers,
+            self.opts.workers,
             target,
             args,
-            max_restarts=self.cfg.max_restarts,
+            max_restarts=self.opts.max_restarts,
             pids_file=self.run_dir / "workers.json",
             credits=credits,
         )

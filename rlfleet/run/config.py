@@ -21,7 +21,15 @@ from rlfleet.fields import (
     single_folder_name,
 )
 
-__all__ = ["ConfigError", "RunConfig", "build_algo_config", "check_run_config", "parse_overrides"]
+__all__ = [
+    "ConfigError",
+    "NoOptions",
+    "RunConfig",
+    "build_algo_config",
+    "build_options",
+    "check_run_config",
+    "parse_overrides",
+]
 
 
 @dataclass
@@ -36,20 +44,10 @@ class RunConfig:
     env: str = checked(check=non_empty)
     """Gymnasium env id (`CartPole-v1`, `ALE/Pong-v5`, ...)."""
     arch: str | None = None
-    """Architecture: single (one process), hogwild (A3C's asynchronous workers), data_parallel or
-    grad_parallel; None takes the algorithm's default (`single`, or `hogwild` for `a3c`)."""
-    workers: int = bounded(2, ge=1)
-    """Worker processes of a parallel architecture (ignored by `single`)."""
-    optimizer: str = "shared_rmsprop"
-    """Optimizer of the shared parameters (hogwild, grad_parallel): shared_rmsprop (statistics shared by all
-    workers, the A3C paper's default), rmsprop (per-worker statistics), momentum_sgd (the paper's momentum SGD,
-    m ← αm + (1−α)Δθ, per-worker m), shared_adam."""
-    grad_sets: int = bounded(0, ge=0)
-    """Gradient sets the grad_parallel centre sums per optimizer step (0 = one per worker)."""
-    max_restarts: int = bounded(10, ge=0)
-    """Worker restarts a parallel run allows in all (a worker that keeps crashing ends the run after that)."""
-    serial: bool = False
-    """Run a parallel architecture's workers one after another in this process (tests, debugging)."""
+    """Architecture (see `rlfleet list`): single, hogwild, data_parallel, grad_parallel, offline; None takes the
+    algorithm's default (`single`; `hogwild` for a3c, `offline` for bc)."""
+    options: dict[str, Any] = field(default_factory=dict, metadata={"option": "the architecture's options"})
+    """The architecture's own options (the fields of its `Options` dataclass: `workers`, `grad_sets`, ...)."""
     steps: int | None = bounded(None, ge=1)
     """Env steps to train for; None takes the algorithm's `total_steps`."""
     seed: int = bounded(0, ge=0)
@@ -62,10 +60,6 @@ class RunConfig:
     algorithm has one."""
     overrides: dict[str, Any] = field(default_factory=dict, metadata={"option": "--set"})
     """Algorithm config fields to set (`--set key=value`)."""
-    dataset: str | None = None
-    """Demonstrations (an .npz written by `rlfleet collect`) for an imitation algorithm (bc)."""
-    expert: str | None = None
-    """Checkpoint (file or run folder) of an expert whose greedy actions label the learner's states (DAgger; bc)."""
     logdir: str = "runs"
     """Folder that holds run folders."""
     name: str | None = checked(None, single_folder_name)
@@ -89,9 +83,28 @@ class RunConfig:
     """Show a progress bar."""
 
 
+@dataclass
+class NoOptions:
+    """An architecture without options of its own."""
+
+
 def run_option(f: dataclasses.Field) -> str:
-    """How messages name a `RunConfig` field: by its command-line option."""
+    """How messages name a `RunConfig` field or an architecture option: by its command-line option."""
     return f.metadata.get("option", "--" + f.name.replace("_", "-"))
+
+
+def build_options(options_cls: type, values: dict[str, Any], arch: str) -> Any:
+    """An architecture's `Options` from `values`, each checked (type, range); an option the architecture does
+    not have is a one-line `ConfigError` that lists the ones it has."""
+    known = {f.name for f in dataclasses.fields(options_cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        has = ", ".join(run_option(f) for f in dataclasses.fields(options_cls)) or "none"
+        flags = ", ".join("--" + name.replace("_", "-") for name in unknown)
+        raise ConfigError(f"{flags} is not an option of the {arch} architecture (its options: {has})")
+    options = options_cls(**values)
+    check_fields(options, run_option)
+    return options
 
 
 def check_run_config(cfg: RunConfig) -> None:

@@ -32,7 +32,14 @@ from rlfleet.envs.normalize import (
     normalize_observations,
 )
 from rlfleet.run.checkpoint import save_checkpoint
-from rlfleet.run.config import ConfigError, RunConfig, build_algo_config, check_run_config
+from rlfleet.run.config import (
+    ConfigError,
+    NoOptions,
+    RunConfig,
+    build_algo_config,
+    build_options,
+    check_run_config,
+)
 from rlfleet.run.evaluate import evaluate
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.paths import check_output_folder
@@ -100,9 +107,12 @@ class RunBase(abc.ABC):
     checkpoints, stop checks), `result.json` and `curves.png`.
 
     A subclass provides the training itself: `env_steps` (steps taken so far, over all actors),
-    `episodes`, `_payload_extra(with_data)`/`_restore_extra(payload)` and `run()`.
+    `episodes`, `_payload_extra(with_data)`/`_restore_extra(payload)` and `run()`, and declares its own
+    options as a dataclass (`Options`), which it reads as `self.opts` (from `cfg.options`).
     """
 
+    Options: type = NoOptions
+    """The architecture's own options: a dataclass whose fields declare their defaults and ranges."""
     log_every = LOG_EVERY
     """Steps between training-metric log lines."""
     min_eval_every = 2_000
@@ -116,6 +126,7 @@ class RunBase(abc.ABC):
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         check_run_config(cfg)  # every option's type and range, as RunConfig declares them
+        self.opts = build_options(self.Options, cfg.options, cfg.arch)
         info = env_spec_info(cfg.env)
         self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
@@ -220,7 +231,7 @@ class RunBase(abc.ABC):
 
     def _write_config(self, extra: dict[str, Any] | None = None) -> None:
         config = {
-            "run": dataclasses.asdict(self.cfg),
+            "run": {**dataclasses.asdict(self.cfg), "options": dataclasses.asdict(self.opts)},
             "algo": dataclasses.asdict(self.algo_cfg),
             "preset": self.preset,
             "total_steps": self.total_steps,
@@ -232,7 +243,7 @@ class RunBase(abc.ABC):
 
     def _payload(self, with_data: bool) -> dict[str, Any]:
         return {
-            "run_config": dataclasses.asdict(self.cfg),
+            "run_config": {**dataclasses.asdict(self.cfg), "options": dataclasses.asdict(self.opts)},
             "algo_config": dataclasses.asdict(self.algo_cfg),
             "algo": self.algo.state_dict(),
             "env_steps": self.env_steps,

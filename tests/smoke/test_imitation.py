@@ -75,7 +75,7 @@ def test_bc_run_folder_and_eval(work: Path):
     assert result["gradient_steps"] == result["env_steps"] == 300 and result["stopped_by"] == "steps"
     assert result["dataset_size"] == len(load_demonstrations(work / "data.npz"))
     config = json.loads((run / "config.json").read_text())
-    assert config["run"]["dataset"] == "data.npz" and config["eval_every"] == 100
+    assert config["run"]["options"]["dataset"] == "data.npz" and config["eval_every"] == 100
     rows = (run / "metrics.csv").read_text().splitlines()
     assert sum(",eval/return_mean," in r for r in rows) == 3
     assert any(",losses/cross_entropy," in r for r in rows) and any(",losses/accuracy," in r for r in rows)

@@ -159,8 +159,19 @@ RUN_OPTION_ERRORS = {
     "stop-return-nan": (dict(stop_return=math.nan), ["--stop-return=nan is not a number"]),
     "eval-episodes-zero": (dict(eval_episodes=0), ["--eval-episodes=0", "must be >= 1"]),
     "eval-every-negative": (dict(eval_every=-5), ["--eval-every=-5 is negative"]),
-    "workers-zero": (dict(workers=0), ["--workers=0", "must be >= 1"]),
-    "grad-sets-negative": (dict(grad_sets=-1), ["--grad-sets=-1 is negative"]),
+    "workers-zero": (dict(arch="data_parallel", workers=0), ["--workers=0", "must be >= 1"]),
+    "grad-sets-negative": (dict(arch="grad_parallel", grad_sets=-1), ["--grad-sets=-1 is negative"]),
+    "max-restarts-negative": (dict(arch="hogwild", max_restarts=-1), ["--max-restarts=-1 is negative"]),
+    # an architecture's option given to another: where it belongs, and what this one has
+    "workers-on-single": (
+        dict(workers=2),
+        ["--workers is an option of hogwild, data_parallel, grad_parallel", "not of single", "its options: none"],
+    ),
+    "grad-sets-on-hogwild": (
+        dict(arch="hogwild", grad_sets=2),
+        ["--grad-sets is an option of grad_parallel", "not of hogwild", "--workers", "--optimizer"],
+    ),
+    "unknown-option": (dict(wrokers=2), ["unknown run option(s) ['wrokers']", "workers", "grad_sets"]),
     "torch-threads-zero": (dict(torch_threads=0), ["--torch-threads=0", "must be >= 1"]),
     "vector-mode-unknown": (dict(vector_mode="fast"), ["--vector-mode='fast'", "auto, sync, async, envpool"]),
     "progress-not-bool": (dict(progress="no"), ["progress='no' is not a bool"]),

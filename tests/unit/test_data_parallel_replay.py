@@ -45,7 +45,8 @@ def block_item(worker: int, incarnation: int, rewards: list[float]) -> Experienc
 
 def test_a_restarted_samplers_first_block_ends_the_episodes_stored_in_its_columns(tmp_path):
     g = 0.5
-    cfg = RunConfig("dqn", "CartPole-v1", arch="data_parallel", workers=2, serial=True, n_envs=1, logdir=str(tmp_path),
+    cfg = RunConfig("dqn", "CartPole-v1", arch="data_parallel", options={"workers": 2, "serial": True}, n_envs=1,
+                    logdir=str(tmp_path),
                     progress=False, eval_episodes=1,
                     overrides={"learning_starts": 10**6, "n_step": 3, "gamma": g, "prioritized": False})  # fmt: skip
     learner = DataParallelRunner(cfg)

@@ -20,7 +20,7 @@ from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import StopFlag, WeightVersion, share_algo, trainable_params
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.launch import train
-from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
 
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
@@ -277,3 +277,30 @@ def test_a_resumed_run_seeds_its_workers_anew(arch, run_opts, tmp_path):
     assert resumed.spec.resumes == 1 and resumed._payload(with_data=False)[arch]["resumes"] == 1
     for runner in (fresh, resumed):
         runner.eval_envs.close()
+
+
+def test_a_checkpoint_with_the_options_among_the_run_fields_still_resumes(run_opts, tmp_path):
+    """Checkpoints written before each architecture had its own options dataclass kept `workers`, `grad_sets`,
+    ... (and every architecture's defaults) among the run's fields: a resume moves them where they belong."""
+    train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=1, serial=True, steps=600,
+          eval_every=600, eval_episodes=1, name="r", **run_opts)  # fmt: skip
+    path = tmp_path / "r" / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(path)
+    old = {k: v for k, v in payload["run_config"].items() if k != "options"}
+    old.update(payload["run_config"]["options"], max_restarts=10, dataset=None, expert=None)
+    save_checkpoint(path, {**payload, "run_config": old})
+    result = train(resume=tmp_path / "r", steps=1_200, progress=False)
+    assert result["env_steps"] >= 1_200
+    resumed = load_checkpoint(path)["run_config"]["options"]
+    assert resumed == {"workers": 2, "max_restarts": 10, "serial": True, "optimizer": "shared_rmsprop", "grad_sets": 1}
+
+
+def test_a_single_run_checkpoint_with_every_architectures_options_still_resumes(run_opts, tmp_path):
+    train("ppo", "CartPole-v1", steps=512, eval_every=512, eval_episodes=1, name="r", **run_opts)
+    path = tmp_path / "r" / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(path)
+    old = {k: v for k, v in payload["run_config"].items() if k != "options"}
+    old.update(workers=2, optimizer="shared_rmsprop", grad_sets=0, max_restarts=10, serial=False, dataset=None)
+    save_checkpoint(path, {**payload, "run_config": old})
+    assert train(resume=tmp_path / "r", steps=1_024, progress=False)["env_steps"] >= 1_024
+    assert load_checkpoint(path)["run_config"]["options"] == {}
