@@ -14,7 +14,8 @@ The contract every algorithm class keeps (architectures call nothing else):
 - rollout algorithms: `value(obs)` (bootstrap value), `process(segment) -> Batch`, `loss(batch)`,
   `update(segment) -> metrics`, and `one_gradient`: True when `update(segment)` is exactly one optimizer
   step on `loss(process(segment))` (the architectures that apply one gradient per segment, hogwild and
-  grad_parallel, run only those);
+  grad_parallel, run only those), `lr` (the learning rate its schedule set) and `max_grad_norm` (the
+  global-norm clip of its update, 0: none), which those architectures apply to their own optimizer;
 - replay algorithms: `make_buffer(n_envs, total_steps, seed)`, `loss(batch)`, `update(batch) -> metrics`
   (with "priorities" for prioritized replay);
 - dataset (imitation) algorithms, run by the `offline` architecture: `process(demos) -> Batch` (a Batch of
@@ -41,25 +42,8 @@ import dataclasses
 import importlib
 from typing import Any
 
-# A3C (Mnih et al. 2016, Algorithm S3) is the A2C loss run by asynchronous workers: the paper's settings
-# (t_max = 5, one env per worker, forward-view n-step returns, entropy β = 0.01, learning rate annealed
-# to 0; η = 3e-3, inside the paper's LogUniform(1e-4, 1e-2) range) on the `hogwild` architecture by
-# default. The gradient norm is clipped at 40 as in the Atari preset: with separate policy and value
-# networks the value gradient dominates the global norm, and a2c's 0.5 shrank the policy's step so far
-# that 2 of 10 seeds stalled near 200 on CartPole-v1 (at 40, 10 of 10 solve in 5k-46k steps).
-A3C_VARIANT: dict[str, Any] = dict(
-    n_envs=1,
-    rollout_len=5,
-    gamma=0.99,
-    gae_lambda=1.0,
-    ent_coef=0.01,
-    normalize_advantage=False,
-    lr=3e-3,
-    lr_anneal=True,
-    max_grad_norm=40.0,
-)
-
-# name -> (module, class, config overrides that define the variant[, name of the module's presets if not PRESETS])
+# name -> (module, class, the variant: config overrides or the name of the module's dict of them[, name of the
+# module's presets if not PRESETS])
 REGISTRY: dict[str, tuple] = {
     "pg": ("rlfleet.algos.pg", "PG", {}),
     "a2c": ("rlfleet.algos.a2c", "A2C", {}),
@@ -72,7 +56,7 @@ REGISTRY: dict[str, tuple] = {
     "ddpg": ("rlfleet.algos.ddpg", "DDPG", {}),
     "td3": ("rlfleet.algos.td3", "TD3", {}),
     "sac": ("rlfleet.algos.sac", "SAC", {}),
-    "a3c": ("rlfleet.algos.a2c", "A2C", A3C_VARIANT, "A3C_PRESETS"),
+    "a3c": ("rlfleet.algos.a2c", "A2C", "A3C_VARIANT", "A3C_PRESETS"),
 }
 
 # the architecture an algorithm runs on when none is given
@@ -94,6 +78,7 @@ def resolve(name: str) -> tuple[type, type, dict[str, dict[str, Any]], dict[str,
     module_name, cls_name, variant, *presets = REGISTRY[name]
     module = importlib.import_module(module_name)
     presets = getattr(module, presets[0] if presets else "PRESETS", {})
+    variant = getattr(module, variant) if isinstance(variant, str) else variant
     return getattr(module, cls_name), module.Config, presets, dict(variant)
 
 

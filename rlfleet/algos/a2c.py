@@ -17,6 +17,7 @@ Run on the `hogwild` architecture this is A3C; the loss here is what every worke
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -24,6 +25,8 @@ import torch
 
 from rlfleet.algos.common import (
     action_bounds,
+    clip_norm,
+    current_lr,
     make_optimizer,
     optimize,
     policy_actions,
@@ -104,9 +107,8 @@ PRESETS = {
     ),
     "paper": dict(rollout_len=5, gae_lambda=1.0, lr=7e-4, ent_coef=0.01, lr_anneal=True, normalize_advantage=False),
     # The A3C paper's continuous agent: separate policy and value MLPs of one 200-unit ReLU layer, σ² by
-    # softplus, entropy weight 1e-4. The rest is tuned for one process on Pendulum-v1 (solved in 60k-250k
-    # steps over 10 seeds): many small RMSProp steps, γ = 0.9, rewards scaled to about [-0.16, 0], σ = 0.3
-    # at the start. Every learning setting is spelled out so the preset means the same under `a3c`.
+    # softplus, entropy weight 1e-4; the rest tuned for one process on Pendulum-v1 (docs/algorithms.md,
+    # "Measured"). Every learning setting is spelled out so the preset means the same under `a3c`.
     "continuous": dict(
         hidden=(200,),
         activation="relu",
@@ -127,7 +129,7 @@ PRESETS = {
     ),
     # The A3C paper's recurrent agent for low-dimensional observations: 128 LSTM cells after the encoder.
     # Rewards scaled by 0.1 keep the value loss from swamping the policy gradient in the shared trunk
-    # (unscaled, CartPoleNoVel-v1 is not solved in 200k steps; scaled, in 30k-90k over 5 seeds).
+    # (measured with and without: docs/algorithms.md, "Recurrent policies").
     "lstm": dict(
         lstm=128,
         reward_scale=0.1,
@@ -143,7 +145,23 @@ PRESETS = {
 }
 
 
-# Presets of `a3c` (the A2C loss on the `hogwild` architecture; its variant settings are in the registry).
+# A3C (Mnih et al. 2016, Algorithm S3) is this loss run by asynchronous workers (`a3c`, default architecture
+# `hogwild`): the paper's settings — t_max = 5, one env per worker, forward-view n-step returns, entropy
+# β = 0.01, η = 3e-3 (inside the paper's LogUniform(1e-4, 1e-2)) annealed to 0 — and the gradient norm
+# clipped at 40, as the Atari preset (why: docs/architectures/hogwild.md#the-a3c-algorithm).
+A3C_VARIANT: dict[str, Any] = dict(
+    n_envs=1,
+    rollout_len=5,
+    gamma=0.99,
+    gae_lambda=1.0,
+    ent_coef=0.01,
+    normalize_advantage=False,
+    lr=3e-3,
+    lr_anneal=True,
+    max_grad_norm=40.0,
+)
+
+# Presets of `a3c`, on top of its variant.
 A3C_PRESETS = {
     # the paper's Atari settings: Mnih 2013 network, η = 7e-4 annealed over the run, gradients clipped at 40
     "atari": dict(lr=7e-4, encoder="mnih2013", max_grad_norm=40.0, total_steps=40_000_000),
@@ -236,6 +254,8 @@ class A2C:
 
     one_gradient = True
     """`update` is one optimizer step on the segment's loss."""
+    lr = property(current_lr)
+    max_grad_norm = property(clip_norm)
 
     def update(self, segment: Segment) -> dict[str, float]:
         loss, metrics = self.loss(self.process(segment))

@@ -164,6 +164,17 @@ def minibatch_epochs(algo, batch, epochs: int, minibatch_size: int, rng: np.rand
     return {k: v / max(steps, 1) for k, v in totals.items()}
 
 
+def current_lr(algo) -> float:
+    """The learning rate an algorithm's own optimizer steps with now (its `schedule` sets it): the `lr` of the
+    algorithm contract, for architectures that step the parameters with an optimizer of their own."""
+    return algo.optimizer.param_groups[0]["lr"]
+
+
+def clip_norm(algo) -> float:
+    """The global gradient-norm clip of an algorithm's own update (0: none): the contract's `max_grad_norm`."""
+    return algo.cfg.max_grad_norm
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

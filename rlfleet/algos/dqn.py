@@ -124,9 +124,8 @@ PRESETS = {
     ),
     # Recurrent replay for partially observed vector tasks: 64 LSTM cells after one 64-unit layer, sequences
     # of 8 burn-in + 8 trained steps. Each update trains on 32 x 8 steps, so fewer, larger updates than the
-    # feed-forward default (8 per 64 env steps instead of 16 on 64 samples each). Solves
-    # rlfleet/CartPoleNoVel-v1 in 35k-50k steps (seeds 0-2); with a target copy every 200 updates only seed 0
-    # solved within 80k.
+    # feed-forward default (8 per 64 env steps instead of 16 on 64 samples each). The target period was
+    # measured: docs/algorithms.md, "Recurrent DQN".
     "lstm": dict(
         lstm=64,
         hidden=(64,),

@@ -30,6 +30,8 @@ import torch
 
 from rlfleet.algos.common import (
     SyncClock,
+    clip_norm,
+    current_lr,
     epsilon_greedy,
     hard_update,
     linear,
@@ -173,6 +175,8 @@ class NStepQ:
 
     one_gradient = True
     """`update` is one optimizer step on the segment's loss."""
+    lr = property(current_lr)
+    max_grad_norm = property(clip_norm)
 
     def update(self, segment: Segment) -> dict[str, float]:
         loss, metrics = self.loss(self.process(segment))

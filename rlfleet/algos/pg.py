@@ -19,6 +19,8 @@ import torch
 
 from rlfleet.algos.common import (
     action_bounds,
+    clip_norm,
+    current_lr,
     make_optimizer,
     minibatch_epochs,
     policy_actions,
@@ -141,6 +143,9 @@ class PG:
             loss = loss + self.cfg.vf_coef * value_loss
             metrics["value_loss"] = value_loss.item()
         return loss, metrics
+
+    lr = property(current_lr)
+    max_grad_norm = property(clip_norm)
 
     @property
     def one_gradient(self) -> bool:

@@ -20,6 +20,8 @@ import torch
 
 from rlfleet.algos.common import (
     action_bounds,
+    clip_norm,
+    current_lr,
     linear,
     make_optimizer,
     minibatch_epochs,
@@ -104,8 +106,7 @@ PRESETS = {
         total_steps=10_000_000,
     ),
     # low-dimensional continuous control (Box actions): long segments, γ = 0.9, a state-independent log σ,
-    # rewards scaled by the running std of the discounted return (Pendulum-v1 solved in a median 22.5k
-    # steps over 5 seeds; 59k without the reward scaling)
+    # rewards scaled by the running std of the discounted return (measured: docs/algorithms.md, "Measured")
     "continuous": dict(
         reward_norm=True,
         n_envs=8,
@@ -238,6 +239,9 @@ class PPO:
             "clip_fraction": clip_frac,
         }
         return loss, metrics
+
+    lr = property(current_lr)
+    max_grad_norm = property(clip_norm)
 
     @property
     def one_gradient(self) -> bool:

@@ -173,7 +173,7 @@ class GradParallelRunner(ParallelRunner):
         self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
         params = trainable_params(self.shared)
         self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr)
-        self.centre = GradientCentre(params, self.optimizer, getattr(self.algo_cfg, "max_grad_norm", 0.0))
+        self.centre = GradientCentre(params, self.optimizer, self.algo.max_grad_norm)
         self.start_counters()  # env steps behind the gradients taken in
         self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         if resume_from is not None:
@@ -210,7 +210,7 @@ class GradParallelRunner(ParallelRunner):
         self.lags += [version - item.version for item in items]
         with self.weights.writing():
             self.algo.schedule(self.env_steps, self.total_steps)  # lr annealing, target-network syncs
-            set_lr(self.optimizer, self.algo.optimizer.param_groups[0]["lr"])
+            set_lr(self.optimizer, self.algo.lr)
             norm = self.centre.apply([item.grad for item in items if item.grad is not None])
         keys = {k for item in items for k in item.metrics}
         metrics = {k: float(np.mean([it.metrics[k] for it in items if k in it.metrics])) for k in keys}

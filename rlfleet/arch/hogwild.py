@@ -70,7 +70,7 @@ class HogwildWorker(WorkerActor):
         algo = self.algo
         self.copy.pull()
         algo.schedule(global_steps, self.spec.total_steps)
-        set_lr(self.optimizer, algo.optimizer.param_groups[0]["lr"])  # the algorithm's own lr schedule
+        set_lr(self.optimizer, algo.lr)  # the algorithm's own lr schedule
         before = self.collector.env_steps
         segment = self.collector.collect_rollout(self.storage)
         steps = self.collector.env_steps - before
@@ -130,7 +130,7 @@ class HogwildRunner(ParallelRunner):
             HogwildSpec,
             optimizer=self.opts.optimizer,
             lr=self.algo_cfg.lr,
-            max_grad_norm=getattr(self.algo_cfg, "max_grad_norm", 0.0),
+            max_grad_norm=self.algo.max_grad_norm,
         )
         # serial workers live in this process: the networks need not move to shared memory
         self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
