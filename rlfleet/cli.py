@@ -82,12 +82,13 @@ def _list(args: argparse.Namespace) -> int:
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         preset_names = ", ".join(sorted(presets)) or "-"
         print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; presets: {preset_names}")
-    from rlfleet.arch import ARCHITECTURES
+    from rlfleet.arch import ARCHITECTURES, runner_class
     from rlfleet.optim import HOGWILD_OPTIMIZERS
 
-    print("\narchitectures (rlfleet train ALGO --arch A --workers N):")
+    print("\narchitectures (rlfleet train ALGO --arch A [its options]):")
     for name, (_, _, description) in ARCHITECTURES.items():
-        print(f"  {name:<14} {description}")
+        options = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(runner_class(name).Options)]
+        print(f"  {name:<14} {description}\n  {'':<14} options: {', '.join(options) or '-'}")
     print(f"\nshared-parameter optimizers (--optimizer): {', '.join(HOGWILD_OPTIMIZERS)}")
     return 0
 
