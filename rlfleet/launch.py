@@ -61,6 +61,8 @@ def _saved_config(saved: dict[str, Any], changes: dict[str, Any]) -> RunConfig:
     saved = {**saved, **changes}
     options = dict(saved.pop("options", None) or {})
     own = {f.name for f in dataclasses.fields(runner_class(saved["arch"]).Options)}
+    if saved.pop("serial", False) and "backend" in own:
+        options.setdefault("backend", "serial")
     for key in [k for k in saved if k not in RUN_FIELDS | {"algo", "env"}]:
         value = saved.pop(key)
         if key in own:

@@ -40,22 +40,23 @@ resumable. Checkpoints hold the learner's algorithm state and the counters; the 
 saved (a resumed DQN refills it before learning again). A crashed sampler is reported (traceback in
 `workers.log`) and restarted with a fresh pipe; what it sent before it died and the learner has not
 taken is dropped (also half a message: a sampler killed in the middle of sending one cannot stall the
-learner, see `rlfleet.arch.workers`). Ctrl-C stops the samplers and saves a checkpoint.
+learner, see `rlfleet.backends.local`). Ctrl-C stops the samplers and saves a checkpoint.
 
-`serial=True` runs the same samplers one after another in the main process (tests, debugging).
+The samplers run on the run's backend (`--backend`): `local` processes, or `serial`, one after another in the
+main process (tests, debugging); the loop is the same.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlfleet.arch.parallel import ParallelOptions, ParallelRunner, Producer
-from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
 from rlfleet.run.runner import RunResult, StopRequest
@@ -201,10 +202,7 @@ class DataParallelRunner(ParallelRunner):
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
-        # serial samplers live in this process: the networks need not move to shared memory
-        self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
-        self.start_counters()  # env steps consumed by the learner
-        self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
+        self.start_backend()  # the counter: env steps consumed by the learner
         self.buffer = None
         self.incarnations: dict[int, int] = {}  # replay: each sampler's incarnation whose data its columns hold
         if self.algo.data == "replay":
@@ -284,33 +282,25 @@ class DataParallelRunner(ParallelRunner):
         logger, start = self.start_logging()
         stopped_by = "steps"
         n = self.opts.workers
-        replay = self.algo.data == "replay"
-        stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
+        kind = self.algo.data
+        replay = kind == "replay"
+        stop_flag = self.backend.stop_flag()
         pool = None
-        samplers: list[Sampler] = []
         pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
         last_item = time.monotonic()
         try:
-            if self.opts.serial:
-                samplers = [Sampler(self.spec, self.shared, self.weights, w) for w in range(n)]
-            else:
-                pool = self.start_producers(Sampler, stop_flag, AHEAD[self.algo.data])
+            pool = self.start_roles(partial(Sampler, self.spec, self.shared, self.weights), stop_flag, AHEAD[kind])
             with StopRequest() as stop:
-                turn = 0
                 while True:
                     items: list[Experience] = []
-                    if samplers:  # serial: the next sampler's segment, or a block of every sampler
-                        chosen = samplers if replay else [samplers[turn % n]]
-                        items = [s.produce(self.env_steps) for s in chosen]  # type: ignore[misc]
-                        turn += 1
-                    elif replay:
+                    if replay:  # a block of every sampler
                         deadline = time.monotonic() + WAIT_S
                         for w in range(n):
                             if pending[w] is None:
                                 pending[w] = pool.get(w, max(0.0, deadline - time.monotonic()))
                         if all(p is not None for p in pending):
                             items, pending = pending, [None] * n  # type: ignore[assignment]
-                    else:
+                    else:  # the next segment of any sampler
                         item = pool.get_any(WAIT_S)
                         items = [item] if item is not None else []
                     metrics: dict[str, float] = {}
@@ -318,13 +308,12 @@ class DataParallelRunner(ParallelRunner):
                     if items:
                         last_item = time.monotonic()
                         metrics, updates = self.learn_blocks(items) if replay else self.learn_segment(items[0])
-                        for item in items if pool is not None else []:  # its sampler may collect the next one
+                        for item in items:  # learned from: its sampler may collect the next one
                             pool.release(item.worker, item.incarnation)
                     elif time.monotonic() - last_item > STALL_S:
                         self._report(f"no experience from the samplers for {STALL_S:.0f} s ({pool.alive()} alive)")
                         last_item = time.monotonic()
-                    if pool is not None:
-                        self.restart_crashed(pool, logger, "with the learner's current weights")
+                    self.restart_crashed(pool, logger, "with the learner's current weights")
                     new_returns = [r for item in items for r in item.returns]
                     reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
@@ -340,8 +329,6 @@ class DataParallelRunner(ParallelRunner):
             stop_flag.set()
             if pool is not None:
                 pool.stop()
-            for sampler in samplers:
-                sampler.close()
             logger.close()
             self.eval_envs.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

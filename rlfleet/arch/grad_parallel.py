@@ -40,14 +40,15 @@ that gives the loss nothing to learn from (REINFORCE without a complete episode)
 its steps.
 
 A crashed worker is reported (traceback in `workers.log`) and restarted with a fresh pipe; Ctrl-C stops
-the workers and saves a checkpoint. `serial=True` runs the same workers one after another in the main
-process (tests, debugging).
+the workers and saves a checkpoint. The workers run on the run's backend (`--backend`: `local`
+processes, or `serial`, one after another in the main process for tests and debugging); the loop is the same.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,7 @@ from torch import nn
 
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, Producer, SharedOptimizerOptions
-from rlfleet.arch.shared import StopFlag, WeightVersion, algo_modules, share_algo, trainable_params
+from rlfleet.arch.shared import trainable_params
 from rlfleet.fields import bounded
 from rlfleet.optim import build_optimizer
 from rlfleet.run.runner import RunResult, StopRequest
@@ -169,13 +170,10 @@ class GradParallelRunner(ParallelRunner):
         self.spec = self.worker_spec()
         self.grad_sets = self.opts.grad_sets or self.opts.workers
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
-        # serial workers live in this process: the networks need not move to shared memory
-        self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
+        self.start_backend()  # the counter: env steps behind the gradients applied
         params = trainable_params(self.shared)
         self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr)
         self.centre = GradientCentre(params, self.optimizer, self.algo.max_grad_norm)
-        self.start_counters()  # env steps behind the gradients taken in
-        self.weights = WeightVersion(torch.multiprocessing.get_context("spawn"))
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -221,30 +219,22 @@ class GradParallelRunner(ParallelRunner):
     def run(self) -> RunResult:
         logger, start = self.start_logging()
         stopped_by = "steps"
-        n = self.opts.workers
-        stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
+        stop_flag = self.backend.stop_flag()
         pool = None
-        workers: list[GradientWorker] = []
         gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
         last_item = time.monotonic()
         try:
-            if self.opts.serial:
-                workers = [GradientWorker(self.spec, self.shared, self.weights, w) for w in range(n)]
-            else:
-                pool = self.start_producers(GradientWorker, stop_flag, self.credits)
+            pool = self.start_roles(
+                partial(GradientWorker, self.spec, self.shared, self.weights), stop_flag, self.credits
+            )
             with StopRequest() as stop:
-                turn = 0
                 while True:
-                    if workers:  # serial: the next worker's gradient
-                        item = workers[turn % n].produce(self.env_steps)
-                        turn += 1
-                    else:
-                        item = pool.get_any(WAIT_S)
+                    item = pool.get_any(WAIT_S)
                     used: list[Gradient] = []  # taken in: counted, and their workers may compute the next one
                     if item is not None:
                         last_item = time.monotonic()
                         (gathered if item.grad is not None else used).append(item)
-                    elif time.monotonic() - last_item > STALL_S and pool is not None:
+                    elif time.monotonic() - last_item > STALL_S:
                         self._report(f"no gradient from the workers for {STALL_S:.0f} s ({pool.alive()} alive)")
                         last_item = time.monotonic()
                     metrics: dict[str, float] = {}
@@ -254,10 +244,9 @@ class GradParallelRunner(ParallelRunner):
                         used += gathered
                         gathered = []
                     self.take(used)
-                    for done in used if pool is not None else []:
+                    for done in used:
                         pool.release(done.worker, done.incarnation)
-                    if pool is not None:
-                        self.restart_crashed(pool, logger, "with the current shared weights")
+                    self.restart_crashed(pool, logger, "with the current shared weights")
                     new_returns = [r for done in used for r in done.returns]
                     reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
@@ -273,8 +262,6 @@ class GradParallelRunner(ParallelRunner):
             stop_flag.set()
             if pool is not None:
                 pool.stop()
-            for worker in workers:
-                worker.close()
             logger.close()
             self.eval_envs.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from torch import nn
 
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
-from rlfleet.arch.shared import StopFlag, algo_modules, share_algo, trainable_params
+from rlfleet.arch.shared import trainable_params
 from rlfleet.optim import build_optimizer, is_shared
 from rlfleet.run.runner import RunResult, StopRequest
 
@@ -47,6 +48,8 @@ class HogwildSpec(WorkerSpec):
     optimizer: str
     lr: float
     max_grad_norm: float
+    report_every_s: float = REPORT_EVERY_S
+    """How long a worker steps before it reports home (0: after each segment, as the serial backend needs)."""
 
 
 class HogwildWorker(WorkerActor):
@@ -59,8 +62,10 @@ class HogwildWorker(WorkerActor):
         optimizer: torch.optim.Optimizer | None,
         worker_id: int,
         incarnation: int = 0,
+        counter=None,
     ):
         super().__init__(spec, shared, worker_id, incarnation)
+        self.counter = counter  # the global step count T; this worker adds to its own slot
         # shared kinds come built by the coordinator; per-worker ones keep their statistics here
         self.optimizer = optimizer or build_optimizer(spec.optimizer, self.copy.shared_params, spec.lr)
 
@@ -87,32 +92,19 @@ class HogwildWorker(WorkerActor):
         self.optimizer.step()
         return steps, metrics
 
-
-def _worker_process(worker_id, incarnation, outbox, spec, shared, optimizer, counter, stop) -> None:
-    """A worker process: segments until the global step budget is spent or the monitor says stop; its steps go
-    to its own slot of the counter, its returns and losses home every `REPORT_EVERY_S` (one pipe per worker)."""
-    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
-    worker = HogwildWorker(spec, shared, optimizer, worker_id, incarnation)
-    updates = 0
-    metrics: dict[str, float] = {}
-    last = time.monotonic()
-    try:
-        while not stop.is_set():
-            t = counter.value
-            if t >= spec.total_steps:
-                break
-            n, step_metrics = worker.step(t)
-            counter.add(n, slot=worker_id + 1)
+    def produce(self, global_steps: int, stop) -> tuple[int, list[float], dict[str, float]]:
+        """Segments for `report_every_s` (at least one), each added to the worker's slot of T; then the report
+        home: (updates made, returns of the episodes finished, the last loss metrics)."""
+        updates, metrics, started = 0, {}, time.monotonic()
+        t = global_steps
+        while True:
+            n, step_metrics = self.step(t)
+            self.counter.add(n, slot=self.worker_id + 1)
             if step_metrics:
-                updates += 1
-                metrics = step_metrics
-            if time.monotonic() - last >= REPORT_EVERY_S:
-                outbox.put((updates, worker.collector.pop_new_returns(), metrics))
-                updates = 0
-                last = time.monotonic()
-        outbox.put((updates, worker.collector.pop_new_returns(), metrics))
-    finally:
-        worker.close()
+                updates, metrics = updates + 1, step_metrics
+            t = self.counter.value
+            if stop.is_set() or t >= self.spec.total_steps or time.monotonic() - started >= self.spec.report_every_s:
+                return updates, self.collector.pop_new_returns(), metrics
 
 
 class HogwildRunner(ParallelRunner):
@@ -132,12 +124,12 @@ class HogwildRunner(ParallelRunner):
             lr=self.algo_cfg.lr,
             max_grad_norm=self.algo.max_grad_norm,
         )
-        # serial workers live in this process: the networks need not move to shared memory
-        self.shared = algo_modules(self.algo) if self.opts.serial else share_algo(self.algo)
+        self.start_backend(worker_slots=True)  # the shared networks first: a shared optimizer is built over them
+        if self.backend.in_process:
+            self.spec.report_every_s = 0.0  # one segment per report: a serial run stays deterministic
         self.optimizer = None
         if is_shared(self.opts.optimizer):
             self.optimizer = build_optimizer(self.opts.optimizer, trainable_params(self.shared), self.algo_cfg.lr)
-        self.start_counters(worker_slots=True)
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -155,35 +147,25 @@ class HogwildRunner(ParallelRunner):
         logger, start = self.start_logging()
         stopped_by = "steps"
         pool = None
-        workers: list[HogwildWorker] = []
-        stop_flag = StopFlag(torch.multiprocessing.get_context("spawn"))
+        stop_flag = self.backend.stop_flag()
         try:
-            if self.opts.serial:
-                workers = [HogwildWorker(self.spec, self.shared, self.optimizer, w) for w in range(self.opts.workers)]
-            else:
-                pool = self.start_pool(
-                    _worker_process, (self.spec, self.shared, self.optimizer, self.counter, stop_flag)
-                )
+            make_worker = partial(HogwildWorker, self.spec, self.shared, self.optimizer, counter=self.counter)
+            pool = self.start_roles(make_worker, stop_flag)
             with StopRequest() as stop:
-                turn = 0
                 while True:
                     new_returns: list[float] = []
                     metrics: dict[str, float] = {}
                     updates = 0
-                    if workers:  # serial: one segment of the next worker
-                        worker = workers[turn % len(workers)]
-                        turn += 1
-                        n, metrics = worker.step(self.env_steps)
-                        self.counter.add(n)
-                        new_returns, updates = worker.collector.pop_new_returns(), int(bool(metrics))
-                    else:
-                        deadline = time.monotonic() + REPORT_EVERY_S
-                        while (report := pool.get_any(max(0.0, deadline - time.monotonic()))) is not None:
-                            n_updates, returns, worker_metrics = report
-                            new_returns += returns
-                            updates += n_updates
-                            metrics = worker_metrics or metrics
-                        self.restart_crashed(pool, logger, "from the shared parameters")
+                    deadline = time.monotonic() + REPORT_EVERY_S
+                    for _ in range(self.opts.workers):  # up to one report of every worker
+                        report = pool.get_any(max(0.0, deadline - time.monotonic()))
+                        if report is None:
+                            break
+                        n_updates, returns, worker_metrics = report
+                        new_returns += returns
+                        updates += n_updates
+                        metrics = worker_metrics or metrics
+                    self.restart_crashed(pool, logger, "from the shared parameters")
                     self.count_returns(new_returns)
                     reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
                     if reason is not None:
@@ -200,8 +182,6 @@ class HogwildRunner(ParallelRunner):
             stop_flag.set()
             if pool is not None:
                 pool.stop()
-            for worker in workers:
-                worker.close()
             logger.close()
             self.eval_envs.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.shared import LocalCopy, StepCounter, WeightVersion
-from rlfleet.arch.workers import WorkerPool, producer_process
+from rlfleet.arch.shared import LocalCopy, algo_modules
+from rlfleet.backends import BACKENDS, RoleGroup, make_backend
+from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
-from rlfleet.fields import bounded
+from rlfleet.fields import bounded, checked, one_of
 from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
@@ -59,8 +60,9 @@ class ParallelOptions:
     """Worker processes."""
     max_restarts: int = bounded(10, ge=0)
     """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
-    serial: bool = False
-    """Run the workers one after another in this process (tests, debugging)."""
+    backend: str = checked("local", one_of(tuple(BACKENDS)))
+    """Where the workers run: local (one process each, on this machine) or serial (one after another in this
+    process, deterministic: tests, debugging)."""
 
 
 @dataclass
@@ -91,6 +93,7 @@ class WorkerActor:
         share_frozen: bool = True,
     ):
         seed = spec.worker_seed(worker_id, incarnation)
+        torch.manual_seed(seed)  # what the worker samples with torch (a new seed for a restarted worker)
         algo_cls, _, _, _ = resolve(spec.algo)
         cfg = spec.algo_cfg
         self.spec = spec
@@ -108,7 +111,7 @@ class WorkerActor:
 
 class Producer(WorkerActor, ABC):
     """A worker that acts with the weights the coordinator publishes (`weights`, read into its local copy)
-    and makes items for the coordinator's queues (`producer_process`): data_parallel's samplers and
+    and makes items for the coordinator (`produce`, run by the backend): data_parallel's samplers and
     grad_parallel's gradient workers. Only the coordinator changes the shared networks."""
 
     def __init__(
@@ -176,12 +179,15 @@ class ParallelRunner(RunBase):
             **extra,
         )
 
-    def start_counters(self, worker_slots: bool = False) -> None:
-        """The global step counter (shared with the workers; with `worker_slots` every worker adds to its own
-        slot, `worker_id + 1`), the episode count, the recent returns, and the policy lags (weight version
-        learned from minus version acted with) not logged yet."""
-        ctx = torch.multiprocessing.get_context("spawn")
-        self.counter = StepCounter(ctx, 1 + (self.opts.workers if worker_slots else 0))
+    def start_backend(self, worker_slots: bool = False) -> None:
+        """The run's backend and what the coordinator shares with the workers through it: the networks
+        (`shared`), the published weights' version, the global step counter (with `worker_slots` every worker
+        adds to its own slot, `worker_id + 1`); and the coordinator's own counts: episodes, recent returns,
+        the policy lags (weight version learned from minus version acted with) not logged yet."""
+        self.backend = make_backend(self.opts.backend)
+        self.shared = self.backend.share(algo_modules(self.algo))
+        self.weights = self.backend.weight_version()
+        self.counter = self.backend.step_counter(1 + (self.opts.workers if worker_slots else 0))
         self._episodes = 0
         self.returns: deque[float] = deque(maxlen=100)
         self.lags: list[int] = []
@@ -224,27 +230,20 @@ class ParallelRunner(RunBase):
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)
 
-    def start_producers(self, producer_cls: type[Producer], stop, credits: int) -> WorkerPool:
-        """Start `--workers` processes of `producer_cls` (`producer_process`) that build it from `self.spec`,
-        the shared networks and the published weights, and send items home (`credits` ahead at most) until
-        the budget or `stop`."""
-        return self.start_pool(
-            producer_process, (producer_cls, self.spec, self.shared, self.weights, self.counter, stop), credits
-        )
-
-    def start_pool(self, target, args: tuple, credits: int | None = None) -> WorkerPool:
-        """Start `--workers` processes of `target(worker_id, incarnation, outbox, *args)`, their pids listed in
-        `<run>/workers.json`."""
-        pool = WorkerPool(
+    def start_roles(self, make_role, stop, credits: int | None = None) -> RoleGroup:
+        """Start `--workers` roles made by `make_role(worker_id, incarnation)` on the run's backend; each sends
+        items (`credits` ahead at most) until the budget is spent or `stop` is set. Their pids (processes)
+        are listed in `<run>/workers.json` while they run."""
+        return self.backend.start(
+            make_role,
             self.opts.workers,
-            target,
-            args,
+            self.counter,
+            stop,
+            self.total_steps,
+            credits=credits,
             max_restarts=self.opts.max_restarts,
             pids_file=self.run_dir / "workers.json",
-            credits=credits,
         )
-        pool.start()
-        return pool
 
     def restart_crashed(self, pool, logger, how: str) -> None:
         """Report the workers that crashed since the last check; `pool` has restarted them (`how` says from what)."""

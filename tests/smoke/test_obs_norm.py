@@ -68,6 +68,6 @@ def test_checkpoint_restores_evaluation_exactly(run_opts: dict, capsys):
 @pytest.mark.parametrize(("option", "clip"), [("obs_norm", "obs_clip"), ("reward_norm", "reward_clip")])
 def test_normalisation_is_rejected_where_it_cannot_run(option: str, clip: str, run_opts: dict):
     with pytest.raises(ConfigError, match=f"{option} runs on the single architecture"):
-        train("a2c", "CartPole-v1", arch="hogwild", serial=True, steps=100, overrides={option: "true"}, **run_opts)
+        train("a2c", "CartPole-v1", arch="hogwild", backend="serial", steps=100, overrides={option: "true"}, **run_opts)
     with pytest.raises(ConfigError, match=rf"{clip}=0.0 is out of range: must be > 0"):
         train("ppo", "CartPole-v1", steps=100, overrides={option: "true", clip: "0"}, **run_opts)

@@ -45,7 +45,7 @@ def block_item(worker: int, incarnation: int, rewards: list[float]) -> Experienc
 
 def test_a_restarted_samplers_first_block_ends_the_episodes_stored_in_its_columns(tmp_path):
     g = 0.5
-    cfg = RunConfig("dqn", "CartPole-v1", arch="data_parallel", options={"workers": 2, "serial": True}, n_envs=1,
+    cfg = RunConfig("dqn", "CartPole-v1", arch="data_parallel", options={"workers": 2, "backend": "serial"}, n_envs=1,
                     logdir=str(tmp_path),
                     progress=False, eval_episodes=1,
                     overrides={"learning_starts": 10**6, "n_step": 3, "gamma": g, "prioritized": False})  # fmt: skip
@@ -69,7 +69,7 @@ def test_data_parallel_dqn_resumes_the_prioritized_beta_annealing(run_opts, tmp_
         seen["beta"] = info["trainer"].buffer.beta
         return info["env_steps"] >= 1_024
 
-    train("dqn", "CartPole-v1", arch="data_parallel", workers=2, serial=True, steps=2_048, name="r",
+    train("dqn", "CartPole-v1", arch="data_parallel", workers=2, backend="serial", steps=2_048, name="r",
           eval_every=10**9, eval_episodes=1, stop_return=1e9, overrides={"learning_starts": 128},
           callbacks=[stop_half_way], **run_opts)  # fmt: skip
     assert seen["beta"] > 0.45  # annealed from 0.4 on

@@ -171,7 +171,7 @@ def test_a_segment_with_nothing_to_learn_from_moves_no_parameter():
 
 
 def test_serial_hogwild_run_writes_its_run_folder(tmp_path):
-    result = train("a3c", "CartPole-v1", workers=2, serial=True, steps=3_000, eval_every=1_000,
+    result = train("a3c", "CartPole-v1", workers=2, backend="serial", steps=3_000, eval_every=1_000,
                    logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
     r = result.result
     assert r["arch"] == "hogwild" and r["env_steps"] >= 3_000 and r["updates"] == r["env_steps"] // 5

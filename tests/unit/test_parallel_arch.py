@@ -17,7 +17,8 @@ from rlfleet.arch import runner_class
 from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
-from rlfleet.arch.shared import StopFlag, WeightVersion, share_algo, trainable_params
+from rlfleet.arch.shared import share_algo, trainable_params
+from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
@@ -39,7 +40,7 @@ def metric_rows(run_dir, key: str) -> list[float]:
 
 @pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
 def test_serial_run_writes_its_run_folder_and_logs_policy_lag(arch, run_opts, tmp_path):
-    result = train("a2c", "CartPole-v1", arch=arch, workers=2, serial=True, steps=3_000, eval_every=1_000,
+    result = train("a2c", "CartPole-v1", arch=arch, workers=2, backend="serial", steps=3_000, eval_every=1_000,
                    stop_return=1e9, name="r", **run_opts)  # fmt: skip
     r = result.result
     assert r["arch"] == arch and r["stopped_by"] == "steps" and r["env_steps"] >= 3_000
@@ -56,7 +57,7 @@ def test_serial_run_writes_its_run_folder_and_logs_policy_lag(arch, run_opts, tm
 
 
 def test_serial_data_parallel_dqn_learns_from_every_sampler(run_opts):
-    result = train("dqn", "CartPole-v1", arch="data_parallel", workers=2, serial=True, steps=3_000,
+    result = train("dqn", "CartPole-v1", arch="data_parallel", workers=2, backend="serial", steps=3_000,
                    eval_every=1_500, stop_return=1e9, **run_opts)  # fmt: skip
     r = result.result
     rounds = r["env_steps"] // (2 * 4 * 16)  # a round: one block of train_freq steps of 4 envs from each sampler
@@ -66,7 +67,7 @@ def test_serial_data_parallel_dqn_learns_from_every_sampler(run_opts):
 
 
 def test_data_parallel_resumes_its_counters(run_opts, tmp_path):
-    train("a2c", "CartPole-v1", arch="data_parallel", workers=2, serial=True, steps=1_024, stop_return=1e9,
+    train("a2c", "CartPole-v1", arch="data_parallel", workers=2, backend="serial", steps=1_024, stop_return=1e9,
           name="r", **run_opts)  # fmt: skip
     first = json.loads((tmp_path / "r" / "result.json").read_text())
     resumed = train(resume=tmp_path / "r", steps=2_048, progress=False).result
@@ -229,7 +230,7 @@ def test_every_algorithm_runs_serially_on_both_architectures(algo, arch, run_opt
     overrides = {"learning_starts": 100} if algo == "dqn" else {}
     if arch == "grad_parallel":
         overrides = ONE_GRADIENT.get(algo, {})
-    r = train(algo, "CartPole-v1", arch=arch, workers=2, serial=True, steps=600, eval_every=600, eval_episodes=2,
+    r = train(algo, "CartPole-v1", arch=arch, workers=2, backend="serial", steps=600, eval_every=600, eval_episodes=2,
               stop_return=1e9, overrides=overrides, **run_opts).result  # fmt: skip
     assert r["env_steps"] >= 600 and r["updates"] > 0 and r["eval_return_mean"] is not None
 
@@ -242,7 +243,7 @@ def test_transition_blocks_carry_recurrent_states_for_sequence_replay(run_opts):
         block.add(np.zeros((2, 1)), zeros, zeros, np.zeros((2, 1)), zeros > 0, zeros > 0, state=state)
     np.testing.assert_array_equal(block.data["h"][:, 0, 0], [0.0, 1.0, 2.0])  # None (a run's first step): zeros
     np.testing.assert_array_equal(block.data["c"][:, 1, 3], [0.0, -1.0, -2.0])
-    r = train("dqn", "rlfleet/CartPoleNoVel-v1", arch="data_parallel", workers=2, serial=True, steps=600,
+    r = train("dqn", "rlfleet/CartPoleNoVel-v1", arch="data_parallel", workers=2, backend="serial", steps=600,
               eval_every=600, eval_episodes=2, stop_return=1e9, **run_opts,
               overrides={"lstm": 8, "learning_starts": 100, "batch_size": 4, "gradient_steps": 2}).result  # fmt: skip
     assert r["env_steps"] >= 600 and r["updates"] > 0
@@ -252,12 +253,12 @@ def test_grad_parallel_counts_only_the_steps_behind_applied_gradients(run_opts):
     """With k = 2 gradient sets, a stop after the first gradient drops it: the run has taken no step that it
     learned from, and its checkpoint says so (a resume repeats those steps, so counts and resume agree)."""
     stop_after_first = [lambda info: True]
-    r = train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=2, serial=True, steps=10_000,
+    r = train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=2, backend="serial", steps=10_000,
               callbacks=stop_after_first, name="first", **run_opts).result  # fmt: skip
     assert r["updates"] == 0 and r["env_steps"] == 0 and r["stopped_by"] == "interrupted"
     assert load_checkpoint(r["checkpoint"])["env_steps"] == 0
     three_updates = [lambda info: info["trainer"].state["updates"] >= 3]
-    r = train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=2, serial=True, steps=10_000,
+    r = train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=2, backend="serial", steps=10_000,
               callbacks=three_updates, name="second", **run_opts).result  # fmt: skip
     a2c = build_algo_config("a2c", None, {})[0]
     assert r["updates"] == 3 and r["env_steps"] == 3 * 2 * a2c.rollout_len * a2c.n_envs
@@ -267,7 +268,7 @@ def test_grad_parallel_counts_only_the_steps_behind_applied_gradients(run_opts):
 def test_a_resumed_run_seeds_its_workers_anew(arch, run_opts, tmp_path):
     """Workers of a resumed run are incarnation 0 again: with the first run's seeds they would replay its first
     episodes and exploration. Each resume draws new ones."""
-    train("a2c", "CartPole-v1", arch=arch, workers=2, serial=True, steps=1_000, name="r", **run_opts)
+    train("a2c", "CartPole-v1", arch=arch, workers=2, backend="serial", steps=1_000, name="r", **run_opts)
     payload = load_checkpoint(tmp_path / "r")
     cfg = RunConfig(**payload["run_config"])
     fresh = runner_class(arch)(cfg, run_dir=tmp_path / "fresh")
@@ -281,18 +282,20 @@ def test_a_resumed_run_seeds_its_workers_anew(arch, run_opts, tmp_path):
 
 def test_a_checkpoint_with_the_options_among_the_run_fields_still_resumes(run_opts, tmp_path):
     """Checkpoints written before each architecture had its own options dataclass kept `workers`, `grad_sets`,
-    ... (and every architecture's defaults) among the run's fields: a resume moves them where they belong."""
-    train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=1, serial=True, steps=600,
+    `serial`, ... (and every architecture's defaults) among the run's fields: a resume moves them where they
+    belong (`serial=True` became `backend="serial"`)."""
+    train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=1, backend="serial", steps=600,
           eval_every=600, eval_episodes=1, name="r", **run_opts)  # fmt: skip
     path = tmp_path / "r" / "checkpoints" / "latest.pt"
     payload = load_checkpoint(path)
     old = {k: v for k, v in payload["run_config"].items() if k != "options"}
-    old.update(payload["run_config"]["options"], max_restarts=10, dataset=None, expert=None)
+    old.update(workers=2, grad_sets=1, optimizer="shared_rmsprop", serial=True, max_restarts=10, dataset=None)
     save_checkpoint(path, {**payload, "run_config": old})
     result = train(resume=tmp_path / "r", steps=1_200, progress=False)
     assert result["env_steps"] >= 1_200
     resumed = load_checkpoint(path)["run_config"]["options"]
-    assert resumed == {"workers": 2, "max_restarts": 10, "serial": True, "optimizer": "shared_rmsprop", "grad_sets": 1}
+    expected = {"workers": 2, "grad_sets": 1, "optimizer": "shared_rmsprop", "backend": "serial", "max_restarts": 10}
+    assert resumed == expected
 
 
 def test_a_single_run_checkpoint_with_every_architectures_options_still_resumes(run_opts, tmp_path):

@@ -160,7 +160,7 @@ def test_recurrent_dqn_learns_once_every_column_holds_a_sequence(arch, run_opts)
     overrides = {"lstm": 8, "hidden": "16", "burn_in": 2, "train_len": 4, "train_freq": 2, "learning_starts": 100,
                  "batch_size": 4, "gradient_steps": 1}  # fmt: skip
     n_envs = 64 if arch == "single" else 32
-    parallel = {} if arch == "single" else {"workers": 2, "serial": True}
+    parallel = {} if arch == "single" else {"workers": 2, "backend": "serial"}
     result = train("dqn", "rlfleet/CartPoleNoVel-v1", arch=arch, n_envs=n_envs, steps=640, eval_every=10**9,
                    eval_episodes=1, stop_return=1e9, overrides=overrides, **parallel, **run_opts)  # fmt: skip
     assert result["env_steps"] == 640 and result.algo.updates == 3  # gradient steps in rounds 3, 4 and 5

@@ -13,8 +13,8 @@ import time
 import pytest
 from spawned import send_forever, send_items
 
-from rlfleet.arch.shared import StepCounter, StopFlag, WeightVersion
-from rlfleet.arch.workers import WorkerPool
+from rlfleet.backends.local import WorkerPool
+from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 
 FORK = multiprocessing.get_context("fork")  # fast to start: these children only read shared memory
 KILLS = 20

@@ -1,4 +1,5 @@
-"""Worker processes for the parallel architectures: spawn, report crashes with their traceback, restart, stop.
+"""The `local` backend: roles as worker processes on this machine — spawn, report crashes with their traceback,
+restart, stop.
 
 Every worker is a `spawn`ed process running `target(worker_id, incarnation, outbox, *args)` with one torch
 thread and Ctrl-C ignored (the coordinator alone reacts to it, then stops the workers itself). A worker
@@ -28,32 +29,16 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 
-
-class WorkerFailure(RuntimeError):
-    """Workers kept crashing: more restarts than the run allows."""
-
-
-@dataclass
-class Crash:
-    worker: int
-    exitcode: int | None
-    traceback: str | None
-
-    def describe(self) -> str:
-        how = f"exit code {self.exitcode}"
-        if self.exitcode is not None and self.exitcode < 0:
-            with contextlib.suppress(ValueError):
-                how = f"killed by {signal.Signals(-self.exitcode).name}"
-        text = f"worker {self.worker} died ({how})"
-        return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
+from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 
 
 def _exit_with_parent() -> None:
@@ -107,7 +92,7 @@ def _bootstrap(target: Callable, worker_id: int, incarnation: int, outbox: Outbo
         raise SystemExit(1) from None
 
 
-class WorkerPool:
+class WorkerPool(RoleGroup):
     """N worker processes running the same target, restarted when they die, and what they send home.
 
     `get(worker_id, timeout)` and `get_any(timeout)` return the items the live incarnations sent (`Outbox.put`);
@@ -283,20 +268,55 @@ class WorkerPool:
                 self.pids_file.unlink()
 
 
-def producer_process(worker_id, incarnation, outbox, producer_cls, spec, shared, weights, counter, stop) -> None:
-    """A `WorkerPool` target for the producers (data_parallel's samplers, grad_parallel's gradient workers):
-    builds `producer_cls(spec, shared, weights, worker_id, incarnation)` and sends its `produce(global_steps,
-    stop)` items home, taking one credit for each, until the run's steps are consumed (`counter`) or `stop`
-    is set."""
-    torch.manual_seed(spec.worker_seed(worker_id, incarnation))
-    producer = producer_cls(spec, shared, weights, worker_id, incarnation)
+def role_process(worker_id, incarnation, outbox, make_role, counter, stop, total_steps) -> None:
+    """A `WorkerPool` target that runs a role: builds `make_role(worker_id, incarnation)` and sends its
+    `produce(global_steps, stop)` items home, taking one credit for each, until the run's steps are consumed
+    (`counter`), `stop` is set or the role has nothing more to give (None)."""
+    role = make_role(worker_id, incarnation)
     try:
-        while not stop.is_set() and counter.value < spec.total_steps:
+        while not stop.is_set() and counter.value < total_steps:
             if not outbox.take_credit(stop):
                 break
-            item = producer.produce(counter.value, stop)
+            item = role.produce(counter.value, stop)
             if item is None:
                 break
             outbox.put(item)
     finally:
-        producer.close()
+        role.close()
+
+
+class LocalBackend(Backend):
+    """Roles as `spawn`ed processes (one torch thread each), the networks in shared memory, the counters as
+    lock-free shared integers."""
+
+    name = "local"
+    in_process = False
+
+    def __init__(self) -> None:
+        self.ctx = mp.get_context("spawn")
+
+    def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        for module in modules.values():
+            module.share_memory()
+        return modules
+
+    def step_counter(self, slots: int) -> StepCounter:
+        return StepCounter(self.ctx, slots)
+
+    def stop_flag(self) -> StopFlag:
+        return StopFlag(self.ctx)
+
+    def weight_version(self) -> WeightVersion:
+        return WeightVersion(self.ctx)
+
+    def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None):
+        pool = WorkerPool(
+            n_workers,
+            role_process,
+            (make_role, counter, stop, total_steps),
+            max_restarts=max_restarts,
+            pids_file=pids_file,
+            credits=credits,
+        )
+        pool.start()
+        return pool

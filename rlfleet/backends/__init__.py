@@ -1,0 +1,20 @@
+"""Backends: where an architecture's roles run (`serial`: in the calling process; `local`: processes on this
+machine), behind the interface in `rlfleet.backends.base`."""
+
+from __future__ import annotations
+
+from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.local import LocalBackend
+from rlfleet.backends.serial import SerialBackend
+
+BACKENDS: dict[str, type[Backend]] = {"serial": SerialBackend, "local": LocalBackend}
+
+
+def make_backend(name: str) -> Backend:
+    """The backend called `name` (see `BACKENDS`)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]()
+
+
+__all__ = ["BACKENDS", "Backend", "Crash", "RoleGroup", "WorkerFailure", "make_backend"]

@@ -1,0 +1,121 @@
+"""The backend interface: where an architecture's roles run, behind one small interface.
+
+An architecture is written once, as its roles (samplers, gradient workers, actor-learners) and one coordinator
+loop. A role is an object made by `make_role(worker_id, incarnation)` with `produce(global_steps, stop)` (the
+next item for the coordinator, or None to stop) and `close()`. The backend starts N of them
+(`Backend.start`), and the coordinator talks to the `RoleGroup` it gets back: `get(worker, timeout)` /
+`get_any(timeout)` for the next item, `release(worker, incarnation)` to give a worker back the credit of an
+item it has used (a worker is never more than `credits` items ahead), `check()` for the workers that died
+(reported with their traceback and restarted, up to `max_restarts`), `stop()`. The coordinator loop never asks
+which backend it has.
+
+- `serial`: every role in the calling process, produced on demand, deterministic (tests, debugging);
+- `local`: one `spawn`ed process per role, shared memory for the networks, a pipe per worker (the default).
+
+What the coordinator and its roles share (the networks, the step counter, the stop flag, the weight version)
+comes from the backend too (`share`, `step_counter`, `stop_flag`, `weight_version`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+
+class WorkerFailure(RuntimeError):
+    """Workers kept crashing: more restarts than the run allows."""
+
+
+@dataclass
+class Crash:
+    worker: int
+    exitcode: int | None
+    traceback: str | None
+
+    def describe(self) -> str:
+        how = f"exit code {self.exitcode}"
+        if self.exitcode is not None and self.exitcode < 0:
+            with contextlib.suppress(ValueError):
+                how = f"killed by {signal.Signals(-self.exitcode).name}"
+        text = f"worker {self.worker} died ({how})"
+        return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
+
+
+class RoleGroup(ABC):
+    """N running instances of one role, as the coordinator sees them."""
+
+    n_workers: int
+    incarnations: list[int]
+    """How many times each worker has been restarted."""
+    restarts: int
+    """Restarts so far, over all workers."""
+
+    @abstractmethod
+    def get(self, worker_id: int, timeout: float) -> Any | None:
+        """The next item of one worker's current incarnation, or None after `timeout` seconds."""
+
+    @abstractmethod
+    def get_any(self, timeout: float) -> Any | None:
+        """The next item of whichever worker has one (taking turns), or None after `timeout` seconds."""
+
+    @abstractmethod
+    def release(self, worker_id: int, incarnation: int) -> None:
+        """Give a worker back the credit of an item the coordinator has used (if that incarnation still runs)."""
+
+    @abstractmethod
+    def check(self) -> list[Crash]:
+        """Workers that died since the last check; each is restarted (the next incarnation)."""
+
+    @abstractmethod
+    def alive(self) -> int:
+        """Workers running now."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every worker (they watch the stop flag; what is left is terminated). Idempotent."""
+
+
+class Backend(ABC):
+    """Starts roles and provides what the coordinator shares with them."""
+
+    name: str
+    in_process: bool
+    """Roles run in the coordinator's process, one item when asked (a role should make its items small)."""
+
+    @abstractmethod
+    def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        """The algorithm's networks as the roles will see them (in shared memory where roles are processes)."""
+
+    @abstractmethod
+    def step_counter(self, slots: int) -> Any:
+        """A global step counter with `slots` writers (`value`, `add(n, slot)`, `set(total)`)."""
+
+    @abstractmethod
+    def stop_flag(self) -> Any:
+        """The coordinator's "stop now" (`set()`, `is_set()`)."""
+
+    @abstractmethod
+    def weight_version(self) -> Any:
+        """The version of the published weights (`version`, `set`, `writing()`, `read(copy, stop)`)."""
+
+    @abstractmethod
+    def start(
+        self,
+        make_role: Callable[[int, int], Any],
+        n_workers: int,
+        counter: Any,
+        stop: Any,
+        total_steps: int,
+        credits: int | None = None,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+    ) -> RoleGroup:
+        """Start `n_workers` roles made by `make_role(worker_id, incarnation)`; each produces items with the global
+        step count of `counter` until it reaches `total_steps` or `stop` is set."""

@@ -1,0 +1,78 @@
+"""The `serial` backend: every role in the calling process, made on demand and produced one after another.
+
+Deterministic for a fixed seed, and a role's exception surfaces where it happened: for tests and debugging.
+`get(worker)` runs that worker's `produce` once (credits are not needed: nothing runs ahead), `get_any` takes
+the workers in turn, and the shared state is the coordinator's own (networks as they are; the same lock-free
+counters as the local backend, within one process).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+from torch import nn
+
+from rlfleet.backends.base import Backend, Crash, RoleGroup
+from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
+
+
+class SerialGroup(RoleGroup):
+    """N roles in this process, produced on demand."""
+
+    def __init__(self, make_role, n_workers: int, counter, stop, total_steps: int):
+        self.n_workers = n_workers
+        self.incarnations = [0] * n_workers
+        self.restarts = 0
+        self.counter, self.stop_flag, self.total_steps = counter, stop, total_steps
+        self.roles = [make_role(w, 0) for w in range(n_workers)]
+        self._next = 0
+
+    def get(self, worker_id: int, timeout: float) -> Any | None:
+        if self.stop_flag.is_set() or self.counter.value >= self.total_steps:
+            return None
+        return self.roles[worker_id].produce(self.counter.value, self.stop_flag)
+
+    def get_any(self, timeout: float) -> Any | None:
+        worker_id = self._next
+        self._next = (worker_id + 1) % self.n_workers
+        return self.get(worker_id, timeout)
+
+    def release(self, worker_id: int, incarnation: int) -> None:
+        """Nothing to give back: a serial role never runs ahead."""
+
+    def check(self) -> list[Crash]:
+        return []  # a role's exception is raised where it happens
+
+    def alive(self) -> int:
+        return self.n_workers if self.roles else 0
+
+    def stop(self) -> None:
+        for role in self.roles:
+            role.close()
+        self.roles = []
+
+
+class SerialBackend(Backend):
+    """Every role in the calling process."""
+
+    name = "serial"
+    in_process = True
+
+    def __init__(self) -> None:
+        self.ctx = multiprocessing.get_context("spawn")
+
+    def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        return modules  # the roles live in this process: nothing needs to move to shared memory
+
+    def step_counter(self, slots: int) -> StepCounter:
+        return StepCounter(self.ctx, slots)
+
+    def stop_flag(self) -> StopFlag:
+        return StopFlag(self.ctx)
+
+    def weight_version(self) -> WeightVersion:
+        return WeightVersion(self.ctx)
+
+    def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None):
+        return SerialGroup(make_role, n_workers, counter, stop, total_steps)
