@@ -44,3 +44,13 @@ class _Never:
 
 
 _NEVER = _Never()
+
+
+def send_then_hang(worker_id, incarnation, outbox):
+    """`WorkerPool` target: say it is alive, send `(worker_id, incarnation)`, then hang without a sign of life
+    (a worker stuck in an env step)."""
+    import time
+
+    outbox.beat()
+    outbox.put((worker_id, incarnation))
+    time.sleep(WORKER_TIMEOUT_S)

@@ -60,6 +60,9 @@ class ParallelOptions:
     """Worker processes."""
     max_restarts: int = bounded(10, ge=0)
     """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
+    heartbeat_s: float = bounded(120.0, gt=0)
+    """Seconds a worker may go without a sign of life (it beats between items and while it waits for the
+    coordinator) before it is taken for hung, killed and restarted."""
     backend: str = checked("local", one_of(tuple(BACKENDS)))
     """Where the workers run: local (one process each, on this machine) or serial (one after another in this
     process, deterministic: tests, debugging)."""
@@ -243,6 +246,7 @@ class ParallelRunner(RunBase):
             credits=credits,
             max_restarts=self.opts.max_restarts,
             pids_file=self.run_dir / "workers.json",
+            heartbeat_s=self.opts.heartbeat_s,
         )
 
     def restart_crashed(self, pool, logger, how: str) -> None:

@@ -116,6 +116,8 @@ class Backend(ABC):
         credits: int | None = None,
         max_restarts: int = 10,
         pids_file: Path | None = None,
+        heartbeat_s: float | None = None,
     ) -> RoleGroup:
         """Start `n_workers` roles made by `make_role(worker_id, incarnation)`; each produces items with the global
-        step count of `counter` until it reaches `total_steps` or `stop` is set."""
+        step count of `counter` until it reaches `total_steps` or `stop` is set. A role that shows no sign of
+        life for `heartbeat_s` seconds (hung, not dead) is killed and restarted like a crashed one."""

@@ -54,13 +54,23 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="rlfleet-parent-watch", daemon=True).start()
 
 
+STARTUP_GRACE_S = 60.0  # time a starting worker has, beyond the heartbeat interval, for its first beat
+
+
 class Outbox:
     """A worker's end of its way to the coordinator: `put(item)` sends through the worker's own pipe, `take_credit`
-    waits for one of its credits (always granted without credits). Picklable to the worker at its start."""
+    waits for one of its credits (always granted without credits), `beat()` says it is alive (its slot of the
+    pool's heartbeat times). Picklable to the worker at its start."""
 
-    def __init__(self, conn, credit=None):
+    def __init__(self, conn, credit=None, beats=None, slot: int = 0):
         self.conn = conn
         self.credit = credit
+        self.beats = beats
+        self.slot = slot
+
+    def beat(self) -> None:
+        if self.beats is not None:
+            self.beats[self.slot] = time.monotonic()  # one clock for every process of the machine
 
     def put(self, item: Any) -> None:
         self.conn.send(("item", item))
@@ -73,6 +83,7 @@ class Outbox:
         if self.credit is None:
             return not stop.is_set()
         while not stop.is_set():
+            self.beat()  # waiting for the coordinator is not hanging
             if self.credit.acquire(timeout=poll_s):
                 return True
         return False
@@ -109,6 +120,7 @@ class WorkerPool(RoleGroup):
         pids_file: Path | None = None,
         credits: int | None = None,
         poll_s: float = 5e-4,
+        heartbeat_s: float | None = None,
     ):
         self.ctx = mp.get_context("spawn")
         self.n_workers = n_workers
@@ -118,6 +130,9 @@ class WorkerPool(RoleGroup):
         self.pids_file = pids_file
         self.n_credits = credits
         self.poll_s = poll_s
+        self.heartbeat_s = heartbeat_s
+        self.beats = self.ctx.RawArray("d", n_workers)  # when each worker last said it is alive (time.monotonic)
+        self.hung: dict[int, float] = {}  # workers killed for want of a heartbeat: how long they were silent
         self.processes: dict[int, Any] = {}
         self.incarnations = [0] * n_workers
         self.credits: list[Any] = [None] * n_workers
@@ -151,10 +166,11 @@ class WorkerPool(RoleGroup):
             self.credits[wid] = self.ctx.Semaphore(self.n_credits)
         process = self.ctx.Process(
             target=_bootstrap,
-            args=(self.target, wid, incarnation, Outbox(writer, self.credits[wid]), self.args),
+            args=(self.target, wid, incarnation, Outbox(writer, self.credits[wid], self.beats, wid), self.args),
             name=f"rlfleet-worker-{wid}",
             daemon=True,
         )
+        self.beats[wid] = time.monotonic() + STARTUP_GRACE_S  # imports and env building before the first beat
         process.start()
         writer.close()  # the worker holds the only write end: its death ends the pipe
         self.processes[wid] = process
@@ -223,13 +239,17 @@ class WorkerPool(RoleGroup):
         """Crashed workers since the last check (restarted if `restart`); finished ones are not crashes."""
         if self.stopping:
             return []
+        self._kill_hung()
         dead = [w for w, p in self.processes.items() if not p.is_alive() and p.exitcode != 0]
         crashes = []
         for wid in dead:
             process = self.processes[wid]
             process.join(timeout=1)
             self.readers[wid].join(timeout=1)  # the pipe has ended: its traceback, if any, is read
-            crashes.append(Crash(wid, process.exitcode, self.tracebacks.pop((wid, self.incarnations[wid]), None)))
+            text = self.tracebacks.pop((wid, self.incarnations[wid]), None)
+            if wid in self.hung:
+                text = f"no heartbeat for {self.hung.pop(wid):.0f} s (hung), so it was killed"
+            crashes.append(Crash(wid, process.exitcode, text))
             if restart:
                 self.restarts += 1
                 if self.restarts > self.max_restarts:
@@ -242,6 +262,19 @@ class WorkerPool(RoleGroup):
         if dead:
             self._write_pids()
         return crashes
+
+    def _kill_hung(self) -> None:
+        """SIGKILL every live worker that has not said it is alive for `heartbeat_s` (stuck in an env step, a
+        deadlock): `check` then restarts it like any dead worker."""
+        if self.heartbeat_s is None:
+            return
+        now = time.monotonic()
+        for wid, process in self.processes.items():
+            silent = now - self.beats[wid]
+            if silent > self.heartbeat_s and process.is_alive():
+                self.hung[wid] = silent
+                process.kill()
+                process.join(timeout=5)
 
     def alive(self) -> int:
         return sum(p.is_alive() for p in self.processes.values())
@@ -275,6 +308,7 @@ def role_process(worker_id, incarnation, outbox, make_role, counter, stop, total
     role = make_role(worker_id, incarnation)
     try:
         while not stop.is_set() and counter.value < total_steps:
+            outbox.beat()
             if not outbox.take_credit(stop):
                 break
             item = role.produce(counter.value, stop)
@@ -309,7 +343,18 @@ class LocalBackend(Backend):
     def weight_version(self) -> WeightVersion:
         return WeightVersion(self.ctx)
 
-    def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None):
+    def start(
+        self,
+        make_role,
+        n_workers,
+        counter,
+        stop,
+        total_steps,
+        credits=None,
+        max_restarts=10,
+        pids_file=None,
+        heartbeat_s=None,
+    ):
         pool = WorkerPool(
             n_workers,
             role_process,
@@ -317,6 +362,7 @@ class LocalBackend(Backend):
             max_restarts=max_restarts,
             pids_file=pids_file,
             credits=credits,
+            heartbeat_s=heartbeat_s,
         )
         pool.start()
         return pool

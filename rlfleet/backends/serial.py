@@ -74,5 +74,16 @@ class SerialBackend(Backend):
     def weight_version(self) -> WeightVersion:
         return WeightVersion(self.ctx)
 
-    def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None):
+    def start(
+        self,
+        make_role,
+        n_workers,
+        counter,
+        stop,
+        total_steps,
+        credits=None,
+        max_restarts=10,
+        pids_file=None,
+        heartbeat_s=None,
+    ):
         return SerialGroup(make_role, n_workers, counter, stop, total_steps)

@@ -295,6 +295,7 @@ def test_a_checkpoint_with_the_options_among_the_run_fields_still_resumes(run_op
     assert result["env_steps"] >= 1_200
     resumed = load_checkpoint(path)["run_config"]["options"]
     expected = {"workers": 2, "grad_sets": 1, "optimizer": "shared_rmsprop", "backend": "serial", "max_restarts": 10}
+    expected["heartbeat_s"] = 120.0  # an option the old layout did not have: its default
     assert resumed == expected
 
 

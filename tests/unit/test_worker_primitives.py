@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from spawned import send_forever, send_items
+from spawned import send_forever, send_items, send_then_hang
 
 from rlfleet.backends.local import WorkerPool
 from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
@@ -107,5 +107,24 @@ def test_a_worker_killed_in_the_middle_of_a_message_cannot_stall_the_coordinator
             assert _finishes(lambda: [pool.get(0, timeout=0.5) for _ in range(3)])
             crashes = pool.check()
             assert [(c.worker, c.exitcode) for c in crashes] == [(0, -signal.SIGKILL)]
+    finally:
+        pool.stop(timeout=1)
+
+
+def test_a_hung_worker_is_killed_for_want_of_a_heartbeat_and_restarted():
+    """A worker that stays alive but silent (stuck in an env step, a deadlock) is not noticed by its exit code:
+    after `heartbeat_s` without a beat it is killed, reported as hung, and its next incarnation starts."""
+    pool = WorkerPool(1, send_then_hang, (), heartbeat_s=1.0)
+    pool.start()
+    try:
+        assert pool.get(0, timeout=60) == (0, 0)
+        deadline = time.monotonic() + 30
+        crashes = []
+        while not crashes and time.monotonic() < deadline:
+            crashes = pool.check()
+            time.sleep(0.1)
+        assert [(c.worker, c.exitcode) for c in crashes] == [(0, -signal.SIGKILL)]
+        assert "no heartbeat" in crashes[0].describe() and "hung" in crashes[0].describe()
+        assert pool.get(0, timeout=60) == (0, 1)  # restarted
     finally:
         pool.stop(timeout=1)
