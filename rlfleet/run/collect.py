@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rlfleet.data.demos import Demonstrations, is_dataset_file
+from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.fields import check_value
 from rlfleet.run.evaluate import EPISODES, SEED, evaluate, load_agent
 from rlfleet.run.paths import check_output_file
@@ -57,8 +58,6 @@ class EpisodeRecorder:
 
 def record_episodes(algo, env_id: str, episodes: int, seed: int, recorder: EpisodeRecorder) -> np.ndarray:
     """Run `episodes` greedy episodes of `algo` on `env_id` (at most `ENVS` at a time) into `recorder`."""
-    from rlfleet.envs import make_vector_env
-
     returns = []
     done = 0
     with_envs = min(episodes, ENVS)
@@ -78,8 +77,6 @@ def collect_demonstrations(
 ) -> Demonstrations:
     """`episodes` greedy episodes of a checkpoint's agent on its own env, as demonstrations; saved to `output`
     if given (checked before anything runs: not a folder, not another kind of file, in a writable folder)."""
-    from rlfleet.envs import env_spec_info
-
     check_value("--episodes", episodes, int, EPISODES)
     check_value("--seed", seed, int, SEED)
     if output is not None:

@@ -9,7 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet.algos import resolve
+from rlfleet.envs import env_spec_info, make_env, make_vector_env
+from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.fields import Bounds, check_fields, check_value
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)
@@ -58,10 +62,6 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
 
     The agent acts on raw observations: one trained with `obs_norm` normalises them with the checkpoint's
     frozen statistics (`ObsNormalizedAgent`)."""
-    from rlfleet.algos import resolve
-    from rlfleet.envs import env_spec_info
-    from rlfleet.envs.normalize import ObsNormalizedAgent
-    from rlfleet.run.checkpoint import CheckpointError, load_checkpoint
 
     payload = load_checkpoint(checkpoint)
     run = payload["run_config"]
@@ -94,7 +94,6 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Rebuild the agent of a checkpoint, run `episodes` greedy episodes, optionally save each as a GIF
     (into `video_dir`, made if missing)."""
-    from rlfleet.envs import make_env, make_vector_env
 
     check_value("--episodes", episodes, int, EPISODES)
     check_value("--seed", seed, int, SEED)
