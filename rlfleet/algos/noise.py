@@ -106,12 +106,12 @@ class SDEMatrices:
 
 
 EXPLORATION_OPTIONS = {
-    "ddpg": "--set action_noise=ou",
-    "td3": "--set action_noise=ou",
-    "sac": "--set sde=true",
-    "ppo": "--set sde=true",
-    "a2c": "--set sde=true",
-    "a3c": "--set sde=true",
+    "ddpg": ("--set action_noise=ou", "a larger exploration_noise"),
+    "td3": ("--set action_noise=ou", "a larger exploration_noise"),
+    "sac": ("--set sde=true", "a larger sde_init_std or sde_sample_freq"),
+    "ppo": ("--set sde=true", "a larger init_std or sde_sample_freq"),
+    "a2c": ("--set sde=true", "a larger init_std or sde_sample_freq"),
+    "a3c": ("--set sde=true", "a larger init_std or sde_sample_freq"),
 }
-"""The exploration option of each continuous-control algorithm that has one (what a run that never beat doing
-nothing suggests: `rlfleet.run.evaluate.exploration_hint`)."""
+"""The exploration option of each continuous-control algorithm that has one, and the settings that give it more
+noise (what a run that never beat doing nothing suggests: `rlfleet.run.evaluate.exploration_hint`)."""

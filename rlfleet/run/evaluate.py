@@ -91,11 +91,10 @@ def exploration_hint(
         envs.close()
     if best_return > baseline:
         return None
-    option = EXPLORATION_OPTIONS[algo]
+    option, more = EXPLORATION_OPTIONS[algo]
     already_on = getattr(algo_cfg, "sde", False) or getattr(algo_cfg, "action_noise", None) == "ou"
     advice = (
-        f"even with {option.split()[-1]}: try more noise (exploration_noise, init_std or sde_init_std), a longer "
-        "sde_sample_freq or run, or a per-env preset (rlfleet list)"
+        f"even with {option.split()[-1]}: try {more}, a longer run or a per-env preset (rlfleet list)"
         if already_on
         else f"try {option} (correlated or state-dependent exploration noise: action_noise=ou for ddpg/td3, "
         "sde=true for sac/ppo/a2c) or a per-env preset (rlfleet list)"

@@ -66,7 +66,8 @@ def test_hint_names_the_options_when_the_best_evaluation_never_beat_doing_nothin
     with_ou = exploration_hint(
         "td3", -0.01, space, envs, 2, 0, build_algo_config("td3", None, {"action_noise": "ou"})[0]
     )
-    assert "even with action_noise=ou" in with_ou and "--set action_noise=ou" not in with_ou
+    assert "even with action_noise=ou: try a larger exploration_noise" in with_ou
+    assert "--set action_noise=ou" not in with_ou
     assert "--set sde=true" in exploration_hint("sac", 0.0, space, envs, 2, 0)
     assert exploration_hint("td3", 0.5, space, envs, 2, 0) is None  # it did beat doing nothing
     assert exploration_hint("dqn", -1.0, gym.spaces.Discrete(2), envs, 2, 0) is None  # no such options
