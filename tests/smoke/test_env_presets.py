@@ -39,7 +39,7 @@ def test_cli_prints_the_picked_preset_and_the_hint_of_a_run_that_never_beat_doin
     assert tuned.returncode == 0, tuned.stderr
     first = tuned.stdout.splitlines()[0]
     assert first == (
-        "preset for MountainCarContinuous-v0: td3 with action_noise=ou, exploration_noise=0.5 "
+        "preset for MountainCarContinuous-v0: td3 with action_noise=ou, exploration_noise=0.5, gamma=0.99 "
         "(--preset default: the algorithm's own defaults)"
     )
     # the plain defaults (--preset default) print no preset line; 1,200 steps never beat doing nothing (return 0)
