@@ -14,7 +14,7 @@ USAGE_ERROR = 2
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlfleet.run.config import ConfigError, env_preset_line, parse_overrides
+    from rlfleet.run.config import ConfigError, parse_overrides
     from rlfleet.run.train import train
 
     options = dict(
@@ -27,9 +27,6 @@ def _train(args: argparse.Namespace) -> int:
     else:
         if not args.algo or not args.env:
             raise ConfigError("train needs ALGO and --env ID (or --resume RUN_DIR)")
-        preset_line = env_preset_line(args.algo, args.env, args.preset)
-        if preset_line is not None:
-            print(preset_line, flush=True)
         result = train(
             args.algo,
             args.env,
@@ -67,7 +64,7 @@ def _train(args: argparse.Namespace) -> int:
         f"{r['algo']} on {r['env']}: eval return {r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} "
         f"after {r['env_steps']} steps, {status}; stopped by {r['stopped_by']}\nrun folder: {result.run_dir}"
     )
-    if r.get("exploration_hint"):
+    if r.get("exploration_hint"):  # a continuous-control run that never beat doing nothing
         print(r["exploration_hint"])
     return 0
 
@@ -99,6 +96,18 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _announce_env_preset(args: argparse.Namespace) -> None:
+    """`train` of a new run names the per-env preset it picks, first ("preset for ENV: ...")."""
+    from rlfleet.run.config import env_preset_line
+
+    env = getattr(args, "env", None)
+    if getattr(args, "resume", None) or not args.algo or not env:
+        return
+    line = env_preset_line(args.algo, env, getattr(args, "preset", None))
+    if line is not None:
+        print(line, flush=True)
+
+
 def _list(args: argparse.Namespace) -> int:
     from rlfleet.algos import REGISTRY, resolve
 
@@ -108,11 +117,6 @@ def _list(args: argparse.Namespace) -> int:
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         preset_names = ", ".join(sorted(presets)) or "-"
         print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; presets: {preset_names}")
-    from rlfleet.algos.env_presets import all_env_presets
-
-    print("\nper-env presets (picked when --env matches and no --preset is given; --preset ENV uses one elsewhere):")
-    for name, envs in all_env_presets().items():
-        print(f"  {name:<10} {', '.join(envs)}")
     from rlfleet.arch import ARCHITECTURES
     from rlfleet.optim import HOGWILD_OPTIMIZERS
 
@@ -120,6 +124,11 @@ def _list(args: argparse.Namespace) -> int:
     for name, (_, _, description) in ARCHITECTURES.items():
         print(f"  {name:<14} {description}")
     print(f"\nshared-parameter optimizers (--optimizer): {', '.join(HOGWILD_OPTIMIZERS)}")
+    from rlfleet.algos.env_presets import all_env_presets
+
+    print("\nper-env presets (picked when --env matches and no --preset is given; --preset ENV uses one elsewhere):")
+    for name, envs in all_env_presets().items():
+        print(f"  {name:<10} {', '.join(envs)}")
     return 0
 
 
@@ -148,10 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=_count, help="env steps to train (default: the algorithm's total_steps)")
     t.add_argument("--seed", type=_count, default=0)
     t.add_argument("--n-envs", type=_count, help="parallel training envs")
-    t.add_argument(
-        "--preset",
-        help="named defaults of the algorithm, an env with a per-env preset, or default (see `rlfleet list`)",
-    )
+    t.add_argument("--preset", help="named defaults of the algorithm (see `rlfleet list`)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field")
     t.add_argument("--logdir", default="runs", help="folder of run folders (default: runs)")
     t.add_argument("--name", help="run folder name")
@@ -222,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.run.plot import MetricsError
 
     try:
+        if args.command == "train":
+            _announce_env_preset(args)
         return args.func(args)
     except (
         UnknownAlgorithmError,

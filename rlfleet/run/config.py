@@ -23,9 +23,7 @@ from rlfleet.fields import (
     single_folder_name,
 )
 
-__all__ = ["ConfigError", "RunConfig", "build_algo_config", "check_run_config", "env_preset_line", "parse_overrides"]
-
-log = logging.getLogger(__name__)
+__all__ = ["ConfigError", "RunConfig", "build_algo_config", "check_run_config", "parse_overrides"]
 
 
 @dataclass
@@ -144,6 +142,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
         out[key.strip()] = value.strip()
     return out
 
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "default"
 """`--preset default`: the algorithm's own defaults, neither a per-env nor a family preset."""
