@@ -114,4 +114,4 @@ EXPLORATION_OPTIONS = {
     "a3c": ("--set sde=true", "a larger init_std or sde_sample_freq"),
 }
 """The exploration option of each continuous-control algorithm that has one, and the settings that give it more
-noise (what a run that never beat doing nothing suggests: `rlfleet.run.evaluate.exploration_hint`)."""
+noise (what a run that never beat doing nothing suggests: `rlfleet.run.hints.exploration_hint`)."""

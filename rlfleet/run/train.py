@@ -36,7 +36,8 @@ from rlfleet.run import env_state
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, run_folder_of, save_checkpoint
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config, check_run_config
-from rlfleet.run.evaluate import evaluate, exploration_hint
+from rlfleet.run.evaluate import evaluate
+from rlfleet.run.hints import exploration_hint
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.paths import check_output_folder
 from rlfleet.run.plot import plot_runs

@@ -12,7 +12,7 @@ from rlfleet.algos.env_presets import all_env_presets, env_preset
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import ConfigError
 from rlfleet.run.config import build_algo_config, env_preset_line
-from rlfleet.run.evaluate import DoNothing, exploration_hint
+from rlfleet.run.hints import DoNothing, exploration_hint
 
 ACT = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
 
