@@ -24,8 +24,9 @@ ACTION_NOISES = ("gaussian", "ou")
 
 
 class ActionNoise:
-    """Per-env exploration noise for `[N, A]` actions: `noise(n, act_dim, rng)` draws the next step's values,
-    `reset(done)` puts the processes of the envs in the `[N]` mask `done` back at their start."""
+    """Per-env exploration noise for `[N, A]` actions: calling it with `(n, act_dim, rng)` draws the next step's
+    values, `perturb(actions, rng)` adds them and clips, `reset(done)` puts the processes of the envs in the `[N]`
+    mask `done` back at their start."""
 
     def __init__(self, kind: str, sigma: float, theta: float = 0.15, dt: float = 1e-2):
         if kind not in ACTION_NOISES:
