@@ -96,16 +96,17 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _announce_env_preset(args: argparse.Namespace) -> None:
-    """`train` of a new run names the per-env preset it picks, first ("preset for ENV: ...")."""
-    from rlfleet.run.config import env_preset_line
+def _show_run_notes() -> None:
+    """What a run logs for its user at INFO level goes to stdout as the command's own lines: the per-env preset
+    it picked ("preset for ENV: ..."), logged once its configuration has passed the checks."""
+    import logging
 
-    env = getattr(args, "env", None)
-    if getattr(args, "resume", None) or not args.algo or not env:
-        return
-    line = env_preset_line(args.algo, env, getattr(args, "preset", None))
-    if line is not None:
-        print(line, flush=True)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    notes = logging.getLogger("rlfleet.run.config")
+    notes.addHandler(handler)
+    notes.setLevel(logging.INFO)
+    notes.propagate = False
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "train":
-            _announce_env_preset(args)
+            _show_run_notes()
         return args.func(args)
     except (
         UnknownAlgorithmError,

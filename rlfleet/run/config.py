@@ -155,15 +155,16 @@ def build_algo_config(
     """The algorithm's Config with preset and overrides applied (string values are parsed by field type).
 
     With no preset given, the env's entry in the per-env presets (`rlfleet.algos.env_presets`, by `env` id) is
-    used if there is one, else an env family (`env_spec_info(...)["family"]`: "atari", "mujoco", "continuous")
-    picks the algorithm's preset of the same name, if it has one. A preset may also name an env with an entry
+    used if there is one (and logged at INFO level once the config is valid: "preset for ENV: ..."), else an
+    env family (`env_spec_info(...)["family"]`: "atari", "mujoco", "continuous") picks the algorithm's preset
+    of the same name, if it has one. A preset may also name an env with an entry
     (its tuned settings on another env), or be "default" (no preset). Returns the config and the preset's
     name (an env id for a per-env preset; None for none)."""
     _, config_cls, presets, variant = resolve(algo)
     tuned = env_preset(algo, env) if preset is None and env is not None else None
-    if tuned is not None:
+    picked = tuned is not None
+    if picked:
         preset = env_id_of(env)
-        log.info(describe(algo, env, tuned))
     elif preset is None and env_family is not None and env_family in presets:
         preset = env_family
     elif preset == DEFAULT_PRESET:
@@ -183,10 +184,6 @@ def build_algo_config(
         values[key] = _parse_value(value, hints[key], key) if isinstance(value, str) else value
     cfg = config_cls(**values)
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
+    if picked:  # once the config is valid: the run says which tuned settings it starts from
+        log.info(describe(algo, env, tuned))
     return cfg, preset
-
-
-def env_preset_line(algo: str, env: str, preset: str | None) -> str | None:
-    """What a run prints at its start when it picks a per-env preset (None when it does not)."""
-    tuned = env_preset(algo, env) if preset is None else None
-    return None if tuned is None else describe(algo, env, tuned)

@@ -57,6 +57,9 @@ def test_cli_prints_the_picked_preset_and_the_hint_of_a_run_that_never_beat_doin
     assert "--set action_noise=ou" in lines[-1]
     result = json.loads((tmp_path / "plain" / "result.json").read_text())
     assert result["exploration_hint"] == lines[-1] and not result["solved"]
+    # bad input is still one error line and nothing on stdout: the preset is named once the config is valid
+    bad = rlfleet("train", "td3", "--env", "MountainCarContinuous-v0", "--set", "gamma=2", *common, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     # a solved run gets no hint (the solved return set below anything an evaluation can give)
     solved = rlfleet("train", "td3", "--env", "MountainCarContinuous-v0", "--preset", "default", "--name", "solved",
                      "--stop-return", -1e9, *common, cwd=tmp_path)  # fmt: skip

@@ -3,6 +3,8 @@ continuous-control run that never beat a policy that does nothing."""
 
 from __future__ import annotations
 
+import logging
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,36 +13,42 @@ from rlfleet.algos import resolve
 from rlfleet.algos.env_presets import all_env_presets, env_preset
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import ConfigError
-from rlfleet.run.config import build_algo_config, env_preset_line
+from rlfleet.run.config import build_algo_config
 from rlfleet.run.hints import DoNothing, exploration_hint
 
 ACT = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
 
 
 # ----------------------------------------------------------------------------------------------- presets
-def test_every_per_env_preset_is_a_valid_config_and_is_picked_by_env_id():
+def test_every_per_env_preset_is_a_valid_config_and_is_picked_by_env_id(caplog):
     table = all_env_presets()
     assert table["td3"] and table["sac"], "the table is seeded with MountainCarContinuous-v0 for td3 and sac"
     for algo, envs in table.items():
         for env in envs:
-            cfg, preset = build_algo_config(algo, None, {}, "continuous", env)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+                cfg, preset = build_algo_config(algo, None, {}, "continuous", env)
+            assert [r.getMessage() for r in caplog.records] == [
+                f"preset for {env}: {algo} with "
+                + ", ".join(f"{k}={v}" for k, v in env_preset(algo, env).items())
+                + " (--preset default: the algorithm's own defaults)"
+            ]
             assert preset == env
             for key, value in env_preset(algo, env).items():
                 assert getattr(cfg, key) == value, (algo, env, key)
-            line = env_preset_line(algo, env, None)
-            assert line.startswith(f"preset for {env}: {algo} with ")
             # --preset overrides; "default" is the algorithm's own defaults; --set still wins over the entry
-            default_cfg, none = build_algo_config(algo, "default", {}, "continuous", env)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+                default_cfg, none = build_algo_config(algo, "default", {}, "continuous", env)
             assert none is None and default_cfg == resolve(algo)[1](**resolve(algo)[3])
-            assert env_preset_line(algo, env, "default") is None
+            assert caplog.records == []  # nothing picked, nothing said
             assert build_algo_config(algo, None, {"gamma": "0.5"}, None, env)[0].gamma == 0.5
 
 
 def test_a_per_env_preset_can_be_named_for_another_env_and_unknown_presets_list_the_choices():
     cfg, preset = build_algo_config("td3", "MountainCarContinuous-v0", {}, "continuous", "Pendulum-v1")
     assert preset == "MountainCarContinuous-v0" and cfg.action_noise == "ou"
-    assert env_preset_line("td3", "Pendulum-v1", None) is None  # no entry: the family preset rules as before
-    assert build_algo_config("ppo", None, {}, "continuous", "Pendulum-v1")[1] == "continuous"
+    assert build_algo_config("ppo", None, {}, "continuous", "Pendulum-v1")[1] == "continuous"  # no entry: as before
     with pytest.raises(ConfigError) as error:
         build_algo_config("td3", "fast", {}, None, "Pendulum-v1")
     assert str(error.value) == "unknown preset 'fast' for td3; choose one of: mujoco, MountainCarContinuous-v0, default"
