@@ -1,14 +1,15 @@
-"""Time-to-solve CartPole-v1 or Pendulum-v1, or final return after a fixed budget, for one rlfleet run, through
-rlfleet's CLI.
+"""Time-to-solve CartPole-v1, Pendulum-v1 or MountainCarContinuous-v0, or final return after a fixed budget, for
+one rlfleet run, through rlfleet's CLI.
 
 Time-to-solve: runs ``rlfleet train ALGO --env CartPole-v1 --seed S --eval-every 2000 --eval-episodes 10
 --stop-return 475 --time-limit T --logdir DIR --name NAME`` (``--env Pendulum-v1 --stop-return -250`` on
 Pendulum-v1: the default env of ddpg, td3 and sac, and ppo, a2c or a3c's with ``--env Pendulum-v1``) with
 ``OMP_NUM_THREADS=1`` and no ``--preset`` or ``--set`` override: rlfleet's defaults are what is measured (on a
 Box-action classic-control env such as Pendulum-v1 the CLI itself picks the algorithm's ``continuous`` preset,
-where it has one). It reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``, ``solved_at_step``,
-``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the same JSON line as the
-peer runners. The timings are rlfleet's own: the CLI measures from the start of
+where it has one; on an env with a per-env preset, such as MountainCarContinuous-v0 for td3 and sac, that
+preset, ``--stop-return 90``). It reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
+``solved_at_step``, ``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the same
+JSON line as the peer runners. The timings are rlfleet's own: the CLI measures from the start of
 training, after imports and env/model construction, with the evaluations' time counting.
 
 Fixed budget (``--steps N``, e.g. ``--env Hopper-v5 --steps 100000``): runs ``rlfleet train ALGO --env ENV

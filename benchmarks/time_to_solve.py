@@ -1,4 +1,5 @@
-"""Time-to-solve CartPole-v1 and Pendulum-v1: rlfleet side by side with Stable-Baselines3 and Tianshou.
+"""Time-to-solve CartPole-v1, Pendulum-v1 and MountainCarContinuous-v0: rlfleet side by side with Stable-Baselines3
+and Tianshou.
 
 Creates (or reuses) the peers' venv, then runs one process per (framework, algo, env, seed), never two at
 once, interleaving the frameworks within each seed so that drift in the machine's speed affects them all
@@ -39,10 +40,15 @@ from peers.common import (
     EVAL_EVERY_STEPS,
     SOLVED_RETURN,
     SOLVED_RETURNS,
+    SPARSE_ENV_ID,
     env_for,
 )
 
-DEFAULT_ALGOS = {ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"), CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo")}
+DEFAULT_ALGOS = {
+    ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"),
+    CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo"),
+    SPARSE_ENV_ID: ("td3", "sac", "ppo"),
+}
 """``--algos``' default: with ``--env``, that env's; without, CartPole-v1's (each algorithm on its own env)."""
 UNSUPPORTED = {
     ("sb3", "pg", ENV_ID),  # SB3 has no vanilla policy gradient
@@ -52,6 +58,9 @@ UNSUPPORTED = {
     ("sb3", "a3c", CONTINUOUS_ENV_ID),
     ("tianshou", "a2c", CONTINUOUS_ENV_ID),
     ("tianshou", "a3c", CONTINUOUS_ENV_ID),
+    ("tianshou", "td3", SPARSE_ENV_ID),  # rl-zoo3's entries are the reference on MountainCarContinuous-v0
+    ("tianshou", "sac", SPARSE_ENV_ID),
+    ("tianshou", "ppo", SPARSE_ENV_ID),
 }
 """(framework, algo, env) with no implementation in that framework or no settings in its runner: reported as
 n/a, never run. Every (algo, env) of ``ALGOS_BY_ENV`` not listed here is run by every framework."""
@@ -70,7 +79,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--out",
         type=Path,
-        help="default: results/pendulum.json when every algo is timed on Pendulum-v1, else results/cartpole.json",
+        help="default: results/pendulum.json when every algo is timed on Pendulum-v1, results/mountaincar.json on "
+        "MountainCarContinuous-v0, else results/cartpole.json",
     )
     add_peer_options(parser)
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out and skip them")
@@ -83,7 +93,10 @@ def parse_args() -> argparse.Namespace:
     args.frameworks = split_choices(parser, "--frameworks", args.frameworks, FRAMEWORKS)
     if args.out is None:
         on_pendulum = all(env_of(args.env, algo) == CONTINUOUS_ENV_ID for algo in args.algos)
-        args.out = RESULTS / ("pendulum.json" if on_pendulum else "cartpole.json")
+        on_mountaincar = args.env == SPARSE_ENV_ID
+        args.out = RESULTS / (
+            "mountaincar.json" if on_mountaincar else "pendulum.json" if on_pendulum else "cartpole.json"
+        )
     return args
 
 

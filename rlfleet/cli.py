@@ -43,6 +43,8 @@ def _train(args: argparse.Namespace) -> int:
         f"{r['algo']} on {r['env']}: eval return {r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} "
         f"after {r['env_steps']} steps, {status}; stopped by {r['stopped_by']}\nrun folder: {result.run_dir}"
     )
+    if r.get("exploration_hint"):  # a continuous-control run that never beat doing nothing
+        print(r["exploration_hint"])
     return 0
 
 
@@ -73,6 +75,19 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_run_notes() -> None:
+    """What a run logs for its user at INFO level goes to stdout as the command's own lines: the per-env preset
+    it picked ("preset for ENV: ..."), logged once its configuration has passed the checks."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    notes = logging.getLogger("rlfleet.run.config")
+    notes.addHandler(handler)
+    notes.setLevel(logging.INFO)
+    notes.propagate = False
+
+
 def _list(args: argparse.Namespace) -> int:
     from rlfleet.algos import REGISTRY, resolve
 
@@ -90,6 +105,11 @@ def _list(args: argparse.Namespace) -> int:
         options = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(runner_class(name).Options)]
         print(f"  {name:<14} {description}\n  {'':<14} options: {', '.join(options) or '-'}")
     print(f"\nshared-parameter optimizers (--optimizer): {', '.join(HOGWILD_OPTIMIZERS)}")
+    from rlfleet.algos.env_presets import all_env_presets
+
+    print("\nper-env presets (picked when --env matches and no --preset is given; --preset ENV uses one elsewhere):")
+    for name, envs in all_env_presets().items():
+        print(f"  {name:<10} {', '.join(envs)}")
     return 0
 
 
@@ -201,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.run.plot import MetricsError
 
     try:
+        if args.command == "train":
+            _show_run_notes()
         return args.func(args)
     except (
         UnknownAlgorithmError,

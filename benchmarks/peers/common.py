@@ -30,9 +30,13 @@ SOLVED_RETURN = 475.0
 CONTINUOUS_ENV_ID = "Pendulum-v1"
 """Where the algorithms for Box actions only (ddpg, td3, sac) are timed: CartPole's actions are discrete."""
 CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
-ENV_IDS = (ENV_ID, CONTINUOUS_ENV_ID)
-SOLVED_RETURNS = {ENV_ID: SOLVED_RETURN, CONTINUOUS_ENV_ID: -250.0}
-"""The solved mean return of each env (Pendulum-v1: the Tianshou paper's −250)."""
+SPARSE_ENV_ID = "MountainCarContinuous-v0"
+"""Where exploration is timed: +100 at a flag behind a run-up, −0.1 a² per step (rlfleet's per-env presets,
+rl-zoo3's entries for the same env)."""
+ENV_IDS = (ENV_ID, CONTINUOUS_ENV_ID, SPARSE_ENV_ID)
+SOLVED_RETURNS = {ENV_ID: SOLVED_RETURN, CONTINUOUS_ENV_ID: -250.0, SPARSE_ENV_ID: 90.0}
+"""The solved mean return of each env (Pendulum-v1: the Tianshou paper's −250; MountainCarContinuous-v0: its
+registered reward_threshold)."""
 MUJOCO_ENV_IDS = ("Hopper-v5", "HalfCheetah-v5")
 """Where the fixed-budget benchmark measures the final return (they have no solved return here: ``--steps``)."""
 MUJOCO_ALGOS = ("sac", "ppo")
@@ -40,6 +44,7 @@ RUNNER_ENV_IDS = (*ENV_IDS, *MUJOCO_ENV_IDS)
 ALGOS_BY_ENV = {
     ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"),
     CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo", "a2c", "a3c"),
+    SPARSE_ENV_ID: ("td3", "sac", "ppo"),
     **{env: MUJOCO_ALGOS for env in MUJOCO_ENV_IDS},
 }
 """The algorithms that can be run on each env (by rlfleet; the peers' runners cover subsets)."""

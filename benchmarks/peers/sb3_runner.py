@@ -1,5 +1,5 @@
-"""Time-to-solve CartPole-v1 or Pendulum-v1, or final return after a fixed budget on Hopper-v5 or HalfCheetah-v5,
-for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
+"""Time-to-solve CartPole-v1, Pendulum-v1 or MountainCarContinuous-v0, or final return after a fixed budget on
+Hopper-v5 or HalfCheetah-v5, for one Stable-Baselines3 run, with rl-zoo3's tuned hyperparameters.
 
 Hyperparameters: the env's entry (``CartPole-v1``, ``Pendulum-v1``; ``Hopper-v4`` and ``HalfCheetah-v4`` for the
 -v5 envs, the zoo having no -v5 entries: ``ZOO_ENTRIES``) of ``rl_zoo3/hyperparams/{algo}.yml``
@@ -34,6 +34,18 @@ Pendulum-v1:
 - ppo: n_envs=4, n_timesteps=1e5, policy=MlpPolicy, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10,
   ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4 (SB3 defaults:
   batch_size=64, net_arch 64-64 for policy and value)
+
+MountainCarContinuous-v0 (exploration; rlfleet runs its per-env presets there):
+
+- td3: n_timesteps=300000, policy=MlpPolicy, noise_type=ornstein-uhlenbeck, noise_std=0.5, gradient_steps=1,
+  train_freq=1, learning_rate=1e-3, batch_size=256, policy_kwargs="dict(net_arch=[400, 300])" (SB3 defaults:
+  1 env, buffer_size=1e6, learning_starts=100, tau=0.005, gamma=0.99, policy_delay=2; OU theta=0.15, dt=1e-2)
+- sac: n_timesteps=50000, policy=MlpPolicy, learning_rate=3e-4, buffer_size=50000, batch_size=512,
+  ent_coef=0.1, train_freq=32, gradient_steps=32, gamma=0.9999, tau=0.01, learning_starts=0, use_sde=True,
+  policy_kwargs="dict(log_std_init=-3.67, net_arch=[64, 64], use_expln=True)"
+- ppo: normalize=true, n_envs=1, n_timesteps=20000, policy=MlpPolicy, batch_size=256, n_steps=8, gamma=0.9999,
+  learning_rate=7.77e-05, ent_coef=0.00429, clip_range=0.1, n_epochs=10, gae_lambda=0.9, max_grad_norm=5,
+  vf_coef=0.19, use_sde=True, policy_kwargs="dict(log_std_init=-3.29, ortho_init=False)"
 
 Hopper-v5 and HalfCheetah-v5 (fixed budget only; the ``Hopper-v4`` and ``HalfCheetah-v4`` entries):
 
@@ -82,6 +94,7 @@ from common import (
     EVAL_SEED_OFFSET,
     MUJOCO_ALGOS,
     MUJOCO_ENV_IDS,
+    SPARSE_ENV_ID,
     Clock,
     Tracker,
     arg_parser,
@@ -105,6 +118,7 @@ ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sa
 SUPPORTED = (
     {(algo, ENV_ID) for algo in ("ppo", "a2c", "dqn")}
     | {(algo, CONTINUOUS_ENV_ID) for algo in ("sac", "td3", "ddpg", "ppo")}
+    | {(algo, SPARSE_ENV_ID) for algo in ("td3", "sac", "ppo")}
     | {(algo, env) for algo in MUJOCO_ALGOS for env in MUJOCO_ENV_IDS}
 )
 """(algo, env) pairs run by this runner: those with an rl-zoo3 entry that a benchmark runs."""

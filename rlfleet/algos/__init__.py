@@ -32,6 +32,10 @@ Recurrent algorithms (`act` returns a state that is not None; state None means "
 - `process(segment)` reads `segment.data.starts` (`[T, N]`, 1 where an observation begins an episode)
   and `segment.initial_state` (the state before the segment's first step; None: zeros).
 
+Algorithms whose exploration noise has a state per env (Ornstein–Uhlenbeck noise): `reset_noise(done)` puts
+the noise of the envs in the `[N]` bool mask `done` (their episode just ended) back at its start; the
+`Collector` calls it after every step in which an env finished. The noise state is part of `state_dict()`.
+
 Box actions: `act` returns env-ready actions (rescaled to the bounds and clipped) and puts the policy's
 own, unclipped sample into `extras["raw_act"]`, from which the loss takes its log-probabilities.
 """

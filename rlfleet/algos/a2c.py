@@ -6,7 +6,8 @@ returns), then one gradient step on
     L = −E[log π(a|s) · A] + vf_coef · E[(R − V(s))²] − ent_coef · E[H(π(·|s))].
 
 The policy is categorical for Discrete actions and a diagonal Gaussian for Box actions (learned in
-[-1, 1] and rescaled to the env's bounds, see `ActionBounds`). With `lstm` > 0 an LSTM core sits after
+[-1, 1] and rescaled to the env's bounds, see `ActionBounds`; with `sde`, exploring with gSDE's
+state-dependent noise, `StateDependentNoise`). With `lstm` > 0 an LSTM core sits after
 the encoder: `act` carries its state across steps, the collector resets it where episodes end
 (`reset_state`), and `loss` replays each env's segment from the stored initial state, zeroing the
 state where episodes start, so training sees the states acting saw.
@@ -38,6 +39,7 @@ from rlfleet.algos.common import (
     to_env_actions,
     unroll_sequences,
 )
+from rlfleet.algos.noise import SDEMatrices
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
@@ -89,7 +91,15 @@ class Config(NormOptions):
     """Box actions: the Gaussian's σ — state_independent (learned vector), state_dependent (linear in the
     features) or softplus (σ² = softplus(linear), the A3C paper's head)."""
     init_std: float = bounded(1.0, gt=0)
-    """Box actions: σ at initialisation, in units of half the action range."""
+    """Box actions: σ at initialisation, in units of half the action range (with `sde`: σ of each entry of the
+    noise matrix)."""
+    sde: bool = False
+    """Box actions: explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021) instead of
+    independent Gaussian noise: the noise is a function of the policy's features, θᵀ z(s), with the matrix θ
+    drawn anew every `sde_sample_freq` steps (see `StateDependentNoise`); `log_std` is then unused and
+    `init_std` is σ of each entry of θ."""
+    sde_sample_freq: int = bounded(-1, ge=-1)
+    """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
     total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""
 
@@ -193,14 +203,19 @@ class A2C:
             log_std=cfg.log_std,
             init_std=cfg.init_std,
             lstm=cfg.lstm,
+            sde=cfg.sde,
         )
         self.bounds = action_bounds(action_space)
         self.optimizer = make_optimizer(cfg.optimizer, self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
+        self.sde_matrices = SDEMatrices(cfg.sde_sample_freq, cfg.rollout_len)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        action, _, value, state = policy_step(self.model, obs, explore, self.rng, state)
+        draws = None
+        if explore and self.model.sde:  # gSDE: this step's noise matrices, one per env
+            draws = self.sde_matrices.next(self.model.policy.noise, len(obs), self.rng)
+        action, _, value, state = policy_step(self.model, obs, explore, self.rng, state, draws)
         extras = {"value": value}
         return to_env_actions(action, extras, self.bounds), extras, state
 
@@ -267,9 +282,12 @@ class A2C:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
+            "sde": self.sde_matrices.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
+        if "sde" in state:
+            self.sde_matrices.load_state_dict(state["sde"])

@@ -206,13 +206,15 @@ def sample_final_epsilons(
     return rng.choice(np.asarray(choices, dtype=np.float64), size=n, p=np.asarray(probs, dtype=np.float64))
 
 
-def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator, state=None):
+def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator, state=None, sde_draws=None):
     """Act with an ActorCritic: (actions, log-probabilities, values or None, state), NumPy in and out.
 
     Feed-forward MLP policies run in NumPy (see `rlfleet.nets.fast`); CNN and LSTM ones in PyTorch
     (an LSTM one step from `state`, None meaning zeros; feed-forward models pass `state` through).
     Exploring samples the policy with `rng`; otherwise a categorical policy takes its most probable action
-    and a Gaussian its mean. Gaussian actions are float32 `[B, A]` in the policy's normalised space.
+    and a Gaussian its mean. Gaussian actions are float32 `[B, A]` in the policy's normalised space. A gSDE
+    policy (`model.sde`) explores with the noise θᵀ z(s) of the noise matrices whose standard normal draws
+    are `sde_draws` `[B, F, A]` (see `StateDependentNoise`).
     """
     fast = model.numpy_forward(obs)
     if fast is not None:
@@ -223,10 +225,16 @@ def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator,
                 dist, value_t = model(obs_tensor(obs))
             else:
                 dist, value_t, state = model.unroll(obs_tensor(obs), state)
-            params = (dist.mean.numpy(), dist.log_std.numpy()) if model.continuous else dist.logits.numpy()
+            if model.sde:
+                params = (dist.mean.numpy(), dist.log_std.numpy(), dist.features.numpy())
+            else:
+                params = (dist.mean.numpy(), dist.log_std.numpy()) if model.continuous else dist.logits.numpy()
             value = None if value_t is None else value_t.numpy()
     if model.continuous:
-        mean, log_std = params
+        mean, log_std = params[0], params[1]
+        if explore and model.sde:
+            actions = (mean + model.policy.noise.numpy_noise(params[2], sde_draws)).astype(np.float32)
+            return actions, gaussian_log_prob(actions, mean, log_std), value, state
         if explore:
             return (*sample_gaussian(mean, log_std, rng), value, state)
         mean = mean.astype(np.float32)
@@ -294,14 +302,6 @@ def q_values(model, obs: np.ndarray) -> np.ndarray:
 def uniform_actions(n: int, act_dim: int, rng: np.random.Generator) -> np.ndarray:
     """`[n, act_dim]` float32 actions drawn uniformly from [-1, 1] (the warm-up of off-policy continuous agents)."""
     return rng.uniform(-1.0, 1.0, size=(n, act_dim)).astype(np.float32)
-
-
-def gaussian_exploration(actions: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
-    """Deterministic actions in [-1, 1] plus N(0, std²) noise, clipped back to [-1, 1] (DDPG, TD3)."""
-    if std <= 0:
-        return actions
-    noise = rng.standard_normal(actions.shape, dtype=np.float32)
-    return np.clip(actions + std * noise, -1.0, 1.0).astype(np.float32)
 
 
 def hard_update(target: nn.Module, source: nn.Module) -> None:

@@ -1,8 +1,8 @@
 """DDPG: deep deterministic policy gradient (Lillicrap et al. 2016) for Box actions.
 
 A deterministic actor μ(s) = tanh(MLP(s)) in [-1, 1] (rescaled to the env's bounds by `ActionBounds`)
-explores with Gaussian noise; after a warm-up of uniform random actions, every `train_freq` env steps
-the learner takes `gradient_steps` replay minibatches and
+explores with Gaussian or Ornstein–Uhlenbeck noise (`rlfleet.algos.noise`); after a warm-up of uniform random
+actions, every `train_freq` env steps the learner takes `gradient_steps` replay minibatches and
 
 - regresses the critic on y = r + γ (1 − terminated) Q'(s', μ'(s'))   (bootstrapping on truncation),
 - ascends the actor along Q(s, μ(s)),
@@ -25,7 +25,6 @@ import torch
 from rlfleet.algos.common import (
     ActionBounds,
     flat_obs_dim,
-    gaussian_exploration,
     make_optimizer,
     optimize,
     require_box,
@@ -33,10 +32,11 @@ from rlfleet.algos.common import (
     to_env_actions,
     uniform_actions,
 )
+from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import bounded, checked, one_of
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
@@ -68,8 +68,16 @@ class Config(NormOptions):
     """Learning rate of the actor (Adam)."""
     critic_lr: float = bounded(1e-3, ge=0)
     """Learning rate of the critic (Adam)."""
+    action_noise: str = checked("gaussian", one_of(ACTION_NOISES))
+    """Exploration noise added to μ(s): gaussian (drawn afresh every step) or ou (Ornstein–Uhlenbeck: correlated
+    over about 1 / (ou_theta · ou_dt) steps and reset at each episode's start; for sparse rewards behind a long
+    run-up, see `rlfleet.algos.noise`)."""
     exploration_noise: float = bounded(0.1, ge=0)
-    """σ of the Gaussian noise added to μ(s) while exploring, in units of half the action range."""
+    """σ of the exploration noise (gaussian: its std; ou: the process's σ), in units of half the action range."""
+    ou_theta: float = bounded(0.15, ge=0)
+    """ou noise: θ, how fast the process is pulled back to 0 (per unit of time, `ou_dt` per step)."""
+    ou_dt: float = bounded(1e-2, gt=0)
+    """ou noise: dt, the time one env step advances the process by."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the actor and the critic MLPs."""
     activation: str = "relu"
@@ -126,6 +134,7 @@ class DDPG:
         self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
         self.params = [p for g in groups for p in g["params"]]
         self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self.noise = ActionNoise(cfg.action_noise, cfg.exploration_noise, cfg.ou_theta, cfg.ou_dt)
         self.rng = np.random.default_rng(seed)
         self.env_steps = 0
         self.updates = 0
@@ -140,9 +149,13 @@ class DDPG:
         else:
             raw = self.actor.numpy_act(obs)
             if explore:
-                raw = gaussian_exploration(raw, self.cfg.exploration_noise, self.rng)
+                raw = self.noise.perturb(raw, self.rng)
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
+
+    def reset_noise(self, done: np.ndarray) -> None:
+        """The exploration noise of the envs in `done` (their next observation begins an episode) back at its start."""
+        self.noise.reset(done)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         self.env_steps = env_steps
@@ -176,6 +189,7 @@ class DDPG:
             "critic_target": self.critic_target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
+            "noise": self.noise.state_dict(),
             "env_steps": self.env_steps,
             "updates": self.updates,
         }
@@ -187,5 +201,6 @@ class DDPG:
         self.critic_target.load_state_dict(state["critic_target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
+        self.noise.load_state_dict(state.get("noise", {}))
         self.env_steps = int(state["env_steps"])
         self.updates = int(state["updates"])

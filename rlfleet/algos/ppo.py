@@ -6,7 +6,8 @@ minibatch SGD on
     L = −E[min(ρ A, clip(ρ, 1 ± ε) A)] + vf_coef · E[(R − V)²] − ent_coef · E[H],   ρ = π/π_old,
 
 with optional per-minibatch advantage normalisation and value clipping. Box actions get a diagonal
-Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see `ActionBounds`). With `lstm` > 0
+Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see `ActionBounds`), which explores with
+independent noise or, with `sde`, with gSDE's state-dependent noise (`StateDependentNoise`). With `lstm` > 0
 the minibatches are whole env sequences, replayed through the LSTM from the segment's initial state.
 """
 
@@ -34,6 +35,7 @@ from rlfleet.algos.common import (
     to_env_actions,
     unroll_sequences,
 )
+from rlfleet.algos.noise import SDEMatrices
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
@@ -86,7 +88,15 @@ class Config(NormOptions):
     log_std: str = "state_independent"
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
     init_std: float = bounded(1.0, gt=0)
-    """Box actions: σ at initialisation, in units of half the action range."""
+    """Box actions: σ at initialisation, in units of half the action range (with `sde`: σ of each entry of the
+    noise matrix)."""
+    sde: bool = False
+    """Box actions: explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021) instead of
+    independent Gaussian noise: the noise is a function of the policy's features, θᵀ z(s), with the matrix θ
+    drawn anew every `sde_sample_freq` steps (see `StateDependentNoise`); `log_std` is then unused and
+    `init_std` is σ of each entry of θ."""
+    sde_sample_freq: int = bounded(-1, ge=-1)
+    """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
     total_steps: int = bounded(100_000, ge=1)
     """Default training budget in env steps."""
 
@@ -171,15 +181,20 @@ class PPO:
             log_std=cfg.log_std,
             init_std=cfg.init_std,
             lstm=cfg.lstm,
+            sde=cfg.sde,
         )
         self.bounds = action_bounds(action_space)
         self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
+        self.sde_matrices = SDEMatrices(cfg.sde_sample_freq, cfg.rollout_len)
         self.clip = cfg.clip
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
-        action, logp, value, state = policy_step(self.model, obs, explore, self.rng, state)
+        draws = None
+        if explore and self.model.sde:  # gSDE: this step's noise matrices, one per env
+            draws = self.sde_matrices.next(self.model.policy.noise, len(obs), self.rng)
+        action, logp, value, state = policy_step(self.model, obs, explore, self.rng, state, draws)
         extras = {"value": value, "logp": logp.astype(np.float32)}
         return to_env_actions(action, extras, self.bounds), extras, state
 
@@ -260,9 +275,12 @@ class PPO:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
+            "sde": self.sde_matrices.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
+        if "sde" in state:
+            self.sde_matrices.load_state_dict(state["sde"])

@@ -1,8 +1,9 @@
 """SAC: soft actor-critic (Haarnoja et al. 2018, with the automatic temperature of the follow-up paper).
 
 A tanh-squashed Gaussian policy a = tanh(μ(s) + σ(s) ε) in [-1, 1] (rescaled to the env's bounds by
-`ActionBounds`) acts after a warm-up of uniform random actions; every `train_freq` env steps the learner
-takes `gradient_steps` replay minibatches and
+`ActionBounds`; with `sde`, exploring with gSDE's state-dependent noise, `StateDependentNoise`) acts after a
+warm-up of uniform random actions; every `train_freq` env steps the learner takes `gradient_steps` replay
+minibatches and
 
 - regresses twin critics on y = r + γ (1 − terminated) (min_k Q'_k(s', a') − α log π(a'|s')), a' ~ π(·|s'),
 - minimises the policy loss E[α log π(a|s) − min_k Q_k(s, a)] with reparameterised a ~ π(·|s), where
@@ -39,6 +40,7 @@ from rlfleet.algos.common import (
     to_env_actions,
     uniform_actions,
 )
+from rlfleet.algos.noise import SDEMatrices
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
@@ -82,6 +84,16 @@ class Config(NormOptions):
     """Learning rate of log α (Adam)."""
     target_entropy_scale: float = 1.0
     """The target entropy is −target_entropy_scale · |A| nats (the paper's heuristic: −|A|)."""
+    sde: bool = False
+    """Explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021): the noise before the
+    squashing is a function of the policy's features, θᵀ z(s), with the matrix θ drawn anew every
+    `sde_sample_freq` steps (see `StateDependentNoise`), instead of independent noise at every step."""
+    sde_sample_freq: int = bounded(-1, ge=-1)
+    """gSDE: vector-env steps between new noise matrices; -1 or 0: at the start of each collection of
+    `train_freq` steps (Stable-Baselines3's SAC resamples there whatever this is)."""
+    sde_init_std: float = bounded(0.05, gt=0)
+    """gSDE: σ of each entry of the noise matrix at initialisation (Stable-Baselines3's exp(log_std_init); its
+    default for SAC is exp(−3) ≈ 0.05)."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the policy and the critic MLPs."""
     activation: str = "relu"
@@ -128,7 +140,9 @@ class SAC:
             raise ValueError("batch_size must be >= 1, tau in (0, 1] and alpha > 0")
         self.cfg = cfg
         self.bounds = ActionBounds(action_space)
-        self.actor = SquashedGaussianActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation)
+        self.actor = SquashedGaussianActor(
+            obs_dim, self.act_dim, cfg.hidden, cfg.activation, sde=cfg.sde, sde_init_std=cfg.sde_init_std
+        )
         self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=2)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.auto_alpha)
@@ -144,6 +158,8 @@ class SAC:
         self._critic_params = list(self.critic.parameters())
         self._targets = list(self.critic_target.parameters())
         self.rng = np.random.default_rng(seed)
+        # gSDE: a new noise matrix every `sde_sample_freq` steps, else at the start of every collection
+        self.sde_matrices = SDEMatrices(cfg.sde_sample_freq, None if cfg.sde_sample_freq > 0 else cfg.train_freq)
         self.env_steps = 0
         self.updates = 0
 
@@ -155,7 +171,10 @@ class SAC:
         if explore and self.env_steps < self.cfg.random_steps:
             raw = uniform_actions(len(obs), self.act_dim, self.rng)
         else:
-            raw = self.actor.numpy_act(obs, explore, self.rng)  # greedy: tanh of the mean
+            draws = None
+            if explore and self.actor.noise is not None:  # gSDE: this step's noise matrices, one per env
+                draws = self.sde_matrices.next(self.actor.noise, len(obs), self.rng)
+            raw = self.actor.numpy_act(obs, explore, self.rng, draws)  # greedy: tanh of the mean
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
 
@@ -210,6 +229,7 @@ class SAC:
             "log_alpha": self.log_alpha.detach().clone(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
+            "sde": self.sde_matrices.state_dict(),
             "env_steps": self.env_steps,
             "updates": self.updates,
         }
@@ -222,5 +242,7 @@ class SAC:
             self.log_alpha.copy_(state["log_alpha"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
+        if "sde" in state:
+            self.sde_matrices.load_state_dict(state["sde"])
         self.env_steps = int(state["env_steps"])
         self.updates = int(state["updates"])

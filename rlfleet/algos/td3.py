@@ -1,7 +1,8 @@
 """TD3: twin delayed DDPG (Fujimoto et al. 2018) for Box actions.
 
-DDPG's deterministic actor in [-1, 1] (rescaled to the env's bounds by `ActionBounds`) with Gaussian
-exploration noise and a uniform random warm-up, plus the paper's three changes:
+DDPG's deterministic actor in [-1, 1] (rescaled to the env's bounds by `ActionBounds`) with Gaussian or
+Ornstein–Uhlenbeck exploration noise (`rlfleet.algos.noise`) and a uniform random warm-up, plus the paper's
+three changes:
 
 - clipped double Q: two critics, both regressed on y = r + γ (1 − terminated) min_k Q'_k(s', ã');
 - target policy smoothing: ã' = clip(μ'(s') + clip(ε, −c, c), −1, 1), ε ~ N(0, σ̃²) (σ̃ = 0.2, c = 0.5);
@@ -26,7 +27,6 @@ import torch
 from rlfleet.algos.common import (
     ActionBounds,
     flat_obs_dim,
-    gaussian_exploration,
     make_optimizer,
     optimize,
     require_box,
@@ -34,10 +34,11 @@ from rlfleet.algos.common import (
     to_env_actions,
     uniform_actions,
 )
+from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import bounded, checked, one_of
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
@@ -70,8 +71,16 @@ class Config(NormOptions):
     """Learning rate of the actor (Adam)."""
     critic_lr: float = bounded(2e-3, ge=0)
     """Learning rate of the twin critics (Adam)."""
+    action_noise: str = checked("gaussian", one_of(ACTION_NOISES))
+    """Exploration noise added to μ(s): gaussian (drawn afresh every step) or ou (Ornstein–Uhlenbeck: correlated
+    over about 1 / (ou_theta · ou_dt) steps and reset at each episode's start; for sparse rewards behind a long
+    run-up, see `rlfleet.algos.noise`)."""
     exploration_noise: float = bounded(0.2, ge=0)
-    """σ of the Gaussian noise added to μ(s) while exploring, in units of half the action range."""
+    """σ of the exploration noise (gaussian: its std; ou: the process's σ), in units of half the action range."""
+    ou_theta: float = bounded(0.15, ge=0)
+    """ou noise: θ, how fast the process is pulled back to 0 (per unit of time, `ou_dt` per step)."""
+    ou_dt: float = bounded(1e-2, gt=0)
+    """ou noise: dt, the time one env step advances the process by."""
     policy_delay: int = bounded(2, ge=1)
     """Critic updates per actor (and target) update."""
     target_noise: float = bounded(0.2, ge=0)
@@ -137,6 +146,7 @@ class TD3:
         self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
         self.params = [p for g in groups for p in g["params"]]
         self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self.noise = ActionNoise(cfg.action_noise, cfg.exploration_noise, cfg.ou_theta, cfg.ou_dt)
         self.rng = np.random.default_rng(seed)
         self.env_steps = 0
         self.updates = 0
@@ -152,9 +162,13 @@ class TD3:
         else:
             raw = self.actor.numpy_act(obs)
             if explore:
-                raw = gaussian_exploration(raw, self.cfg.exploration_noise, self.rng)
+                raw = self.noise.perturb(raw, self.rng)
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
+
+    def reset_noise(self, done: np.ndarray) -> None:
+        """The exploration noise of the envs in `done` (their next observation begins an episode) back at its start."""
+        self.noise.reset(done)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         self.env_steps = env_steps
@@ -197,6 +211,7 @@ class TD3:
             "critic_target": self.critic_target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
+            "noise": self.noise.state_dict(),
             "env_steps": self.env_steps,
             "updates": self.updates,
             "policy_updates": self.policy_updates,
@@ -209,6 +224,7 @@ class TD3:
         self.critic_target.load_state_dict(state["critic_target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
+        self.noise.load_state_dict(state.get("noise", {}))
         self.env_steps = int(state["env_steps"])
         self.updates = int(state["updates"])
         self.policy_updates = int(state["policy_updates"])

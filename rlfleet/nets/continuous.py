@@ -1,5 +1,6 @@
 """Networks of the off-policy continuous-control agents (DDPG, TD3, SAC): a deterministic tanh actor, a
-tanh-squashed Gaussian actor, and K critics Q_k(s, a) evaluated together in one batched pass.
+tanh-squashed Gaussian actor (optionally exploring with gSDE), and K critics Q_k(s, a) evaluated together in
+one batched pass.
 
 Actions are in the policy's normalised space [-1, 1] (`ActionBounds` maps them to the env's bounds). The
 actors are plain MLPs, so acting runs in NumPy (`rlfleet.nets.fast`) without PyTorch's per-op overhead.
@@ -17,7 +18,7 @@ from torch.nn import functional as F
 
 from rlfleet.nets.encoders import ACTIVATIONS, MLP
 from rlfleet.nets.fast import compile_numpy
-from rlfleet.nets.heads import LOG_STD_RANGE
+from rlfleet.nets.heads import LOG_STD_RANGE, StateDependentNoise
 
 _LOG_2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -64,18 +65,42 @@ class DeterministicActor(nn.Module):
             return self(torch.as_tensor(obs, dtype=torch.float32)).numpy()
 
 
-class SquashedGaussianActor(nn.Module):
-    """π(·|s) = tanh(N(μ(s), σ(s)²)) (SAC): one linear head gives μ and log σ (clamped to `LOG_STD_RANGE`)."""
+SDE_MEAN_CLIP = 2.0  # gSDE: μ before the squashing is clipped to ±this (Stable-Baselines3's clip_mean)
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"):
+
+class SquashedGaussianActor(nn.Module):
+    """π(·|s) = tanh(N(μ(s), σ(s)²)) (SAC): one linear head gives μ and log σ (clamped to `LOG_STD_RANGE`).
+
+    With `sde`, gSDE (`StateDependentNoise`, as Stable-Baselines3's SAC has it): the head gives μ only,
+    clipped to ±`SDE_MEAN_CLIP`, and σ(s)² = Σ_j z_j(s)² σ_ji² of the body's features z, which the policy
+    loss trains too (`learn_features`); `sde_init_std` is σ of every entry at initialisation. Exploring
+    acts with the noise θᵀ z(s) of the algorithm's noise matrices; training samples the same Gaussian with
+    fresh noise per sample.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "relu",
+        sde: bool = False,
+        sde_init_std: float = math.exp(-3),
+    ):
         super().__init__()
         self.act_dim = act_dim
         self.body = _flat_mlp(obs_dim, hidden, activation)
-        self.head = nn.Linear(self.body.out_dim, 2 * act_dim)
+        self.sde = sde
+        self.head = nn.Linear(self.body.out_dim, act_dim if sde else 2 * act_dim)
+        self.noise = StateDependentNoise(self.body.out_dim, act_dim, sde_init_std) if sde else None
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log σ) of the Gaussian before the squashing."""
-        mean, log_std = self.head(self.body(obs)).split(self.act_dim, dim=-1)
+        features = self.body(obs)
+        if self.noise is not None:
+            mean = self.head(features).clamp(-SDE_MEAN_CLIP, SDE_MEAN_CLIP)
+            return mean, self.noise.log_std_of(features)
+        mean, log_std = self.head(features).split(self.act_dim, dim=-1)
         return mean, log_std.clamp(*LOG_STD_RANGE)
 
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,15 +109,26 @@ class SquashedGaussianActor(nn.Module):
         u = mean + log_std.exp() * torch.randn_like(mean)
         return torch.tanh(u), squashed_gaussian_log_prob(u, mean, log_std)
 
-    def numpy_act(self, obs: np.ndarray, explore: bool, rng: np.random.Generator) -> np.ndarray:
-        """tanh of a sample (explore) or of the mean, as float32 NumPy actions."""
+    def numpy_act(
+        self, obs: np.ndarray, explore: bool, rng: np.random.Generator, sde_draws: np.ndarray | None = None
+    ) -> np.ndarray:
+        """tanh of a sample (explore) or of the mean, as float32 NumPy actions; with gSDE the sample is
+        μ + θᵀ z(s) for the noise matrices whose standard normal draws are `sde_draws` `[B, F, A]`."""
         if not hasattr(self, "_np"):
-            self._np = compile_numpy((self.body, self.head))
+            self._np = compile_numpy((self.body,) if self.sde else (self.body, self.head))
         if self._np is not None:
             out = self._np(obs)[0]
         else:
             with torch.inference_mode():
-                out = self.head(self.body(torch.as_tensor(obs, dtype=torch.float32))).numpy()
+                out = self.body(torch.as_tensor(obs, dtype=torch.float32))
+                out = (out if self.sde else self.head(out)).numpy()
+        if self.noise is not None:
+            features = out
+            weight, bias = self.head.weight.detach().numpy(), self.head.bias.detach().numpy()
+            mean = np.clip(features @ weight.T + bias, -SDE_MEAN_CLIP, SDE_MEAN_CLIP)
+            if explore:
+                mean = mean + self.noise.numpy_noise(features, sde_draws)
+            return np.tanh(mean).astype(np.float32)
         mean = out[:, : self.act_dim]
         if explore:
             log_std = np.clip(out[:, self.act_dim :], *LOG_STD_RANGE)

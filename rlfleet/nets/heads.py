@@ -1,9 +1,10 @@
-"""Heads that turn encoder features into a policy, a value, or action values."""
+"""Heads that turn encoder features into a policy, a value, or action values, and gSDE's state-dependent noise."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical
@@ -36,10 +37,12 @@ class DiagGaussian:
     every forward pass; `tests/unit/test_gaussian.py` checks it against `Normal`.
     """
 
-    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor):
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor, features: torch.Tensor | None = None):
         self.mean = mean
         self.log_std = log_std.expand_as(mean)
         self.std = self.log_std.exp()
+        self.features = features
+        """gSDE: the features z(s) the exploration noise is a function of (`SDEGaussianHead`); else None."""
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         z = (actions - self.mean) / self.std
@@ -98,6 +101,76 @@ class GaussianHead(nn.Module):
     def forward(self, features: torch.Tensor) -> DiagGaussian:
         std_out = None if self.std_linear is None else self.std_linear(features)
         return DiagGaussian(self.mean(features), self.log_std_from(std_out))
+
+
+SDE_LOG_STD_RANGE = (-20.0, 2.0)  # clamp of gSDE's log σ entries (Stable-Baselines3's LOG_STD_MIN/MAX)
+SDE_EPSILON = 1e-6  # added to gSDE's variance Σ_j z_j² σ_ji² (as in Stable-Baselines3), so that its log is finite
+
+
+class StateDependentNoise(nn.Module):
+    """Generalized state-dependent exploration (gSDE, Raffin et al. 2021): noise that is a function of the state.
+
+    The exploration noise of action dim i is ε_i(s) = Σ_j θ_ji z_j(s), linear in the policy's features z(s),
+    with a noise matrix θ_ji ~ N(0, σ_ji²) that the algorithm draws anew only every `sde_sample_freq` steps:
+    in between, the same state gets the same noise and nearby states similar noise, so exploration is smooth
+    and consistent rather than white. σ is learned, one entry per feature and action dim (Stable-Baselines3's
+    `full_std`), as log σ clamped to `SDE_LOG_STD_RANGE`.
+
+    For a fresh θ the action is Gaussian with mean μ(s) and variance Σ_j z_j(s)² σ_ji² per dim: the
+    distribution whose log-probabilities and entropy the losses use (`log_std_of`). The algorithms keep θ as
+    standard normal draws ξ `[N, F, A]`, one matrix per env, and act with θ = σ ⊙ ξ for the current σ
+    (`numpy_noise`).
+    """
+
+    def __init__(self, feature_dim: int, act_dim: int, init_std: float = 1.0):
+        super().__init__()
+        if init_std <= 0:
+            raise ValueError(f"init_std must be positive, got {init_std}")
+        self.feature_dim, self.act_dim = feature_dim, act_dim
+        self.log_std = nn.Parameter(torch.full((feature_dim, act_dim), math.log(init_std)))
+
+    def std(self) -> torch.Tensor:
+        """σ, `[F, A]`."""
+        return self.log_std.clamp(*SDE_LOG_STD_RANGE).exp()
+
+    def log_std_of(self, features: torch.Tensor) -> torch.Tensor:
+        """log of the action's std, ½ log(Σ_j z_j² σ_ji² + `SDE_EPSILON`), `[B, A]` for `[B, F]` features."""
+        variance = features.pow(2) @ self.std().pow(2)
+        return 0.5 * (variance + SDE_EPSILON).log()
+
+    def numpy_log_std(self, features: np.ndarray) -> np.ndarray:
+        """`log_std_of` in NumPy (acting)."""
+        std = self.std().detach().numpy()
+        return (0.5 * np.log(np.square(features) @ np.square(std) + SDE_EPSILON)).astype(np.float32)
+
+    def numpy_noise(self, features: np.ndarray, draws: np.ndarray) -> np.ndarray:
+        """ε(s) = θᵀ z(s) per env: `[N, F]` features, `[N, F, A]` standard normal draws ξ, θ = σ ⊙ ξ; `[N, A]`."""
+        theta = draws * self.std().detach().numpy()
+        return np.matmul(features[:, None, :], theta)[:, 0].astype(np.float32)
+
+    def sample_draws(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """New standard normal draws ξ for `n` envs' noise matrices, `[n, F, A]` float32."""
+        return rng.standard_normal((n, self.feature_dim, self.act_dim), dtype=np.float32)
+
+
+class SDEGaussianHead(nn.Module):
+    """Diagonal Gaussian policy that explores with gSDE (`StateDependentNoise`): a linear mean, as
+    `GaussianHead`, and the std sqrt(Σ_j z_j² σ_ji²) of the features z, detached as in Stable-Baselines3's
+    on-policy agents (`learn_features=False`: the noise shapes σ, not the features). `init_std` is σ of every
+    entry at initialisation (Stable-Baselines3's exp(log_std_init)); the action std is then about
+    init_std · |z(s)|."""
+
+    kind = "sde"
+
+    def __init__(self, in_dim: int, act_dim: int, init_std: float = 1.0, learn_features: bool = False):
+        super().__init__()
+        self.mean = layer_init(nn.Linear(in_dim, act_dim), gain=0.01)
+        self.noise = StateDependentNoise(in_dim, act_dim, init_std)
+        self.learn_features = learn_features
+
+    def forward(self, features: torch.Tensor) -> DiagGaussian:
+        z = features if self.learn_features else features.detach()
+        return DiagGaussian(self.mean(features), self.noise.log_std_of(z), z)
 
 
 class ValueHead(nn.Module):

@@ -21,6 +21,7 @@ from rlfleet.nets.heads import (
     DuelingQHead,
     GaussianHead,
     QHead,
+    SDEGaussianHead,
     ValueHead,
 )
 from rlfleet.nets.recurrent import LSTMCore, State
@@ -30,7 +31,8 @@ class ActorCritic(nn.Module):
     """A policy and a state value over a feed-forward or recurrent trunk.
 
     The policy is categorical for a `Discrete` action space (or an int: the number of actions) and a
-    diagonal Gaussian (`GaussianHead`, with `log_std` and `init_std`) for a 1-D `Box`. Vector
+    diagonal Gaussian (`GaussianHead`, with `log_std` and `init_std`; with `sde`, a `SDEGaussianHead` that
+    explores with gSDE, its σ entries starting at `init_std`) for a 1-D `Box`. Vector
     observations get separate actor and critic encoders unless `shared`; images share one CNN. With
     `lstm` > 0, one encoder and an `LSTMCore` of that many cells feed both heads: call `unroll` with the
     recurrent state instead of `forward`.
@@ -48,6 +50,7 @@ class ActorCritic(nn.Module):
         log_std: str = "state_independent",
         init_std: float = 1.0,
         lstm: int = 0,
+        sde: bool = False,
     ):
         super().__init__()
         if isinstance(action_space, int):
@@ -60,8 +63,13 @@ class ActorCritic(nn.Module):
             self.core = LSTMCore(features, lstm)
             features, shared = lstm, True
         self.continuous = isinstance(action_space, gym.spaces.Box)
-        self.policy: GaussianHead | CategoricalHead
-        if self.continuous:
+        if sde and not self.continuous:
+            raise ValueError(f"sde (state-dependent exploration) needs Box actions, not {action_space}")
+        self.sde = sde
+        self.policy: GaussianHead | SDEGaussianHead | CategoricalHead
+        if sde:
+            self.policy = SDEGaussianHead(features, int(np.prod(action_space.shape)), init_std)
+        elif self.continuous:
             self.policy = GaussianHead(features, int(np.prod(action_space.shape)), log_std, init_std)
         else:
             self.policy = CategoricalHead(features, int(action_space.n))
@@ -109,7 +117,8 @@ class ActorCritic(nn.Module):
     def numpy_forward(self, obs: np.ndarray) -> tuple[Any, np.ndarray | None] | None:
         """(policy parameters, values) computed in NumPy for MLP bodies (fast acting), or None otherwise.
 
-        The policy parameters are the logits for a categorical policy, `(mean, log_std)` for a Gaussian.
+        The policy parameters are the logits for a categorical policy, `(mean, log_std)` for a Gaussian and
+        `(mean, log_std, features)` for a gSDE one (its noise is a function of the features).
         """
         if not hasattr(self, "_np"):
             self._np = self._compile_numpy()
@@ -120,6 +129,10 @@ class ActorCritic(nn.Module):
         if not self.continuous:
             return out[0], value
         policy = self.policy
+        if self.sde:  # the branch gives the features; the mean and the std are functions of them
+            features = out[0]
+            mean = features @ policy.mean.weight.detach().numpy().T + policy.mean.bias.detach().numpy()
+            return (mean, policy.noise.numpy_log_std(features), features), value
         mean = out[0]
         if policy.kind == "state_independent":
             log_std = np.broadcast_to(policy.log_std.detach().numpy(), mean.shape)
@@ -132,7 +145,9 @@ class ActorCritic(nn.Module):
     def _compile_numpy(self):
         if self.core is not None:
             return None
-        if self.continuous:
+        if self.sde:
+            branches = [(self.actor_body,)]
+        elif self.continuous:
             branches = [(self.actor_body, self.policy.mean)]
             if self.policy.std_linear is not None:
                 branches.append((self.actor_body, self.policy.std_linear))

@@ -10,6 +10,9 @@ asked for with that state (`algo.value(obs, state)`), rollouts store `starts` (1
 observation is the first of its episode) beside the segment's initial state, and replay buffers get the
 state each observation was acted on from (`buffer.add(..., state=…)`, None at a run's first step). A feed-forward policy
 (state None) costs nothing extra.
+
+Exploration noise with a state per env (DDPG/TD3's Ornstein–Uhlenbeck noise): an algorithm that has
+`reset_noise(done)` gets it called after every step in which an env finished, with the same mask.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class Collector:
         self.returns: deque[float] = deque(maxlen=history)
         self.lengths: deque[int] = deque(maxlen=history)
         self.new_returns: list[float] = []
+        self._reset_noise = getattr(algo, "reset_noise", None)
 
     def step(self, explore: bool = True) -> Step:
         obs, starts = self.obs, self.starts
@@ -91,6 +95,8 @@ class Collector:
             self._record(info)
             if state is not None:  # recurrent policy: the envs that autoreset start from a fresh state
                 self.state = self.algo.reset_state(state, done)
+            if self._reset_noise is not None:  # per-env exploration noise starts again with the episode
+                self._reset_noise(done)
         self.obs, self.starts = next_obs, done
         self.env_steps += self.n_envs
         return Step(obs, act, extras, rew.astype(np.float32), true_next, terminated, truncated, starts, state)

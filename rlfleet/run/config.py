@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet.algos import config_fields, resolve
+from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
 from rlfleet.envs import VECTOR_MODES
 from rlfleet.fields import (
     ConfigError,
@@ -55,9 +57,10 @@ class RunConfig:
     n_envs: int | None = bounded(None, ge=1)
     """Parallel training envs; None takes the algorithm's `n_envs`."""
     preset: str | None = None
-    """Named set of defaults from the algorithm's PRESETS; None picks the preset named after the env's family
-    (`atari` for Atari envs, `mujoco` for MuJoCo envs, `continuous` for other envs with Box actions) where the
-    algorithm has one."""
+    """Named set of defaults from the algorithm's PRESETS (or an env id with a per-env preset, or `default`: none);
+    None picks the env's per-env preset (`rlfleet/algos/env_presets.toml`) if it has one, else the preset named
+    after the env's family (`atari` for Atari envs, `mujoco` for MuJoCo envs, `continuous` for other envs with
+    Box actions) where the algorithm has one."""
     overrides: dict[str, Any] = field(default_factory=dict, metadata={"option": "--set"})
     """Algorithm config fields to set (`--set key=value`)."""
     logdir: str = "runs"
@@ -153,19 +156,40 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], env_family: str | None = None):
+log = logging.getLogger(__name__)
+
+DEFAULT_PRESET = "default"
+"""`--preset default`: the algorithm's own defaults, neither a per-env nor a family preset."""
+
+
+def build_algo_config(
+    algo: str, preset: str | None, overrides: dict[str, Any], env_family: str | None = None, env: str | None = None
+):
     """The algorithm's Config with preset and overrides applied (string values are parsed by field type).
 
-    With no preset given, an env family (`env_spec_info(...)["family"]`: "atari", "mujoco", "continuous")
-    picks the algorithm's preset of the same name, if it has one."""
+    With no preset given, the env's entry in the per-env presets (`rlfleet.algos.env_presets`, by `env` id) is
+    used if there is one (and logged at INFO level once the config is valid: "preset for ENV: ..."), else an
+    env family (`env_spec_info(...)["family"]`: "atari", "mujoco", "continuous") picks the algorithm's preset
+    of the same name, if it has one. A preset may also name an env with an entry
+    (its tuned settings on another env), or be "default" (no preset). Returns the config and the preset's
+    name (an env id for a per-env preset; None for none)."""
     _, config_cls, presets, variant = resolve(algo)
-    if preset is None and env_family is not None and env_family in presets:
+    tuned = env_preset(algo, env) if preset is None and env is not None else None
+    picked = tuned is not None
+    if picked:
+        preset = env_id_of(env)
+    elif preset is None and env_family is not None and env_family in presets:
         preset = env_family
-    if preset is not None and preset not in presets:
-        choices = ", ".join(sorted(presets)) or "none"
-        raise ConfigError(f"unknown preset {preset!r} for {algo}; choose one of: {choices}")
+    elif preset == DEFAULT_PRESET:
+        preset = None
+    elif preset is not None and preset not in presets:
+        tuned = env_preset(algo, preset)
+        if tuned is None:
+            names = [*sorted(presets), *env_preset_names(algo), DEFAULT_PRESET]
+            raise ConfigError(f"unknown preset {preset!r} for {algo}; choose one of: {', '.join(names)}")
     fields = config_fields(config_cls)
-    values: dict[str, Any] = {**variant, **(presets.get(preset, {}) if preset else {})}
+    named = tuned if tuned is not None else presets.get(preset, {}) if preset else {}
+    values: dict[str, Any] = {**variant, **named}
     hints = typing.get_type_hints(config_cls)
     for key, value in overrides.items():
         if key not in fields:
@@ -173,4 +197,6 @@ def build_algo_config(algo: str, preset: str | None, overrides: dict[str, Any], 
         values[key] = _parse_value(value, hints[key], key) if isinstance(value, str) else value
     cfg = config_cls(**values)
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
+    if picked:  # once the config is valid: the run says which tuned settings it starts from
+        log.info(describe(algo, env, tuned))
     return cfg, preset

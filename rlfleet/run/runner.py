@@ -41,6 +41,7 @@ from rlfleet.run.config import (
     check_run_config,
 )
 from rlfleet.run.evaluate import evaluate
+from rlfleet.run.hints import exploration_hint
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.paths import check_output_folder
 from rlfleet.run.plot import plot_runs
@@ -131,7 +132,7 @@ class RunBase(abc.ABC):
         self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
         self.algo_cls = algo_cls
-        self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["family"])
+        self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env)
         if cfg.n_envs is not None:
             self.algo_cfg.n_envs = cfg.n_envs
         self.cfg = cfg
@@ -340,12 +341,22 @@ class RunBase(abc.ABC):
 
     def write_result(self, stopped_by: str, wall: float) -> RunResult:
         result = self._result(stopped_by, wall)
+        result["exploration_hint"] = self._exploration_hint(result)
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
         try:
             plot_runs([self.run_dir], self.run_dir / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
         except Exception as exc:  # a plot must never lose a finished run
             print(f"warning: could not draw curves.png: {exc}")
         return RunResult(self.run_dir, result, self.algo)
+
+    def _exploration_hint(self, result: dict[str, Any]) -> str | None:
+        """`exploration_hint` for an unsolved run with evaluations (the do-nothing policy on fresh eval envs)."""
+        if result["solved"] or result["best_eval_return"] is None:
+            return None
+        best, space = result["best_eval_return"], self.env_info["action_space"]
+        seed = self.cfg.seed + 10_000
+        n = self.cfg.eval_episodes
+        return exploration_hint(self.cfg.algo, best, space, self.make_eval_envs, n, seed, self.algo_cfg)
 
     def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
         last = self.state["last_eval"] or {"mean": None, "std": None}
