@@ -19,7 +19,8 @@ losses, evaluates the shared parameters greedily, writes checkpoints and `result
 crashed worker from the shared parameters (its traceback is printed and kept in `workers.log`), and on
 Ctrl-C or a stop condition tells the workers to leave, saves and exits with no process left behind.
 
-`serial=True` runs the same workers round-robin in the main process (tests, debugging).
+The workers run on the run's backend (`--backend`: `local` processes, or `serial`, round-robin in the main
+process for tests and debugging); the loop is the same.
 """
 
 from __future__ import annotations
