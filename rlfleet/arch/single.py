@@ -105,7 +105,7 @@ class SingleRunner(RunBase):
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
         if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
-            c.obs, _ = self.envs.reset(seed=self.cfg.seed + c.env_steps)  # new ones, not the first run's again
+            c.restart(seed=self.cfg.seed + c.env_steps)  # new episodes, not the first run's again
             if self.buffer is not None:
                 self.buffer.mark_boundary(np.arange(self.collector.n_envs))
             if self.reward_norm is not None:

@@ -84,6 +84,15 @@ class Collector:
         self.new_returns: list[float] = []
         self._reset_noise = getattr(algo, "reset_noise", None)
 
+    def restart(self, seed: int) -> None:
+        """Every env begins a new episode (reset with `seed`): the recurrent state and the per-env exploration
+        noise start again with them (a resume whose envs could not be restored)."""
+        self.obs, _ = self.envs.reset(seed=seed)
+        self.state = None
+        self.starts = np.ones(self.n_envs, dtype=bool)
+        if self._reset_noise is not None:
+            self._reset_noise(self.starts)
+
     def step(self, explore: bool = True) -> Step:
         obs, starts = self.obs, self.starts
         act, extras, state = self.algo.act(obs, self.state, explore)

@@ -177,3 +177,20 @@ def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts
     finally:
         trainer.envs.close()
         trainer.eval_envs.close()
+
+
+def test_a_resume_that_cannot_restore_the_envs_restarts_the_ou_noise(run_opts, monkeypatch):
+    """The OU processes belong to the episodes that were going on: when the envs begin new ones, so does the noise
+    (the checkpoint's mid-episode noise would otherwise carry over into unrelated episodes)."""
+    stopped = train("td3", "Pendulum-v1", name="ou", steps=3_000, eval_every=10**9, eval_episodes=1, stop_return=1e9,
+                    overrides={"action_noise": "ou", "learning_starts": 100, "random_steps": 100},
+                    callbacks=[lambda info: info["env_steps"] >= 1_100], **run_opts)  # fmt: skip
+    payload = load_checkpoint(stopped.run_dir)
+    assert np.abs(payload["algo"]["noise"]["x"]).sum() > 0  # mid-episode: the processes have moved
+    monkeypatch.setattr(env_state, "restore", lambda envs, state: False)
+    runner = SingleRunner(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=stopped.run_dir)
+    try:
+        assert not runner.algo.noise.x.any() and runner.collector.starts.all()
+    finally:
+        runner.envs.close()
+        runner.eval_envs.close()
