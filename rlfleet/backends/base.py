@@ -19,6 +19,7 @@ comes from the backend too (`share`, `step_counter`, `stop_flag`, `weight_versio
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -27,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
+
+SPAWN = multiprocessing.get_context("spawn")
 
 
 class WorkerFailure(RuntimeError):
@@ -93,17 +98,18 @@ class Backend(ABC):
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         """The algorithm's networks as the roles will see them (in shared memory where roles are processes)."""
 
-    @abstractmethod
-    def step_counter(self, slots: int) -> Any:
-        """A global step counter with `slots` writers (`value`, `add(n, slot)`, `set(total)`)."""
+    def step_counter(self, slots: int) -> StepCounter:
+        """A global step counter with `slots` writers (`value`, `add(n, slot)`, `set(total)`); on one machine, a
+        lock-free shared integer per slot."""
+        return StepCounter(SPAWN, slots)
 
-    @abstractmethod
-    def stop_flag(self) -> Any:
+    def stop_flag(self) -> StopFlag:
         """The coordinator's "stop now" (`set()`, `is_set()`)."""
+        return StopFlag(SPAWN)
 
-    @abstractmethod
-    def weight_version(self) -> Any:
+    def weight_version(self) -> WeightVersion:
         """The version of the published weights (`version`, `set`, `writing()`, `read(copy, stop)`)."""
+        return WeightVersion(SPAWN)
 
     @abstractmethod
     def start(

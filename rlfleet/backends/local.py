@@ -38,7 +38,6 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
-from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 
 
 def _exit_with_parent() -> None:
@@ -326,22 +325,10 @@ class LocalBackend(Backend):
     name = "local"
     in_process = False
 
-    def __init__(self) -> None:
-        self.ctx = mp.get_context("spawn")
-
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         for module in modules.values():
             module.share_memory()
         return modules
-
-    def step_counter(self, slots: int) -> StepCounter:
-        return StepCounter(self.ctx, slots)
-
-    def stop_flag(self) -> StopFlag:
-        return StopFlag(self.ctx)
-
-    def weight_version(self) -> WeightVersion:
-        return WeightVersion(self.ctx)
 
     def start(
         self,

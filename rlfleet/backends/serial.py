@@ -8,13 +8,11 @@ counters as the local backend, within one process).
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 from torch import nn
 
 from rlfleet.backends.base import Backend, Crash, RoleGroup
-from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 
 
 class SerialGroup(RoleGroup):
@@ -59,20 +57,8 @@ class SerialBackend(Backend):
     name = "serial"
     in_process = True
 
-    def __init__(self) -> None:
-        self.ctx = multiprocessing.get_context("spawn")
-
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         return modules  # the roles live in this process: nothing needs to move to shared memory
-
-    def step_counter(self, slots: int) -> StepCounter:
-        return StepCounter(self.ctx, slots)
-
-    def stop_flag(self) -> StopFlag:
-        return StopFlag(self.ctx)
-
-    def weight_version(self) -> WeightVersion:
-        return WeightVersion(self.ctx)
 
     def start(
         self,
