@@ -7,6 +7,7 @@ An architecture runs any compatible algorithm through the algorithm contract (`r
   (`rlfleet.arch.hogwild`);
 - `data_parallel`: sampler processes feed experience to one learner (`rlfleet.arch.data_parallel`);
 - `grad_parallel`: workers send gradients, the centre steps the shared model (`rlfleet.arch.grad_parallel`);
+- `async_grad`: asynchronous gradients, each applied as it arrives (RLlib's AsyncGradients; `rlfleet.arch.async_grad`);
 - `offline`: an imitation algorithm learns from a dataset of demonstrations, DAgger with an expert
   (`rlfleet.arch.offline`).
 """
@@ -24,6 +25,7 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "hogwild": ("rlfleet.arch.hogwild", "HogwildRunner", "asynchronous actor-learners on shared parameters (A3C)"),
     "data_parallel": ("rlfleet.arch.data_parallel", "DataParallelRunner", "samplers feed one learner"),
     "grad_parallel": ("rlfleet.arch.grad_parallel", "GradParallelRunner", "workers send gradients to the centre"),
+    "async_grad": ("rlfleet.arch.async_grad", "AsyncGradRunner", "each worker's gradient applied as it arrives"),
     "offline": ("rlfleet.arch.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
 }
 

@@ -168,7 +168,7 @@ class GradParallelRunner(ParallelRunner):
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
-        self.grad_sets = self.opts.grad_sets or self.opts.workers
+        self.grad_sets = self.gradients_per_step()
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         self.start_backend()  # the counter: env steps behind the gradients applied
         params = trainable_params(self.shared)
@@ -185,6 +185,10 @@ class GradParallelRunner(ParallelRunner):
                 "ahead": self.credits,
             }
         )
+
+    def gradients_per_step(self) -> int:
+        """k, the gradient sets the centre sums per optimizer step (`--grad-sets`, 0: one per worker)."""
+        return self.opts.grad_sets or self.opts.workers
 
     def _extra_state(self) -> dict[str, Any]:
         return {"version": self.weights.version, "optimizer": self.optimizer.state_dict()}

@@ -46,8 +46,8 @@ class RunConfig:
     env: str = checked(check=non_empty)
     """Gymnasium env id (`CartPole-v1`, `ALE/Pong-v5`, ...)."""
     arch: str | None = None
-    """Architecture (see `rlfleet list`): single, hogwild, data_parallel, grad_parallel, offline; None takes the
-    algorithm's default (`single`; `hogwild` for a3c, `offline` for bc)."""
+    """Architecture (see `rlfleet list`): single, hogwild, data_parallel, grad_parallel, async_grad, offline;
+    None takes the algorithm's default (`single`; `hogwild` for a3c, `offline` for bc)."""
     options: dict[str, Any] = field(default_factory=dict, metadata={"option": "the architecture's options"})
     """The architecture's own options (the fields of its `Options` dataclass: `workers`, `grad_sets`, ...)."""
     steps: int | None = bounded(None, ge=1)

@@ -308,3 +308,21 @@ def test_a_single_run_checkpoint_with_every_architectures_options_still_resumes(
     save_checkpoint(path, {**payload, "run_config": old})
     assert train(resume=tmp_path / "r", steps=1_024, progress=False)["env_steps"] >= 1_024
     assert load_checkpoint(path)["run_config"]["options"] == {}
+
+
+def test_async_gradients_are_grad_parallel_with_one_gradient_per_step(run_opts):
+    """`async_grad` applies each gradient as it arrives: on the serial backend, with one seed, it ends exactly where
+    `grad_parallel --grad-sets 1` does (the same gradients, the same steps, the same weights)."""
+    common = dict(workers=2, backend="serial", steps=2_000, eval_every=2_000, eval_episodes=1, stop_return=1e9)
+    runs = {arch: train("a2c", "CartPole-v1", arch=arch, name=arch, **common, **run_opts)
+            for arch in ("async_grad", "grad_parallel")}  # fmt: skip
+    # grad_parallel's default sums one gradient of each worker per step: half the steps of async_grad
+    assert runs["grad_parallel"]["updates"] * 2 == runs["async_grad"]["updates"]
+    runs["grad_parallel"] = train("a2c", "CartPole-v1", arch="grad_parallel", grad_sets=1, name="k1", **common,
+                                  **run_opts)  # fmt: skip
+    a, b = (load_checkpoint(runs[k]["checkpoint"]) for k in ("async_grad", "grad_parallel"))
+    assert runs["async_grad"]["updates"] == runs["grad_parallel"]["updates"] > 0
+    for key, value in a["algo"]["model"].items():
+        assert torch.equal(value, b["algo"]["model"][key]), key
+    with pytest.raises(ConfigError, match="--grad-sets is an option of grad_parallel, not of async_grad"):
+        train("a2c", "CartPole-v1", arch="async_grad", grad_sets=2, **run_opts)
