@@ -4,6 +4,7 @@ action rescaling, recurrent batches, optimisation step, ε-greedy, schedules, ta
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -11,8 +12,22 @@ import torch
 from torch import nn
 
 from rlfleet.data.batch import Batch
+from rlfleet.fields import bounded
 from rlfleet.nets.fast import gaussian_log_prob, log_softmax, sample_categorical, sample_gaussian
 from rlfleet.nets.recurrent import LSTMCore
+
+
+@dataclass
+class SDEOptions:
+    """The gSDE fields of the on-policy algorithms' `Config`s (a2c, ppo)."""
+
+    sde: bool = False
+    """Box actions: explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021) instead of
+    independent Gaussian noise: the noise is a function of the policy's features, θᵀ z(s), with the matrix θ
+    drawn anew every `sde_sample_freq` steps (see `StateDependentNoise`); `log_std` is then unused and
+    `init_std` is σ of each entry of θ."""
+    sde_sample_freq: int = bounded(-1, ge=-1)
+    """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
 
 
 class UnsupportedSpaceError(ValueError):

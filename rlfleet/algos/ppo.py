@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    SDEOptions,
     action_bounds,
     clip_norm,
     current_lr,
@@ -46,7 +47,7 @@ from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
-class Config(NormOptions):
+class Config(NormOptions, SDEOptions):
     """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous, mujoco)."""
 
     n_envs: int = bounded(8, ge=1)
@@ -90,13 +91,6 @@ class Config(NormOptions):
     init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range (with `sde`: σ of each entry of the
     noise matrix)."""
-    sde: bool = False
-    """Box actions: explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021) instead of
-    independent Gaussian noise: the noise is a function of the policy's features, θᵀ z(s), with the matrix θ
-    drawn anew every `sde_sample_freq` steps (see `StateDependentNoise`); `log_std` is then unused and
-    `init_std` is σ of each entry of θ."""
-    sde_sample_freq: int = bounded(-1, ge=-1)
-    """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
     total_steps: int = bounded(100_000, ge=1)
     """Default training budget in env steps."""
 
