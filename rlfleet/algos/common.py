@@ -30,6 +30,30 @@ class SDEOptions:
     """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
 
 
+@dataclass
+class ReplayOptions:
+    """The replay-loop fields the continuous off-policy algorithms' `Config`s share (ddpg, td3, sac)."""
+
+    n_envs: int = bounded(1, ge=1)
+    """Parallel envs stepped in lockstep by one process."""
+    buffer_size: int = bounded(100_000, ge=1)
+    """Replay capacity in transitions."""
+    batch_size: int = bounded(64, ge=1)
+    """Minibatch size."""
+    learning_starts: int = bounded(1_000, ge=0)
+    """Env steps collected before the first update."""
+    random_steps: int = bounded(1_000, ge=0)
+    """Env steps of uniformly random actions at the start (exploration warm-up)."""
+    train_freq: int = bounded(1, ge=1)
+    """Vector-env steps between training phases."""
+    gradient_steps: int = bounded(1, ge=1)
+    """Gradient steps per training phase."""
+    gamma: float = bounded(0.98, ge=0, le=1)
+    """Discount factor."""
+    n_step: int = bounded(1, ge=1)
+    """Steps of real reward before bootstrapping."""
+
+
 class UnsupportedSpaceError(ValueError):
     """An algorithm was given an action or observation space it cannot handle."""
 

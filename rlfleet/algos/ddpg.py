@@ -24,6 +24,7 @@ import torch
 
 from rlfleet.algos.common import (
     ActionBounds,
+    ReplayOptions,
     flat_obs_dim,
     make_optimizer,
     optimize,
@@ -41,27 +42,9 @@ from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
 @dataclass
-class Config(NormOptions):
+class Config(NormOptions, ReplayOptions):
     """DDPG hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
-    n_envs: int = bounded(1, ge=1)
-    """Parallel envs stepped in lockstep by one process."""
-    buffer_size: int = bounded(100_000, ge=1)
-    """Replay capacity in transitions."""
-    batch_size: int = bounded(64, ge=1)
-    """Minibatch size."""
-    learning_starts: int = bounded(1_000, ge=0)
-    """Env steps collected before the first update."""
-    random_steps: int = bounded(1_000, ge=0)
-    """Env steps of uniformly random actions at the start (exploration warm-up)."""
-    train_freq: int = bounded(1, ge=1)
-    """Vector-env steps between training phases."""
-    gradient_steps: int = bounded(1, ge=1)
-    """Gradient steps per training phase."""
-    gamma: float = bounded(0.98, ge=0, le=1)
-    """Discount factor."""
-    n_step: int = bounded(1, ge=1)
-    """Steps of real reward before bootstrapping."""
     tau: float = bounded(0.01, gt=0, le=1)
     """Polyak rate of the target networks: θ' ← (1 − τ) θ' + τ θ after every update."""
     actor_lr: float = bounded(1e-3, ge=0)
