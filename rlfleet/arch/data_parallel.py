@@ -321,14 +321,10 @@ class DataParallelRunner(ParallelRunner):
                         break
                     if self.env_steps >= self.total_steps:
                         break
-            stop_flag.set()
-            if pool is not None:
-                pool.stop()
+            self.stop_roles(stop_flag, pool)
             self.finish(logger, start, stopped_by)
         finally:
-            stop_flag.set()
-            if pool is not None:
-                pool.stop()
+            self.stop_roles(stop_flag, pool)
             logger.close()
             self.eval_envs.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

@@ -174,15 +174,12 @@ class HogwildRunner(ParallelRunner):
                         break
                     if self.env_steps >= self.total_steps:
                         break
-            stop_flag.set()
+            self.stop_roles(stop_flag, pool)
             if pool is not None:
-                pool.stop()
                 self._drain(pool)
             self.finish(logger, start, stopped_by)
         finally:
-            stop_flag.set()
-            if pool is not None:
-                pool.stop()
+            self.stop_roles(stop_flag, pool)
             logger.close()
             self.eval_envs.close()
         return self.write_result(stopped_by, time.perf_counter() - start)

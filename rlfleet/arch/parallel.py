@@ -187,7 +187,7 @@ class ParallelRunner(RunBase):
         (`shared`), the published weights' version, the global step counter (with `worker_slots` every worker
         adds to its own slot, `worker_id + 1`); and the coordinator's own counts: episodes, recent returns,
         the policy lags (weight version learned from minus version acted with) not logged yet."""
-        self.backend = make_backend(self.opts.backend)
+        self.backend = make_backend(self.opts.backend, self.opts)
         self.shared = self.backend.share(algo_modules(self.algo))
         self.weights = self.backend.weight_version()
         self.counter = self.backend.step_counter(1 + (self.opts.workers if worker_slots else 0))
@@ -248,6 +248,14 @@ class ParallelRunner(RunBase):
             pids_file=self.run_dir / "workers.json",
             heartbeat_s=self.opts.heartbeat_s,
         )
+
+    def stop_roles(self, stop_flag, pool: RoleGroup | None) -> None:
+        """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped) and give back
+        what the backend started. Idempotent: the end of a run and its `finally` both call it."""
+        stop_flag.set()
+        if pool is not None:
+            pool.stop()
+        self.backend.close()
 
     def restart_crashed(self, pool, logger, how: str) -> None:
         """Report the workers that crashed since the last check; `pool` has restarted them (`how` says from what)."""

@@ -3,6 +3,8 @@ machine), behind the interface in `rlfleet.backends.base`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
 from rlfleet.backends.local import LocalBackend
 from rlfleet.backends.serial import SerialBackend
@@ -10,11 +12,11 @@ from rlfleet.backends.serial import SerialBackend
 BACKENDS: dict[str, type[Backend]] = {"serial": SerialBackend, "local": LocalBackend}
 
 
-def make_backend(name: str) -> Backend:
-    """The backend called `name` (see `BACKENDS`)."""
+def make_backend(name: str, opts: Any = None) -> Backend:
+    """The backend called `name` (see `BACKENDS`), made from the run's architecture options `opts`."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[name]()
+    return BACKENDS[name](opts)
 
 
 __all__ = ["BACKENDS", "Backend", "Crash", "RoleGroup", "WorkerFailure", "make_backend"]

@@ -88,11 +88,21 @@ class RoleGroup(ABC):
 
 
 class Backend(ABC):
-    """Starts roles and provides what the coordinator shares with them."""
+    """Starts roles and provides what the coordinator shares with them. Made from the run's architecture
+    options (`opts`: the backend's own options are among them); `close()` at the end of the run."""
 
     name: str
     in_process: bool
     """Roles run in the coordinator's process, one item when asked (a role should make its items small)."""
+    host: str = "127.0.0.1"
+    """The address at which roles reach a server the coordinator opens (a rendezvous store, for instance)."""
+
+    def __init__(self, opts: Any = None):
+        self.opts = opts
+
+    def close(self) -> None:
+        """Give back what the backend itself started (a Ray instance, for one). Idempotent."""
+        return None  # serial and local start nothing beyond their roles, which `RoleGroup.stop` stops
 
     @abstractmethod
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
