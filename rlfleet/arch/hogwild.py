@@ -36,7 +36,9 @@ from torch import nn
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import trainable_params
+from rlfleet.backends import BACKENDS
 from rlfleet.optim import build_optimizer, is_shared
+from rlfleet.run.config import ConfigError
 from rlfleet.run.runner import RunResult, StopRequest
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
@@ -116,6 +118,11 @@ class HogwildRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
+        if not BACKENDS[self.opts.backend].shares_memory:
+            raise ConfigError(
+                f"hogwild updates parameters in shared memory, one machine by nature; the {self.opts.backend} backend "
+                "shares none: use --arch async_grad (asynchronous gradients, A3C's update through one learner)"
+            )
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)

@@ -64,8 +64,18 @@ class ParallelOptions:
     """Seconds a worker may go without a sign of life (it beats between items and while it waits for the
     coordinator) before it is taken for hung, killed and restarted."""
     backend: str = checked("local", one_of(tuple(BACKENDS)))
-    """Where the workers run: local (one process each, on this machine) or serial (one after another in this
-    process, deterministic: tests, debugging)."""
+    """Where the workers run: local (one process each, on this machine), ray (one Ray actor each, on this machine
+    or a Ray cluster) or serial (one after another in this process, deterministic: tests, debugging)."""
+    address: str = ""
+    """ray: the Ray cluster to join (HOST:PORT, or auto); empty: a private Ray instance on 127.0.0.1, started and
+    stopped with the run."""
+    cpus_per_role: float = bounded(1.0, gt=0)
+    """ray: CPUs each worker's actor reserves (and its torch threads)."""
+    gpus_per_role: float = bounded(0.0, ge=0)
+    """ray: GPUs each worker's actor reserves (fractions share one GPU)."""
+    placement: str = ""
+    """ray: custom resources that place the workers, comma-separated: worker i goes to a node offering
+    names[i mod n] (nodes started with --resources '{"name": 8}')."""
 
 
 @dataclass
@@ -157,6 +167,13 @@ class ParallelRunner(RunBase):
                 f"runs {cfg.algo}'s own update), or --set epochs=1 --set minibatch_size="
                 f"{self.algo_cfg.rollout_len * self.algo_cfg.n_envs} (one minibatch: the whole segment)"
             )
+        opts = self.opts
+        if opts.backend != "ray":
+            defaults = ParallelOptions()
+            for name in ("address", "cpus_per_role", "gpus_per_role", "placement"):
+                if getattr(opts, name) != getattr(defaults, name):
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(f"{flag} is an option of the ray backend; add --backend ray (not {opts.backend})")
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(

@@ -1,5 +1,6 @@
 """Backends: where an architecture's roles run (`serial`: in the calling process; `local`: processes on this
-machine), behind the interface in `rlfleet.backends.base`."""
+machine; `ray`: Ray actors, on this machine or a cluster), behind the interface in `rlfleet.backends.base`.
+Ray itself is imported only when a `ray` backend is made (it is an extra)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
 from rlfleet.backends.local import LocalBackend
+from rlfleet.backends.ray_backend import RayBackend
 from rlfleet.backends.serial import SerialBackend
 
-BACKENDS: dict[str, type[Backend]] = {"serial": SerialBackend, "local": LocalBackend}
+BACKENDS: dict[str, type[Backend]] = {"serial": SerialBackend, "local": LocalBackend, "ray": RayBackend}
 
 
 def make_backend(name: str, opts: Any = None) -> Backend:

@@ -94,6 +94,8 @@ class Backend(ABC):
     name: str
     in_process: bool
     """Roles run in the coordinator's process, one item when asked (a role should make its items small)."""
+    shares_memory: bool = True
+    """Roles see the coordinator's networks in place (one machine): what lock-free hogwild updates need."""
     host: str = "127.0.0.1"
     """The address at which roles reach a server the coordinator opens (a rendezvous store, for instance)."""
 

@@ -10,6 +10,23 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+
+
+class _InProcess:
+    """A stand-in for a multiprocessing context whose `RawValue`/`RawArray` are plain objects of one process:
+    the same primitives for a coordinator whose roles share nothing with it (Ray actors). Picklable."""
+
+    @staticmethod
+    def RawValue(typecode: str, value: int) -> SimpleNamespace:  # noqa: N802 (multiprocessing's name)
+        return SimpleNamespace(value=value)
+
+    @staticmethod
+    def RawArray(typecode: str, size: int) -> list[int]:  # noqa: N802
+        return [0] * size
+
+
+IN_PROCESS = _InProcess()
 
 
 class StepCounter:

@@ -1,0 +1,410 @@
+"""The `ray` backend: roles as Ray actors, on this machine or across a Ray cluster.
+
+Each role runs in an actor of its own (`RoleActor`, `--cpus-per-role` / `--gpus-per-role` Ray resources, one
+torch thread per CPU). The coordinator drives it: every item is one call, `produce(global_steps, version,
+weights)`, and a worker has as many calls in flight as it has credits (a call is issued when a credit is
+given back with `release`), so a role is never more than `credits` items ahead, as on the local backend.
+The global step count, the stop flag and the weights' version live in the coordinator only; the step
+count travels with each call.
+
+Weights travel through the object store as a version-tagged state dict. The coordinator's networks (from
+`share`) are published once per version, when a call first needs them (`ray.put` of every tensor, target
+networks included); a call carries the newest version's object only to an actor that does not have it yet,
+and the actor loads it into its replica of the networks before its role produces (the role's
+`weights.read(copy.pull)` then sees exactly that version). Items come back pickled, as through the local
+backend's pipes, so the coordinator gets its own writable arrays.
+
+Reliability: a call that fails (the role raised: its traceback; the actor died: Ray's reason) is reported
+by `check()`, which starts the next incarnation of that worker in a new actor, up to `max_restarts` in all.
+A call that has not returned after `heartbeat_s` (plus a grace for starting the actor) is taken for a hung
+role: its actor is killed and restarted like a dead one. `stop()` kills every actor; `close()` shuts down the
+Ray instance the run started.
+
+Where Ray runs (`--address`):
+
+- empty (the default): a private Ray instance for this run, bound to 127.0.0.1 (no listener on any other
+  interface: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set before Ray is imported), with Ray's token
+  authentication, started in a few seconds and shut down at the end of the run;
+- `HOST:PORT` or `auto`: join an existing cluster (`ray start --head` on one machine, `ray start --address`
+  on the others); it is left running. A token-protected cluster needs `RAY_AUTH_MODE=token` and its token
+  (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment;
+- a Ray connection this process already has (`ray.init` called before the run) is used as it is.
+
+`--placement a,b` places worker i on a node that offers the custom resource `names[i mod n]` (nodes started
+with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, WeightVersion
+
+STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
+PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many roles fit on one node
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
+
+
+def import_ray(private: bool):
+    """Ray, imported so that a private instance listens on loopback only; a clear error if it is missing."""
+    imported = sys.modules.get("ray")
+    if imported is not None and imported.is_initialized():
+        return imported  # connected already: the run uses that connection
+    if private:
+        if imported is not None and os.environ.get(LOOPBACK_ENV) != "0":
+            raise RuntimeError(
+                "ray was imported before rlfleet could bind its private Ray instance to 127.0.0.1: set "
+                f"{LOOPBACK_ENV}=0 in the environment before importing ray, or start Ray yourself and pass --address"
+            )
+        os.environ[LOOPBACK_ENV] = "0"  # read when ray is imported
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--backend ray needs Ray: pip install -e '.[ray]'") from None
+    return ray
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Processes started here ignore Ctrl-C (a terminal sends it to the whole process group): only the
+    coordinator reacts to it, then stops the actors and the instance itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def module_state(modules: dict[str, nn.Module]) -> dict[str, dict[str, np.ndarray]]:
+    """Every network's state dict as NumPy arrays (what is published)."""
+    return {name: {k: v.detach().cpu().numpy() for k, v in m.state_dict().items()} for name, m in modules.items()}
+
+
+@torch.no_grad()
+def load_module_state(modules: dict[str, nn.Module], state: dict[str, dict[str, np.ndarray]]) -> None:
+    """Copy a published state into the networks in place (the role's local copy keeps pointing at them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the object store's arrays are read-only: only read here
+        for name, module in modules.items():
+            for key, tensor in module.state_dict().items():
+                tensor.copy_(torch.as_tensor(state[name][key]))
+
+
+class RoleActor:
+    """One role in a Ray actor: its replica of the coordinator's networks and weight version, and the role."""
+
+    def __init__(self, payload: bytes, worker_id: int, incarnation: int, threads: int):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        torch.set_num_threads(threads)
+        make_role, self.modules, self.weights = pickle.loads(payload)  # one pickle: the role sees these objects
+        self.version = -1
+        self.role = make_role(worker_id, incarnation)
+        self.stop = StopFlag(IN_PROCESS)  # never set: each call makes one item
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def produce(self, global_steps: int, version: int, state: Any) -> bytes:
+        if state is not None:
+            with self.weights.writing():
+                load_module_state(self.modules, state)
+            self.weights.set(version)
+            self.version = version
+        return pickle.dumps(self.role.produce(global_steps, self.stop), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class Worker:
+    """The coordinator's record of one worker: its actor, its calls in flight (oldest first) and its state."""
+
+    def __init__(self, actor, incarnation: int, started: float):
+        self.actor = actor
+        self.incarnation = incarnation
+        self.calls: deque = deque()  # (object ref, time issued)
+        self.ready: deque = deque()  # items received and not yet handed out
+        self.credits = 0  # calls it may still be given
+        self.version = -1  # the weight version its actor has
+        self.started = started
+        self.answered = False  # has it finished a call yet (the grace for starting is over)
+        self.finished = False  # its role said it has nothing more to give (None)
+        self.failure: str | None = None
+
+
+class RayGroup(RoleGroup):
+    """N roles as Ray actors, driven by calls (see the module docstring)."""
+
+    def __init__(self, backend: RayBackend, make_role, n_workers, counter, stop, total_steps, credits, max_restarts,
+                 pids_file, heartbeat_s):  # fmt: skip
+        self.ray = backend.ray
+        self.backend = backend
+        self.make_role = make_role
+        self.n_workers = n_workers
+        self.counter, self.stop_flag, self.total_steps = counter, stop, total_steps
+        self.n_credits = credits or 2  # without credits a worker keeps two calls in flight (pipelined)
+        self.max_restarts = max_restarts
+        self.pids_file = pids_file
+        self.heartbeat_s = heartbeat_s
+        self.incarnations = [0] * n_workers
+        self.restarts = 0
+        self.workers: list[Worker] = []
+        self.crashes: list[Crash] = []
+        self.stopping = False
+        self._next = 0
+        self.workers = [self._start(w) for w in range(n_workers)]
+        self._write_pids()
+        for w in range(n_workers):
+            self._issue(w)
+
+    # ----------------------------------------------------------------------------------------- actors
+    def _start(self, wid: int) -> Worker:
+        opts = self.backend.opts
+        cpus = getattr(opts, "cpus_per_role", 1.0)
+        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": getattr(opts, "gpus_per_role", 0.0),
+                                   "max_restarts": 0, "max_concurrency": 1}  # fmt: skip
+        names = [n for n in getattr(opts, "placement", "").split(",") if n]
+        if names:
+            options["resources"] = {names[wid % len(names)]: PLACEMENT_SHARE}
+        payload = pickle.dumps((self.make_role, self.backend.modules, self.backend.weights))
+        cls = self.ray.remote(RoleActor).options(**options)
+        incarnation = self.incarnations[wid]
+        with _sigint_ignored():
+            actor = cls.remote(payload, wid, incarnation, max(1, int(cpus)))
+        worker = Worker(actor, incarnation, time.monotonic())
+        worker.credits = self.n_credits
+        return worker
+
+    def _write_pids(self) -> None:
+        """`{worker_id: pid}` of the live actors, once they have started (tests kill them through it)."""
+        if self.pids_file is None:
+            return
+        refs = [w.actor.pid.remote() for w in self.workers]
+        deadline = time.monotonic() + STARTUP_GRACE_S
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=STARTUP_GRACE_S)
+        pids = {}
+        for wid, ref in enumerate(refs):
+            if ref in ready:
+                with contextlib.suppress(Exception):  # a dead actor: check() reports it
+                    pids[str(wid)] = self.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        if len(ready) < len(refs):
+            self._unplaceable(len(refs) - len(ready))
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pids))
+        os.replace(tmp, self.pids_file)
+
+    def _unplaceable(self, missing: int) -> None:
+        opts = self.backend.opts
+        raise WorkerFailure(
+            f"{missing} of {self.n_workers} roles did not start within {STARTUP_GRACE_S:.0f} s: the Ray cluster may "
+            f"not have {getattr(opts, 'cpus_per_role', 1.0)} CPU(s), {getattr(opts, 'gpus_per_role', 0.0)} GPU(s)"
+            + (f" and the resource(s) {opts.placement}" if getattr(opts, "placement", "") else "")
+            + f" free per role (it has {self.ray.available_resources()})"
+        )
+
+    def _issue(self, wid: int) -> None:
+        """Give a worker calls up to its credits, while the run wants more items."""
+        worker = self.workers[wid]
+        while worker.credits > 0 and not worker.finished and worker.failure is None and self._wanted():
+            version, state = self.backend.publish(worker.version)
+            ref = worker.actor.produce.remote(int(self.counter.value), version, state)
+            worker.version = version
+            worker.calls.append((ref, time.monotonic()))
+            worker.credits -= 1
+
+    def _wanted(self) -> bool:
+        return not self.stopping and not self.stop_flag.is_set() and self.counter.value < self.total_steps
+
+    def _collect(self, wid: int, ref) -> None:
+        """The result of a worker's oldest call, which has finished: an item, the end of the role, or a failure."""
+        worker = self.workers[wid]
+        worker.calls.popleft()
+        worker.answered = True
+        try:
+            item = pickle.loads(self.ray.get(ref))
+        except Exception as exc:  # the role raised (RayTaskError, with its traceback) or the actor died
+            self._fail(wid, str(exc))
+            return
+        if item is None:
+            worker.finished = True
+        else:
+            worker.ready.append(item)
+
+    def _fail(self, wid: int, text: str) -> None:
+        worker = self.workers[wid]
+        if worker.failure is None:
+            worker.failure = text
+            worker.calls.clear()
+
+    # ----------------------------------------------------------------------------------------- items
+    def _pending(self) -> dict[Any, int]:
+        return {w.calls[0][0]: wid for wid, w in enumerate(self.workers) if w.calls and w.failure is None}
+
+    def get(self, worker_id: int, timeout: float) -> Any | None:
+        worker = self.workers[worker_id]
+        deadline = time.monotonic() + timeout
+        while not worker.ready:
+            if not worker.calls or worker.failure is not None:
+                return None
+            ref = worker.calls[0][0]
+            ready, _ = self.ray.wait([ref], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            self._collect(worker_id, ref)
+        return worker.ready.popleft()
+
+    def get_any(self, timeout: float) -> Any | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in range(self.n_workers):
+                wid = (self._next + i) % self.n_workers
+                if self.workers[wid].ready:
+                    self._next = (wid + 1) % self.n_workers
+                    return self.workers[wid].ready.popleft()
+            pending = self._pending()
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
+                return None
+            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=remaining)
+            for ref in ready:
+                self._collect(pending[ref], ref)
+
+    def release(self, worker_id: int, incarnation: int) -> None:
+        worker = self.workers[worker_id]
+        if incarnation == worker.incarnation:
+            worker.credits += 1
+            self._issue(worker_id)
+        elif self.n_credits is None:
+            self._issue(worker_id)
+
+    # ----------------------------------------------------------------------------------------- health
+    def check(self) -> list[Crash]:
+        if self.stopping:
+            return []
+        self._find_hung()
+        crashes = []
+        for wid, worker in enumerate(self.workers):
+            if worker.failure is None:
+                continue
+            crashes.append(Crash(wid, None, worker.failure))
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                raise WorkerFailure(
+                    f"workers crashed {self.restarts} times (limit {self.max_restarts}); last: {crashes[-1].describe()}"
+                )
+            with contextlib.suppress(Exception):
+                self.ray.kill(worker.actor, no_restart=True)
+            self.incarnations[wid] += 1
+            self.workers[wid] = self._start(wid)
+        if crashes:
+            self._write_pids()
+            for crash in crashes:
+                self._issue(crash.worker)
+        return crashes
+
+    def _find_hung(self) -> None:
+        """A call outstanding for longer than the heartbeat (the first one: plus the start-up grace) is a
+        hung role: its actor is killed, and `check` restarts it."""
+        if self.heartbeat_s is None:
+            return
+        now = time.monotonic()
+        for wid, worker in enumerate(self.workers):
+            if not worker.calls or worker.failure is not None:
+                continue
+            waited = now - worker.calls[0][1]
+            limit = self.heartbeat_s + (0.0 if worker.answered else STARTUP_GRACE_S)
+            if waited > limit and not self.ray.wait([worker.calls[0][0]], timeout=0)[0]:
+                self._fail(wid, f"no heartbeat for {waited:.0f} s (hung), so it was killed")
+
+    def alive(self) -> int:
+        return sum(w.failure is None and not w.finished for w in self.workers) if not self.stopping else 0
+
+    def stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                self.ray.kill(worker.actor, no_restart=True)
+        if self.pids_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.pids_file.unlink()
+
+
+class RayBackend(Backend):
+    """Roles as Ray actors; weights through the object store, tagged with their version."""
+
+    name = "ray"
+    in_process = False
+    shares_memory = False  # every actor has its own replica of the networks
+
+    def __init__(self, opts: Any = None):
+        super().__init__(opts)
+        address = getattr(opts, "address", "") or ""
+        self.ray = import_ray(private=not address)
+        self.started = False  # this run connected to Ray (and shuts the connection down at the end)
+        if not self.ray.is_initialized():
+            self._connect(address)
+            self.started = True
+        self.host = self.ray.util.get_node_ip_address()
+        self.modules: dict[str, nn.Module] = {}
+        self.weights: Any = None
+        self._published: tuple[int, Any] | None = None
+
+    def _connect(self, address: str) -> None:
+        with _sigint_ignored():
+            if address:
+                self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+            else:
+                workers = getattr(self.opts, "workers", 1)
+                cpus = max(os.cpu_count() or 1, int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))
+                self.ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+
+    def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        self.modules = modules  # what `publish` sends; each actor gets its own replica
+        return modules
+
+    def step_counter(self, slots: int) -> StepCounter:
+        return StepCounter(IN_PROCESS, slots)  # the coordinator's alone: each call carries the count
+
+    def stop_flag(self) -> StopFlag:
+        return StopFlag(IN_PROCESS)  # the coordinator's alone: it stops issuing calls
+
+    def weight_version(self) -> WeightVersion:
+        self.weights = WeightVersion(IN_PROCESS)  # `publish` reads it; each actor has a replica
+        return self.weights
+
+    def publish(self, has: int) -> tuple[int, Any]:
+        """(newest version, its object in the store, or None for an actor that `has` it already)."""
+        version = self.weights.version if self.weights is not None else 0
+        if version == has:
+            return version, None
+        if self._published is None or self._published[0] != version:
+            self._published = (version, self.ray.put(module_state(self.modules)))
+        return version, self._published[1]
+
+    def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None,
+              heartbeat_s=None):  # fmt: skip
+        return RayGroup(self, make_role, n_workers, counter, stop, total_steps, credits, max_restarts, pids_file,
+                        heartbeat_s)  # fmt: skip
+
+    def close(self) -> None:
+        self._published = None
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
+        self.started = False
