@@ -53,3 +53,19 @@ def kill_session(sid: int) -> None:
     for pid in session_processes(sid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def ray_processes() -> dict[int, str]:
+    """{pid: command line} of this machine's Ray processes (servers, raylets, workers and actors)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (cmd.startswith("ray::") or "/site-packages/ray/" in cmd):
+            found[int(entry.name)] = cmd
+    return found

@@ -54,3 +54,31 @@ def send_then_hang(worker_id, incarnation, outbox):
     outbox.beat()
     outbox.put((worker_id, incarnation))
     time.sleep(WORKER_TIMEOUT_S)
+
+
+class ScriptedRole:
+    """A role for backend tests (built by `make_role(worker_id, incarnation)` in a worker): each item is
+    `(worker_id, incarnation, n, version, weight)` — the how-manieth item, the published weight version it saw and
+    the first weight of the published network `net`. `fail` says what incarnation 0 does at its second item:
+    "raise", "hang" (no sign of life) or nothing."""
+
+    def __init__(self, worker_id, incarnation, shared, weights, fail=None):
+        self.worker_id, self.incarnation = worker_id, incarnation
+        self.shared, self.weights, self.fail = shared, weights, fail
+        self.n = 0
+
+    def produce(self, global_steps, stop):
+        import time
+
+        self.n += 1
+        if self.incarnation == 0 and self.n == 2:
+            if self.fail == "raise":
+                raise RuntimeError(f"role {self.worker_id} fails on purpose")
+            if self.fail == "hang":
+                time.sleep(WORKER_TIMEOUT_S)
+        seen = {}
+        version = self.weights.read(lambda: seen.update(w=float(self.shared["net"].weight.detach().flatten()[0])), stop)
+        return (self.worker_id, self.incarnation, self.n, version, seen["w"], global_steps)
+
+    def close(self):
+        pass

@@ -45,11 +45,11 @@ class Crash:
     traceback: str | None
 
     def describe(self) -> str:
-        how = f"exit code {self.exitcode}"
+        how = f" (exit code {self.exitcode})" if self.exitcode is not None else ""  # None: not a process we started
         if self.exitcode is not None and self.exitcode < 0:
             with contextlib.suppress(ValueError):
-                how = f"killed by {signal.Signals(-self.exitcode).name}"
-        text = f"worker {self.worker} died ({how})"
+                how = f" (killed by {signal.Signals(-self.exitcode).name})"
+        text = f"worker {self.worker} died{how}"
         return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
 
 

@@ -40,12 +40,15 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,6 +60,7 @@ from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, We
 
 STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
 PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many roles fit on one node
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's error texts
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
 
 
@@ -76,6 +80,18 @@ def import_ray(private: bool):
         import ray
     except ImportError:
         raise RuntimeError("--backend ray needs Ray: pip install -e '.[ray]'") from None
+    return ray
+
+
+def start_private_instance(min_cpus: int = 1):
+    """Start a Ray instance of this machine for this process alone: every listener on 127.0.0.1, token
+    authentication on (Ray's default for a local instance), Ctrl-C ignored by its processes, at least
+    `min_cpus` CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`;
+    `ray.shutdown()` stops it."""
+    ray = import_ray(private=True)
+    with _sigint_ignored():
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
+                 logging_level="WARNING")  # fmt: skip
     return ray
 
 
@@ -108,6 +124,13 @@ def load_module_state(modules: dict[str, nn.Module], state: dict[str, dict[str, 
                 tensor.copy_(torch.as_tensor(state[name][key]))
 
 
+@dataclass
+class RoleError:
+    """What a call returns when its role raised: the traceback, as the role's process wrote it."""
+
+    traceback: str
+
+
 class RoleActor:
     """One role in a Ray actor: its replica of the coordinator's networks and weight version, and the role."""
 
@@ -119,8 +142,12 @@ class RoleActor:
         self.role = make_role(worker_id, incarnation)
         self.stop = StopFlag(IN_PROCESS)  # never set: each call makes one item
 
-    def pid(self) -> int:
-        return os.getpid()
+    def where(self) -> dict[str, Any]:
+        """The actor's process and node."""
+        import ray  # in the actor, where Ray is imported already
+
+        node = ray.get_runtime_context().get_node_id()
+        return {"pid": os.getpid(), "node": node, "ip": ray.util.get_node_ip_address()}
 
     def produce(self, global_steps: int, version: int, state: Any) -> bytes:
         if state is not None:
@@ -128,7 +155,11 @@ class RoleActor:
                 load_module_state(self.modules, state)
             self.weights.set(version)
             self.version = version
-        return pickle.dumps(self.role.produce(global_steps, self.stop), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            item = self.role.produce(global_steps, self.stop)
+        except Exception:
+            item = RoleError(traceback.format_exc())  # sent home like an item; the coordinator restarts the actor
+        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class Worker:
@@ -181,7 +212,7 @@ class RayGroup(RoleGroup):
         names = [n for n in getattr(opts, "placement", "").split(",") if n]
         if names:
             options["resources"] = {names[wid % len(names)]: PLACEMENT_SHARE}
-        payload = pickle.dumps((self.make_role, self.backend.modules, self.backend.weights))
+        payload = self.ray.cloudpickle.dumps((self.make_role, self.backend.modules, self.backend.weights))
         cls = self.ray.remote(RoleActor).options(**options)
         incarnation = self.incarnations[wid]
         with _sigint_ignored():
@@ -191,22 +222,23 @@ class RayGroup(RoleGroup):
         return worker
 
     def _write_pids(self) -> None:
-        """`{worker_id: pid}` of the live actors, once they have started (tests kill them through it)."""
-        if self.pids_file is None:
-            return
-        refs = [w.actor.pid.remote() for w in self.workers]
-        deadline = time.monotonic() + STARTUP_GRACE_S
+        """Once the actors have started: `{worker_id: pid}` in `pids_file` (tests kill them through it) and
+        `{worker_id: {pid, node, ip}}` in `actors.json` beside it (where each worker runs)."""
+        refs = [w.actor.where.remote() for w in self.workers]
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=STARTUP_GRACE_S)
-        pids = {}
-        for wid, ref in enumerate(refs):
-            if ref in ready:
-                with contextlib.suppress(Exception):  # a dead actor: check() reports it
-                    pids[str(wid)] = self.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         if len(ready) < len(refs):
             self._unplaceable(len(refs) - len(ready))
-        tmp = self.pids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(pids))
-        os.replace(tmp, self.pids_file)
+        places = {}
+        for wid, ref in enumerate(refs):
+            with contextlib.suppress(Exception):  # a dead actor: check() reports it
+                places[str(wid)] = self.ray.get(ref)
+        if self.pids_file is None:
+            return
+        for path, content in ((self.pids_file, {w: p["pid"] for w, p in places.items()}),
+                              (self.pids_file.with_name("actors.json"), places)):  # fmt: skip
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(content))
+            os.replace(tmp, path)
 
     def _unplaceable(self, missing: int) -> None:
         opts = self.backend.opts
@@ -237,10 +269,12 @@ class RayGroup(RoleGroup):
         worker.answered = True
         try:
             item = pickle.loads(self.ray.get(ref))
-        except Exception as exc:  # the role raised (RayTaskError, with its traceback) or the actor died
-            self._fail(wid, str(exc))
+        except Exception as exc:  # the actor died (killed, out of memory, its node gone): Ray's reason
+            self._fail(wid, ANSI.sub("", str(exc)))
             return
-        if item is None:
+        if isinstance(item, RoleError):
+            self._fail(wid, item.traceback)
+        elif item is None:
             worker.finished = True
         else:
             worker.ready.append(item)
@@ -342,8 +376,9 @@ class RayGroup(RoleGroup):
             with contextlib.suppress(Exception):
                 self.ray.kill(worker.actor, no_restart=True)
         if self.pids_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.pids_file.unlink()
+            for path in (self.pids_file, self.pids_file.with_name("actors.json")):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
 
 
 class RayBackend(Backend):
@@ -367,13 +402,12 @@ class RayBackend(Backend):
         self._published: tuple[int, Any] | None = None
 
     def _connect(self, address: str) -> None:
-        with _sigint_ignored():
-            if address:
+        if address:
+            with _sigint_ignored():
                 self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
-            else:
-                workers = getattr(self.opts, "workers", 1)
-                cpus = max(os.cpu_count() or 1, int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))
-                self.ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+        else:
+            workers = getattr(self.opts, "workers", 1)
+            start_private_instance(int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         self.modules = modules  # what `publish` sends; each actor gets its own replica

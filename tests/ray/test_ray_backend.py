@@ -1,0 +1,219 @@
+"""The `ray` backend: roles as Ray actors on a private loopback instance (one per module). Credits and published
+weights, crashes with their traceback, killed and hung actors restarted, the same weights as the serial backend,
+and A2C solving CartPole-v1 with two actors on data_parallel, grad_parallel and async_grad (one killed mid-run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from spawned import ScriptedRole
+
+from rlfleet.arch.parallel import ParallelOptions
+from rlfleet.backends import WorkerFailure
+from rlfleet.backends.ray_backend import RayBackend
+from rlfleet.launch import train
+from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import ConfigError
+
+pytestmark = pytest.mark.usefixtures("ray_instance")
+
+
+def start_group(tmp_path: Path, n: int = 2, credits: int | None = 1, fail=None, **kwargs):
+    backend = RayBackend(ParallelOptions(backend="ray", workers=n))
+    shared = backend.share({"net": torch.nn.Linear(2, 1)})
+    with torch.no_grad():
+        shared["net"].weight.fill_(1.0)
+    weights, counter, stop = backend.weight_version(), backend.step_counter(1), backend.stop_flag()
+    make_role = partial(ScriptedRole, shared=shared, weights=weights, fail=fail)
+    group = backend.start(make_role, n, counter, stop, total_steps=1_000, credits=credits,
+                          pids_file=tmp_path / "workers.json", **kwargs)  # fmt: skip
+    return backend, group, shared, weights, counter
+
+
+def test_roles_run_at_most_their_credits_ahead_and_act_with_the_newest_published_weights(tmp_path):
+    backend, group, shared, weights, counter = start_group(tmp_path)
+    try:
+        first = [group.get(w, 60) for w in range(2)]
+        assert [item[:5] for item in first] == [(0, 0, 1, 0, 1.0), (1, 0, 1, 0, 1.0)]
+        assert group.get(0, 0.5) is None  # one credit: nothing more until the coordinator has used that item
+        with weights.writing(), torch.no_grad():
+            shared["net"].weight.fill_(5.0)
+        counter.add(123)
+        group.release(0, 0)
+        assert group.get(0, 30) == (0, 0, 2, 1, 5.0, 123)  # version 1, its weights, the step count of the call
+        assert group.get_any(0.5) is None  # worker 1 has not been given its credit back
+        places = json.loads((tmp_path / "actors.json").read_text())
+        assert set(places) == {"0", "1"} and all(p["ip"] == "127.0.0.1" for p in places.values())
+        assert json.loads((tmp_path / "workers.json").read_text()) == {w: p["pid"] for w, p in places.items()}
+    finally:
+        group.stop()
+        backend.close()
+    assert not (tmp_path / "workers.json").exists()
+
+
+def test_weights_are_put_in_the_object_store_once_per_version(tmp_path):
+    backend = RayBackend(ParallelOptions(backend="ray"))
+    backend.share({"net": torch.nn.Linear(2, 1)})
+    weights = backend.weight_version()
+    version, first = backend.publish(has=-1)
+    assert version == 0 and first is not None
+    assert backend.publish(has=-1)[1] is first  # the same object for every actor that lacks it
+    assert backend.publish(has=0) == (0, None)  # an actor that has it gets nothing
+    with weights.writing():
+        pass
+    version, second = backend.publish(has=0)
+    assert version == 1 and second is not None and second is not first
+
+
+def test_a_role_that_raises_is_reported_with_its_traceback_and_restarted(tmp_path):
+    backend, group, *_ = start_group(tmp_path, n=1, fail="raise")
+    try:
+        assert group.get(0, 60)[:3] == (0, 0, 1)
+        group.release(0, 0)
+        deadline = time.monotonic() + 30
+        while not (crashes := group.check()):
+            assert group.get(0, 0.2) is None and time.monotonic() < deadline
+        assert len(crashes) == 1 and "role 0 fails on purpose" in crashes[0].describe()
+        assert "Traceback" in crashes[0].describe()
+        assert group.incarnations == [1] and group.restarts == 1
+        assert group.get(0, 60)[:3] == (0, 1, 1)  # the next incarnation, from its first item
+    finally:
+        group.stop()
+
+
+def test_a_killed_actor_is_reported_and_restarted_and_the_restart_limit_holds(tmp_path):
+    backend, group, *_ = start_group(tmp_path, n=1, credits=2, max_restarts=1)
+    try:
+        assert group.get(0, 60) is not None
+        for kill in range(2):
+            pid = json.loads((tmp_path / "workers.json").read_text())["0"]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            crashes = []
+            while not crashes:
+                group.get(0, 0.2)
+                assert time.monotonic() < deadline, "the killed actor was not noticed"
+                if kill == 1:
+                    with pytest.raises(WorkerFailure, match="limit 1"):
+                        group.check()
+                    return
+                crashes = group.check()
+            assert "died" in crashes[0].describe()
+            assert group.get(0, 60)[1] == 1  # the restarted incarnation produces
+    finally:
+        group.stop()
+
+
+def test_a_hung_role_is_killed_for_want_of_a_heartbeat_and_restarted(tmp_path):
+    backend, group, *_ = start_group(tmp_path, n=1, fail="hang", heartbeat_s=1.0)
+    try:
+        assert group.get(0, 60)[:3] == (0, 0, 1)
+        group.release(0, 0)
+        deadline = time.monotonic() + 30
+        while not (crashes := group.check()):
+            assert group.get(0, 0.2) is None and time.monotonic() < deadline
+        assert "no heartbeat" in crashes[0].describe()
+        assert group.get(0, 60)[:2] == (0, 1)
+    finally:
+        group.stop()
+
+
+@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
+def test_ray_and_serial_backends_end_with_the_same_weights(arch, run_opts):
+    runs = {backend: train("a2c", "CartPole-v1", arch=arch, workers=1, backend=backend, steps=1_200, seed=3,
+                           eval_every=1_200, eval_episodes=1, stop_return=1e9, name=backend, **run_opts)
+            for backend in ("serial", "ray")}  # fmt: skip
+    a, b = (load_checkpoint(runs[k]["checkpoint"])["algo"]["model"] for k in ("serial", "ray"))
+    assert runs["ray"]["updates"] == runs["serial"]["updates"] > 0
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_hogwild_and_ray_only_options_are_refused_clearly(run_opts):
+    with pytest.raises(ConfigError, match="hogwild updates parameters in shared memory.*--arch async_grad"):
+        train("a3c", "CartPole-v1", arch="hogwild", backend="ray", **run_opts)
+    with pytest.raises(ConfigError, match="--address is an option of the ray backend; add --backend ray"):
+        train("a2c", "CartPole-v1", arch="data_parallel", address="auto", **run_opts)
+
+
+def test_the_private_instance_listens_on_loopback_only(ray_instance):
+    from procs import ray_processes
+
+    inodes = set()
+    for pid in ray_processes():
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, owned by a Ray process
+                listening.append(fields[1])
+    assert len(listening) >= 3  # GCS, raylet, object manager at least
+    # 127.0.0.1, ::1 and ::ffff:127.0.0.1, as /proc writes them
+    loopback = ("0100007F:", "00000000000000000000000001000000:", "0000000000000000FFFF00000100007F:")
+    assert all(address.startswith(loopback) for address in listening), listening
+
+
+# ------------------------------------------------------------------------------------------------------ learning
+BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000}  # as on the local backend
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("arch", list(BUDGETS))
+def test_a2c_solves_cartpole_with_two_ray_actors(arch, run_opts):
+    result = train("a2c", "CartPole-v1", arch=arch, workers=2, backend="ray", steps=BUDGETS[arch], seed=0,
+                   eval_every=5_000, **run_opts)  # fmt: skip
+    assert result["solved"], f"a2c on {arch} with ray: {result.result}"
+    assert result["eval_return_mean"] >= 475
+
+
+@pytest.mark.learning
+def test_an_actor_killed_mid_run_is_restarted_and_the_run_still_solves(run_opts, tmp_path):
+    run = tmp_path / "killed"
+    killed: list[int] = []
+
+    def kill_one_actor() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            try:
+                pids = json.loads((run / "workers.json").read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                time.sleep(0.1)
+                continue
+            time.sleep(0.3)  # the actors are producing
+            os.kill(pids["0"], signal.SIGKILL)
+            killed.append(pids["0"])
+
+    killer = threading.Thread(target=kill_one_actor, daemon=True)
+    killer.start()
+    result = train(
+        "a2c",
+        "CartPole-v1",
+        arch="async_grad",
+        workers=2,
+        backend="ray",
+        steps=150_000,
+        seed=0,
+        eval_every=10_000,
+        name="killed",
+        **run_opts,
+    )  # fmt: skip (the first evaluation after the kill)
+    killer.join(timeout=1)
+    assert killed, "no actor was killed"
+    log = (run / "workers.log").read_text()
+    assert "worker 0 died" in log and "restarting it" in log, log
+    assert result["solved"], result.result
