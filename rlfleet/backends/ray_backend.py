@@ -375,10 +375,9 @@ class RayGroup(RoleGroup):
         for worker in self.workers:
             with contextlib.suppress(Exception):
                 self.ray.kill(worker.actor, no_restart=True)
-        if self.pids_file is not None:
-            for path in (self.pids_file, self.pids_file.with_name("actors.json")):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+        if self.pids_file is not None:  # actors.json stays: where the workers ran
+            with contextlib.suppress(FileNotFoundError):
+                self.pids_file.unlink()
 
 
 class RayBackend(Backend):

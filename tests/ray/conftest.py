@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray is imported: every listener on 127.0.0.1
+os.environ["RAY_AUTH_MODE"] = "token"  # read at import too: token authentication also for the simulated clusters
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 TESTS = str(Path(__file__).resolve().parents[1])

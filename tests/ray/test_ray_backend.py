@@ -56,7 +56,7 @@ def test_roles_run_at_most_their_credits_ahead_and_act_with_the_newest_published
     finally:
         group.stop()
         backend.close()
-    assert not (tmp_path / "workers.json").exists()
+    assert not (tmp_path / "workers.json").exists() and (tmp_path / "actors.json").exists()
 
 
 def test_weights_are_put_in_the_object_store_once_per_version(tmp_path):
