@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.base import (
+    Backend,
+    Crash,
+    Pending,
+    RoleGroup,
+    ServiceError,
+    ServiceGroup,
+    ServiceHandle,
+    ServiceUnavailable,
+    WorkerFailure,
+)
 from rlfleet.backends.local import LocalBackend
 from rlfleet.backends.serial import SerialBackend
 
@@ -19,4 +29,16 @@ def make_backend(name: str, opts: Any = None) -> Backend:
     return BACKENDS[name](opts)
 
 
-__all__ = ["BACKENDS", "Backend", "Crash", "RoleGroup", "WorkerFailure", "make_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Crash",
+    "Pending",
+    "RoleGroup",
+    "ServiceError",
+    "ServiceGroup",
+    "ServiceHandle",
+    "ServiceUnavailable",
+    "WorkerFailure",
+    "make_backend",
+]
