@@ -23,7 +23,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy, algo_modules
-from rlfleet.backends import BACKENDS, RoleGroup, make_backend
+from rlfleet.backends import BACKENDS, RoleGroup, ServiceGroup, make_backend
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
@@ -84,13 +84,14 @@ class WorkerActor:
     over them and, for rollout algorithms, the `RolloutStorage` its segments are collected into.
 
     `share_frozen` is `LocalCopy`'s: True where workers update the shared networks themselves (hogwild),
-    False where only the learner or centre does (data_parallel, grad_parallel).
+    False where only the learner or centre does (data_parallel, grad_parallel). With `shared=None` (the
+    param_server, whose workers pull the weights from its servers) there is no `LocalCopy` (`copy` is None).
     """
 
     def __init__(
         self,
         spec: WorkerSpec,
-        shared: dict[str, torch.nn.Module],
+        shared: dict[str, torch.nn.Module] | None,
         worker_id: int,
         incarnation: int = 0,
         share_frozen: bool = True,
@@ -103,7 +104,7 @@ class WorkerActor:
         self.worker_id = worker_id
         self.incarnation = incarnation
         self.algo = algo_cls(cfg, spec.observation_space, spec.action_space, seed=seed)
-        self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen)
+        self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen) if shared is not None else None
         self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
         self.collector = Collector(self.envs, self.algo, seed=seed)
         self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs) if self.algo.data == "rollout" else None
@@ -135,7 +136,7 @@ class Producer(WorkerActor, ABC):
 
 
 class ParallelRunner(RunBase):
-    """Base of the `hogwild`, `data_parallel` and `grad_parallel` runners (not used on its own)."""
+    """Base of the `hogwild`, `data_parallel`, `grad_parallel` and `param_server` runners (not used on its own)."""
 
     arch = "parallel"
     """Name of the architecture; also the checkpoint entry of its counters."""
@@ -249,12 +250,15 @@ class ParallelRunner(RunBase):
             heartbeat_s=self.opts.heartbeat_s,
         )
 
-    def stop_roles(self, stop_flag, pool: RoleGroup | None) -> None:
-        """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped) and give back
-        what the backend started. Idempotent: the end of a run and its `finally` both call it."""
+    def stop_roles(self, stop_flag, pool: RoleGroup | None, services: ServiceGroup | None = None) -> None:
+        """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped), then the
+        services, and give back what the backend started. Idempotent: the end of a run and its `finally` both
+        call it."""
         stop_flag.set()
         if pool is not None:
             pool.stop()
+        if services is not None:
+            services.stop()
         self.backend.close()
 
     def restart_crashed(self, pool, logger, how: str) -> None:
