@@ -115,7 +115,7 @@ def test_param_server_sigkilled_server_and_worker_are_restarted_and_the_run_fini
     assert load_checkpoint(run)["param_server"]["version"] > 0
 
 
-@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
+@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel", "param_server"])
 def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", arch, "--workers", "2", "--steps", "10000000",
                  "--stop-return", "1e9")  # fmt: skip
@@ -123,7 +123,7 @@ def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     try:
         wait_for_workers(proc, run, 2)
         time.sleep(1)
-        assert len(session_processes(sid)) >= 3  # the learner and both workers
+        assert len(session_processes(sid)) >= 3  # the learner and both workers (and param_server's servers)
         os.killpg(sid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err

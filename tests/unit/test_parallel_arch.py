@@ -365,6 +365,20 @@ def test_param_server_with_a_target_network_is_async_gradients(run_opts):
     assert not torch.equal(sa["q"][next(iter(sa["q"]))], sa["q_target"][next(iter(sa["q_target"]))])
 
 
+def test_param_server_resumes_its_servers_from_the_checkpoint(run_opts, tmp_path):
+    """The checkpoint holds the servers' optimizer states as one (split again over the shards on resume) and their
+    version; the resumed servers go on from there."""
+    common = dict(workers=2, backend="serial", stop_return=1e9, eval_every=1_024, **run_opts)
+    first = train("a2c", "CartPole-v1", arch="param_server", shards=3, steps=1_024, name="r", **common).result
+    saved = load_checkpoint(tmp_path / "r")["param_server"]
+    assert saved["version"] == first["updates"] == 8 and int(saved["optimizer"]["state"][0]["step"]) == 8
+    assert saved["optimizer"]["state"][0]["square_avg"].abs().min() > 0  # every shard's part is there
+    resumed = train(resume=tmp_path / "r", steps=2_048, progress=False).result
+    again = load_checkpoint(tmp_path / "r")["param_server"]
+    assert resumed["updates"] == 16 and again["version"] == 16
+    assert int(again["optimizer"]["state"][0]["step"]) == 16  # the servers' optimizers went on from the checkpoint
+
+
 @pytest.mark.parametrize(
     "shards, problem",
     [
