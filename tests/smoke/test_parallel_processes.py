@@ -140,17 +140,22 @@ def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     assert saved[arch]["version"] > 0
 
 
-def test_workers_leave_when_the_learner_is_killed(tmp_path):
-    """SIGKILL gives the learner no chance to stop its workers: they notice and exit by themselves."""
-    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "grad_parallel", "--workers", "2",
+@pytest.mark.parametrize("arch", ["grad_parallel", "param_server"])
+def test_workers_leave_when_the_learner_is_killed(tmp_path, arch):
+    """SIGKILL gives the learner no chance to stop its workers (and param_server's servers): they notice and exit
+    by themselves."""
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", arch, "--workers", "2",
                  "--steps", "10000000", "--stop-return", "1e9")  # fmt: skip
     sid, run = proc.pid, tmp_path / "r"
     try:
-        pids = wait_for_workers(proc, run, 2)
+        pids = list(wait_for_workers(proc, run, 2).values())
+        if arch == "param_server":
+            pids += json.loads((run / "servers.json").read_text()).values()
+            assert len(pids) == 4
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
         left = wait_until_gone(sid, timeout=15)
-        assert not any(pid in left for pid in pids.values()), left
+        assert not any(pid in left for pid in pids), left
     finally:
         if proc.poll() is None:
             os.killpg(sid, signal.SIGKILL)
