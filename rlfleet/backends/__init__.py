@@ -1,5 +1,5 @@
-"""Backends: where an architecture's roles run (`serial`: in the calling process; `local`: processes on this
-machine), behind the interface in `rlfleet.backends.base`."""
+"""Backends: where an architecture's roles and services run (`serial`: in the calling process; `local`: processes on
+this machine), behind the interface in `rlfleet.backends.base`."""
 
 from __future__ import annotations
 
