@@ -54,7 +54,7 @@ from torch import nn
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
-from rlfleet.backends import Pending, ServiceHandle
+from rlfleet.backends import BACKENDS, Pending, ServiceHandle
 from rlfleet.fields import bounded
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
@@ -281,6 +281,12 @@ class ParamServerRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
+        if not BACKENDS[self.opts.backend].has_services:
+            with_services = ", ".join(name for name, cls in BACKENDS.items() if cls.has_services)
+            raise ConfigError(
+                f"param_server's servers are backend services, which the {self.opts.backend} backend does not "
+                f"start; use --backend {with_services}"
+            )
         size = sum(p.numel() for p in trainable_params(algo_modules(self.algo)))
         if self.opts.shards > size:
             raise ConfigError(

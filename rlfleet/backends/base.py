@@ -32,6 +32,8 @@ times (`serial`: in the calling process; `local`: one `spawn`ed process each) an
   `TimeoutError` when its timeout comes first (the call stays pending), so a coordinator that restarts the
   services itself can wait in slices and `check()` in between.
 - `stop()`: ends every service. Idempotent.
+
+A backend that implements services says so (`has_services`); the base's `start_services` refuses.
 """
 
 from __future__ import annotations
@@ -170,6 +172,8 @@ class Backend(ABC):
     """Roles run in the coordinator's process, one item when asked (a role should make its items small)."""
     host: str = "127.0.0.1"
     """The address at which roles reach a server the coordinator opens (a rendezvous store, for instance)."""
+    has_services: bool = False
+    """It implements `start_services` (architectures that need services refuse the others before they start)."""
 
     def __init__(self, opts: Any = None):
         self.opts = opts
@@ -212,7 +216,6 @@ class Backend(ABC):
         step count of `counter` until it reaches `total_steps` or `stop` is set. A role that shows no sign of
         life for `heartbeat_s` seconds (hung, not dead) is killed and restarted like a crashed one."""
 
-    @abstractmethod
     def start_services(
         self,
         make_service: Callable[[int, int], Any],
@@ -223,4 +226,5 @@ class Backend(ABC):
     ) -> ServiceGroup:
         """Start `n` services made by `make_service(index, incarnation)` (picklable where services are processes);
         `name` is what their crashes are reported as; `pids_file`, if given, holds `{index: pid}` of the live
-        ones (where they are processes)."""
+        ones (where they are processes). A backend without services says so."""
+        raise NotImplementedError(f"the {self.name} backend cannot start {name}s (no services)")

@@ -326,6 +326,7 @@ class LocalBackend(Backend):
 
     name = "local"
     in_process = False
+    has_services = True
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         for module in modules.values():

@@ -101,6 +101,7 @@ class SerialBackend(Backend):
 
     name = "serial"
     in_process = True
+    has_services = True
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         return modules  # the roles live in this process: nothing needs to move to shared memory

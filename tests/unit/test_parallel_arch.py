@@ -18,6 +18,7 @@ from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import share_algo, trainable_params
+from rlfleet.backends.serial import SerialBackend
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.launch import train
@@ -392,3 +393,10 @@ def test_param_server_resumes_its_servers_from_the_checkpoint(run_opts, tmp_path
 def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run_opts):
     with pytest.raises(ConfigError, match=problem):
         train("a2c", "CartPole-v1", arch="param_server", shards=shards, backend="serial", **run_opts)
+
+
+def test_param_server_refuses_a_backend_without_services(monkeypatch, run_opts):
+    monkeypatch.setattr(SerialBackend, "has_services", False)
+    with pytest.raises(ConfigError, match="^param_server's servers are backend services, which the serial backend "
+                                          "does not start; use --backend local$"):  # fmt: skip
+        train("a2c", "CartPole-v1", arch="param_server", backend="serial", **run_opts)
