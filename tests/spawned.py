@@ -82,3 +82,60 @@ class ScriptedRole:
 
     def close(self):
         pass
+
+
+class Tally:
+    """Service: a running total, and calls that say who answers, echo, hold the service or raise."""
+
+    def __init__(self, index, incarnation):
+        self.index, self.incarnation, self.total = index, incarnation, 0
+
+    def add(self, n):
+        self.total += n
+        return self.total
+
+    def whoami(self):
+        import os
+
+        return self.index, self.incarnation, os.getpid()
+
+    def echo(self, payload):
+        return len(payload)
+
+    def hold(self, seconds):
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
+    def fail(self):
+        raise ValueError("fails on purpose")
+
+
+def make_tally(index, incarnation):
+    return Tally(index, incarnation)
+
+
+def make_tally_failing_first(index, incarnation):
+    if incarnation == 0:
+        raise RuntimeError(f"service {index} fails to start on purpose")
+    return Tally(index, incarnation)
+
+
+def call_service(handle, method, args, times, conn):
+    """Client process: call `handle.method(*args)` `times` times and send each result home."""
+    for _ in range(times):
+        conn.send(handle.call(method, *args))
+
+
+def flood_service(handle, size):
+    """Client process: echo payloads of `size` bytes as fast as the service answers (to be killed mid-message)."""
+    payload = b"x" * size
+    while True:
+        handle.call("echo", payload)
+
+
+def hold_service(handle, seconds, started):
+    """Client process: hold the service for `seconds` in one call (to be killed while the service runs it)."""
+    started.set()
+    handle.call("hold", seconds)

@@ -23,7 +23,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy, algo_modules
-from rlfleet.backends import BACKENDS, RoleGroup, make_backend
+from rlfleet.backends import BACKENDS, RoleGroup, ServiceGroup, make_backend
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
@@ -70,12 +70,12 @@ class ParallelOptions:
     """ray: the Ray cluster to join (HOST:PORT, or auto); empty: a private Ray instance on 127.0.0.1, started and
     stopped with the run."""
     cpus_per_role: float = bounded(1.0, gt=0)
-    """ray: CPUs each worker's actor reserves (and its torch threads)."""
+    """ray: CPUs each worker's actor reserves (and its torch threads); services (parameter servers) reserve none."""
     gpus_per_role: float = bounded(0.0, ge=0)
     """ray: GPUs each worker's actor reserves (fractions share one GPU)."""
     placement: str = ""
-    """ray: custom resources that place the workers, comma-separated: worker i goes to a node offering
-    names[i mod n] (nodes started with --resources '{"name": 8}')."""
+    """ray: custom resources that place the workers (and services), comma-separated: worker i goes to a node
+    offering names[i mod n] (nodes started with --resources '{"name": 8}')."""
 
 
 @dataclass
@@ -94,13 +94,14 @@ class WorkerActor:
     over them and, for rollout algorithms, the `RolloutStorage` its segments are collected into.
 
     `share_frozen` is `LocalCopy`'s: True where workers update the shared networks themselves (hogwild),
-    False where only the learner or centre does (data_parallel, grad_parallel).
+    False where only the learner or centre does (data_parallel, grad_parallel). With `shared=None` (the
+    param_server, whose workers pull the weights from its servers) there is no `LocalCopy` (`copy` is None).
     """
 
     def __init__(
         self,
         spec: WorkerSpec,
-        shared: dict[str, torch.nn.Module],
+        shared: dict[str, torch.nn.Module] | None,
         worker_id: int,
         incarnation: int = 0,
         share_frozen: bool = True,
@@ -113,7 +114,7 @@ class WorkerActor:
         self.worker_id = worker_id
         self.incarnation = incarnation
         self.algo = algo_cls(cfg, spec.observation_space, spec.action_space, seed=seed)
-        self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen)
+        self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen) if shared is not None else None
         self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
         self.collector = Collector(self.envs, self.algo, seed=seed)
         self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs) if self.algo.data == "rollout" else None
@@ -145,7 +146,7 @@ class Producer(WorkerActor, ABC):
 
 
 class ParallelRunner(RunBase):
-    """Base of the `hogwild`, `data_parallel` and `grad_parallel` runners (not used on its own)."""
+    """Base of the `hogwild`, `data_parallel`, `grad_parallel` and `param_server` runners (not used on its own)."""
 
     arch = "parallel"
     """Name of the architecture; also the checkpoint entry of its counters."""
@@ -266,12 +267,15 @@ class ParallelRunner(RunBase):
             heartbeat_s=self.opts.heartbeat_s,
         )
 
-    def stop_roles(self, stop_flag, pool: RoleGroup | None) -> None:
-        """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped) and give back
-        what the backend started. Idempotent: the end of a run and its `finally` both call it."""
+    def stop_roles(self, stop_flag, pool: RoleGroup | None, services: ServiceGroup | None = None) -> None:
+        """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped), then the
+        services, and give back what the backend started. Idempotent: the end of a run and its `finally` both
+        call it."""
         stop_flag.set()
         if pool is not None:
             pool.stop()
+        if services is not None:
+            services.stop()
         self.backend.close()
 
     def restart_crashed(self, pool, logger, how: str) -> None:

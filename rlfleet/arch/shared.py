@@ -35,6 +35,12 @@ def _frozen(module: nn.Module) -> bool:
     return not any(p.requires_grad for p in module.parameters())
 
 
+def frozen_state(modules: dict[str, nn.Module]) -> list[torch.Tensor]:
+    """The state of the networks without trainable parameters (target networks and their sync clocks), as the
+    live tensors of their `state_dict`s, in order: what a learner's `schedule` changes besides the learning rate."""
+    return [t for module in modules.values() if _frozen(module) for t in module.state_dict().values()]
+
+
 class LocalCopy:
     """A worker's algorithm object tied to the shared networks: `pull()` copies the shared weights in,
     `push_grads()` hands the local gradients to the shared parameters (for an optimizer over them).

@@ -1,12 +1,22 @@
-"""Backends: where an architecture's roles run (`serial`: in the calling process; `local`: processes on this
-machine; `ray`: Ray actors, on this machine or a cluster), behind the interface in `rlfleet.backends.base`.
+"""Backends: where an architecture's roles and services run (`serial`: in the calling process; `local`: processes on
+this machine; `ray`: Ray actors, on this machine or a cluster), behind the interface in `rlfleet.backends.base`.
 Ray itself is imported only when a `ray` backend is made (it is an extra)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.base import (
+    Backend,
+    Crash,
+    Pending,
+    RoleGroup,
+    ServiceError,
+    ServiceGroup,
+    ServiceHandle,
+    ServiceUnavailable,
+    WorkerFailure,
+)
 from rlfleet.backends.local import LocalBackend
 from rlfleet.backends.ray_backend import RayBackend
 from rlfleet.backends.serial import SerialBackend
@@ -21,4 +31,16 @@ def make_backend(name: str, opts: Any = None) -> Backend:
     return BACKENDS[name](opts)
 
 
-__all__ = ["BACKENDS", "Backend", "Crash", "RoleGroup", "WorkerFailure", "make_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Crash",
+    "Pending",
+    "RoleGroup",
+    "ServiceError",
+    "ServiceGroup",
+    "ServiceHandle",
+    "ServiceUnavailable",
+    "WorkerFailure",
+    "make_backend",
+]

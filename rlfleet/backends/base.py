@@ -14,6 +14,26 @@ which backend it has.
 
 What the coordinator and its roles share (the networks, the step counter, the stop flag, the weight version)
 comes from the backend too (`share`, `step_counter`, `stop_flag`, `weight_version`).
+
+Services: long-lived objects that roles (and the coordinator) call directly, such as the shards of a parameter
+server. `Backend.start_services(make_service, n, max_restarts)` builds `make_service(index, incarnation)` n
+times (`serial`: in the calling process; `local`: one `spawn`ed process each) and returns a `ServiceGroup`:
+
+- `handles[i]`: a picklable `ServiceHandle` of service i, to pass to roles (in any process) or use in the
+  coordinator: `call(method, *args)` runs `service.method(*args)` and returns its result (or raises
+  `ServiceError` with the service's traceback); `submit(method, *args)` sends the call and returns a
+  `Pending` at once, whose `result(timeout=None)` waits for it (push to S services, then wait for all).
+  A service runs its calls one at a time, in the order they arrive (as a Ray actor does). Arguments and
+  results travel by value (pickled), never through shared memory.
+- `check()`: the services that died since the last check (`Crash`, with their traceback where they raised),
+  each restarted as its next incarnation (`make_service(index, incarnation + 1)`), up to `max_restarts` in
+  all. Handles keep working across a restart: a call cut short by the service's death is sent again to its
+  next incarnation (at least once), within the handle's `reconnect_s`; `result(timeout)` raises
+  `TimeoutError` when its timeout comes first (the call stays pending), so a coordinator that restarts the
+  services itself can wait in slices and `check()` in between.
+- `stop()`: ends every service. Idempotent.
+
+A backend that implements services says so (`has_services`); the base's `start_services` refuses.
 """
 
 from __future__ import annotations
@@ -38,18 +58,28 @@ class WorkerFailure(RuntimeError):
     """Workers kept crashing: more restarts than the run allows."""
 
 
+class ServiceError(RuntimeError):
+    """A service's method raised: the message holds the service's traceback."""
+
+
+class ServiceUnavailable(ConnectionError):
+    """A service could not be reached (dead and not restarted) for longer than its handle waits."""
+
+
 @dataclass
 class Crash:
     worker: int
     exitcode: int | None
     traceback: str | None
+    role: str = "worker"
+    """What died: "worker" for a role, or the name its `ServiceGroup` was started with."""
 
     def describe(self) -> str:
         how = f" (exit code {self.exitcode})" if self.exitcode is not None else ""  # None: not a process we started
         if self.exitcode is not None and self.exitcode < 0:
             with contextlib.suppress(ValueError):
                 how = f" (killed by {signal.Signals(-self.exitcode).name})"
-        text = f"worker {self.worker} died{how}"
+        text = f"{self.role} {self.worker} died{how}"
         return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
 
 
@@ -87,6 +117,52 @@ class RoleGroup(ABC):
         """Stop every worker (they watch the stop flag; what is left is terminated). Idempotent."""
 
 
+class Pending(ABC):
+    """A call sent to a service (`ServiceHandle.submit`) whose result has not been read yet."""
+
+    @abstractmethod
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's result; raises `ServiceError` if the method raised, `TimeoutError` after `timeout` seconds
+        (the call stays pending: ask again), `ServiceUnavailable` if the service stayed unreachable."""
+
+
+class ServiceHandle(ABC):
+    """How a role or the coordinator reaches one service. Picklable: each process that unpickles one opens its own
+    connection when it first calls."""
+
+    index: int
+
+    @abstractmethod
+    def submit(self, method: str, *args: Any) -> Pending:
+        """Send `service.method(*args)` and return at once."""
+
+    def call(self, method: str, *args: Any) -> Any:
+        """`service.method(*args)`, waited for."""
+        return self.submit(method, *args).result()
+
+
+class ServiceGroup(ABC):
+    """N running services, as the coordinator sees them."""
+
+    handles: list[ServiceHandle]
+    incarnations: list[int]
+    """How many times each service has been restarted."""
+    restarts: int
+    """Restarts so far, over all services."""
+
+    @abstractmethod
+    def check(self) -> list[Crash]:
+        """Services that died since the last check; each is restarted (the next incarnation)."""
+
+    @abstractmethod
+    def alive(self) -> int:
+        """Services running now."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """End every service. Idempotent."""
+
+
 class Backend(ABC):
     """Starts roles and provides what the coordinator shares with them. Made from the run's architecture
     options (`opts`: the backend's own options are among them); `close()` at the end of the run."""
@@ -98,6 +174,8 @@ class Backend(ABC):
     """Roles see the coordinator's networks in place (one machine): what lock-free hogwild updates need."""
     host: str = "127.0.0.1"
     """The address at which roles reach a server the coordinator opens (a rendezvous store, for instance)."""
+    has_services: bool = False
+    """It implements `start_services` (architectures that need services refuse the others before they start)."""
 
     def __init__(self, opts: Any = None):
         self.opts = opts
@@ -139,3 +217,16 @@ class Backend(ABC):
         """Start `n_workers` roles made by `make_role(worker_id, incarnation)`; each produces items with the global
         step count of `counter` until it reaches `total_steps` or `stop` is set. A role that shows no sign of
         life for `heartbeat_s` seconds (hung, not dead) is killed and restarted like a crashed one."""
+
+    def start_services(
+        self,
+        make_service: Callable[[int, int], Any],
+        n: int,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        name: str = "service",
+    ) -> ServiceGroup:
+        """Start `n` services made by `make_service(index, incarnation)` (picklable where services are processes);
+        `name` is what their crashes are reported as; `pids_file`, if given, holds `{index: pid}` of the live
+        ones (where they are processes). A backend without services says so."""
+        raise NotImplementedError(f"the {self.name} backend cannot start {name}s (no services)")

@@ -16,6 +16,8 @@ middle of a message, which is dropped) and leaves; the coordinator itself never 
 `credits=k` a worker also has a semaphore of k credits: it takes one before it makes an item, and the
 coordinator gives it back once it has used the item (`release`), so a worker is never more than k items
 ahead. A restarted worker gets a new pipe and full credits; what its dead incarnation sent is dropped.
+
+Services (`start_services`) are processes too, reached through sockets: see `rlfleet.backends.services`.
 """
 
 from __future__ import annotations
@@ -324,6 +326,7 @@ class LocalBackend(Backend):
 
     name = "local"
     in_process = False
+    has_services = True
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         for module in modules.values():
@@ -353,3 +356,10 @@ class LocalBackend(Backend):
         )
         pool.start()
         return pool
+
+    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service"):
+        from rlfleet.backends.services import ProcessServices
+
+        services = ProcessServices(make_service, n, max_restarts=max_restarts, pids_file=pids_file, name=name)
+        services.start()
+        return services

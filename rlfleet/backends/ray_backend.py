@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -55,7 +56,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.base import (
+    Backend,
+    Crash,
+    Pending,
+    RoleGroup,
+    ServiceError,
+    ServiceGroup,
+    ServiceHandle,
+    ServiceUnavailable,
+    WorkerFailure,
+)
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, WeightVersion
 
 STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
@@ -124,6 +135,13 @@ def load_module_state(modules: dict[str, nn.Module], state: dict[str, dict[str, 
                 tensor.copy_(torch.as_tensor(state[name][key]))
 
 
+def where() -> dict[str, Any]:
+    """The process and node of the actor it runs in."""
+    import ray  # in an actor, where Ray is imported already
+
+    return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+
 @dataclass
 class RoleError:
     """What a call returns when its role raised: the traceback, as the role's process wrote it."""
@@ -143,11 +161,7 @@ class RoleActor:
         self.stop = StopFlag(IN_PROCESS)  # never set: each call makes one item
 
     def where(self) -> dict[str, Any]:
-        """The actor's process and node."""
-        import ray  # in the actor, where Ray is imported already
-
-        node = ray.get_runtime_context().get_node_id()
-        return {"pid": os.getpid(), "node": node, "ip": ray.util.get_node_ip_address()}
+        return where()
 
     def produce(self, global_steps: int, version: int, state: Any) -> bytes:
         if state is not None:
@@ -205,18 +219,11 @@ class RayGroup(RoleGroup):
 
     # ----------------------------------------------------------------------------------------- actors
     def _start(self, wid: int) -> Worker:
-        opts = self.backend.opts
-        cpus = getattr(opts, "cpus_per_role", 1.0)
-        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": getattr(opts, "gpus_per_role", 0.0),
-                                   "max_restarts": 0, "max_concurrency": 1}  # fmt: skip
-        names = [n for n in getattr(opts, "placement", "").split(",") if n]
-        if names:
-            options["resources"] = {names[wid % len(names)]: PLACEMENT_SHARE}
         payload = self.ray.cloudpickle.dumps((self.make_role, self.backend.modules, self.backend.weights))
-        cls = self.ray.remote(RoleActor).options(**options)
+        cls = self.ray.remote(RoleActor).options(**self.backend.actor_options(wid))
         incarnation = self.incarnations[wid]
         with _sigint_ignored():
-            actor = cls.remote(payload, wid, incarnation, max(1, int(cpus)))
+            actor = cls.remote(payload, wid, incarnation, self.backend.threads())
         worker = Worker(actor, incarnation, time.monotonic())
         worker.credits = self.n_credits
         return worker
@@ -380,12 +387,188 @@ class RayGroup(RoleGroup):
                 self.pids_file.unlink()
 
 
+# --------------------------------------------------------------------------------------------------- services
+RECONNECT_S = 60.0  # how long a handle waits for a dead service's next incarnation before it gives up
+
+
+class ServiceActor:
+    """One service in a Ray actor (one call at a time, in the order they arrive)."""
+
+    def __init__(self, payload: bytes, index: int, incarnation: int, threads: int):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        torch.set_num_threads(threads)
+        self.service = pickle.loads(payload)(index, incarnation)
+
+    def where(self) -> dict[str, Any]:
+        return where()
+
+    def ping(self) -> bool:
+        return True
+
+    def call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.service, method)(*args)
+        except Exception:
+            return RoleError(traceback.format_exc())  # raised as ServiceError where the result is read
+
+
+class RayPending(Pending):
+    """A call sent to a service actor; sent again to the service's next incarnation if the actor dies first."""
+
+    def __init__(self, handle: RayServiceHandle, method: str, args: tuple):
+        self.handle, self.method, self.args = handle, method, args
+        self.ref = handle.actor().call.remote(method, *args)
+
+    def result(self, timeout: float | None = None) -> Any:
+        import ray
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                value = ray.get(self.ref, timeout=left)
+                break
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(f"service {self.handle.index}: no answer within {timeout} s") from None
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self.handle.lost()  # its death is the coordinator's to report and restart: wait for that
+                self.ref = self.handle.actor().call.remote(self.method, *self.args)
+        if isinstance(value, RoleError):
+            raise ServiceError(f"service {self.handle.index}'s {self.method} raised:\n{value.traceback}")
+        return value
+
+
+class RayServiceHandle(ServiceHandle):
+    """A service by its actor's name: whichever incarnation holds the name now answers. Picklable."""
+
+    def __init__(self, index: int, name: str, namespace: str):
+        self.index, self.name, self.namespace = index, name, namespace
+        self._actor = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "namespace": self.namespace}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _actor=None)
+
+    def actor(self):
+        """The live actor under the name, waiting up to `RECONNECT_S` for a restarted one."""
+        import ray
+
+        waited_since = time.monotonic()
+        while self._actor is None:
+            try:
+                self._actor = ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError:  # not (yet) there: the coordinator restarts it
+                if time.monotonic() - waited_since > RECONNECT_S:
+                    raise ServiceUnavailable(f"service {self.index} unreachable for {RECONNECT_S:.0f} s") from None
+                time.sleep(0.1)
+        return self._actor
+
+    def lost(self) -> None:
+        """The actor died: look the name up again (after a moment, for the restart)."""
+        self._actor = None
+        time.sleep(0.1)
+
+    def submit(self, method: str, *args: Any) -> Pending:
+        return RayPending(self, method, args)
+
+
+class RayServices(ServiceGroup):
+    """N services as named Ray actors, restarted (a new actor under the same name) when they die."""
+
+    def __init__(self, backend: RayBackend, make_service, n: int, max_restarts: int, pids_file, name: str):
+        self.ray, self.backend = backend.ray, backend
+        self.make_service, self.n, self.max_restarts = make_service, n, max_restarts
+        self.pids_file, self.name = pids_file, name
+        self.namespace = self.ray.get_runtime_context().namespace
+        self.prefix = f"rlfleet-{uuid.uuid4().hex[:12]}-{name}"
+        self.incarnations = [0] * n
+        self.restarts = 0
+        self.stopping = False
+        self.actors = [self._start(i) for i in range(n)]
+        self.handles = [RayServiceHandle(i, f"{self.prefix}-{i}", self.namespace) for i in range(n)]
+        self.pings = [actor.ping.remote() for actor in self.actors]
+        self._write_pids()
+
+    def _start(self, index: int):
+        """The next incarnation of service `index`: `make_service` pickled now, with what it holds now."""
+        options = self.backend.actor_options(index)  # services reserve no CPU: light, and next to the workers
+        options.update(name=f"{self.prefix}-{index}", namespace=self.namespace, num_cpus=0, num_gpus=0)
+        payload = self.ray.cloudpickle.dumps(self.make_service)
+        with _sigint_ignored():
+            return (
+                self.ray.remote(ServiceActor)
+                .options(**options)
+                .remote(payload, index, self.incarnations[index], self.backend.threads())
+            )
+
+    def _write_pids(self) -> None:
+        if self.pids_file is None:
+            return
+        refs = [actor.where.remote() for actor in self.actors]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=STARTUP_GRACE_S)
+        pids = {}
+        for index, ref in enumerate(refs):
+            if ref in ready:
+                with contextlib.suppress(Exception):  # a dead actor: check() reports it
+                    pids[str(index)] = self.ray.get(ref)["pid"]
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pids))
+        os.replace(tmp, self.pids_file)
+
+    def check(self) -> list[Crash]:
+        """Each service answers a ping in turn (queued behind its calls); one whose actor died is restarted."""
+        if self.stopping:
+            return []
+        ready, _ = self.ray.wait(self.pings, num_returns=len(self.pings), timeout=0)
+        crashes = []
+        for index, ping in enumerate(self.pings):
+            if ping not in ready:
+                continue
+            try:
+                self.ray.get(ping)
+                self.pings[index] = self.actors[index].ping.remote()
+                continue
+            except Exception as exc:
+                crashes.append(Crash(index, None, ANSI.sub("", str(exc)), role=self.name))
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                raise WorkerFailure(
+                    f"{self.name}s crashed {self.restarts} times (limit {self.max_restarts}); "
+                    f"last: {crashes[-1].describe()}"
+                )
+            with contextlib.suppress(Exception):
+                self.ray.kill(self.actors[index], no_restart=True)
+            self.incarnations[index] += 1
+            self.actors[index] = self._start(index)
+            self.pings[index] = self.actors[index].ping.remote()
+        if crashes:
+            self._write_pids()
+        return crashes
+
+    def alive(self) -> int:
+        return 0 if self.stopping else self.n
+
+    def stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+        if self.pids_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.pids_file.unlink()
+
+
 class RayBackend(Backend):
     """Roles as Ray actors; weights through the object store, tagged with their version."""
 
     name = "ray"
     in_process = False
     shares_memory = False  # every actor has its own replica of the networks
+    has_services = True  # named actors
 
     def __init__(self, opts: Any = None):
         super().__init__(opts)
@@ -407,6 +590,23 @@ class RayBackend(Backend):
         else:
             workers = getattr(self.opts, "workers", 1)
             start_private_instance(int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))
+
+    def actor_options(self, index: int) -> dict[str, Any]:
+        """Ray options of the actor of worker or service `index`: its CPUs and GPUs, and its node (`--placement`)."""
+        opts = self.opts
+        options: dict[str, Any] = {"num_cpus": getattr(opts, "cpus_per_role", 1.0), "max_restarts": 0,
+                                   "num_gpus": getattr(opts, "gpus_per_role", 0.0), "max_concurrency": 1}  # fmt: skip
+        names = [n for n in getattr(opts, "placement", "").split(",") if n]
+        if names:
+            options["resources"] = {names[index % len(names)]: PLACEMENT_SHARE}
+        return options
+
+    def threads(self) -> int:
+        """Torch threads of an actor: one per CPU it reserves."""
+        return max(1, int(getattr(self.opts, "cpus_per_role", 1.0)))
+
+    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service"):
+        return RayServices(self, make_service, n, max_restarts, pids_file, name)
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         self.modules = modules  # what `publish` sends; each actor gets its own replica

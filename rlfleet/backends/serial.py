@@ -3,7 +3,8 @@
 Deterministic for a fixed seed, and a role's exception surfaces where it happened: for tests and debugging.
 `get(worker)` runs that worker's `produce` once (credits are not needed: nothing runs ahead), `get_any` takes
 the workers in turn, and the shared state is the coordinator's own (networks as they are; the same lock-free
-counters as the local backend, within one process).
+counters as the local backend, within one process). Services are plain objects in this process too: a handle's
+`submit` runs the method at once, and its `Pending` holds the result (or the exception, raised by `result`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from rlfleet.backends.base import Backend, Crash, RoleGroup
+from rlfleet.backends.base import Backend, Crash, Pending, RoleGroup, ServiceGroup, ServiceHandle
 
 
 class SerialGroup(RoleGroup):
@@ -51,11 +52,56 @@ class SerialGroup(RoleGroup):
         self.roles = []
 
 
+class Done(Pending):
+    """A call that has already run: its result, or the exception it raised."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class SerialHandle(ServiceHandle):
+    """A service object of this process, called directly."""
+
+    def __init__(self, index: int, service: Any):
+        self.index = index
+        self.service = service
+
+    def submit(self, method: str, *args: Any) -> Pending:
+        try:
+            return Done(getattr(self.service, method)(*args))
+        except Exception as exc:  # raised where the result is read, as a process's service does
+            return Done(error=exc)
+
+
+class SerialServices(ServiceGroup):
+    """N service objects in this process; they cannot die apart from it."""
+
+    def __init__(self, make_service, n: int):
+        self.handles = [SerialHandle(i, make_service(i, 0)) for i in range(n)]
+        self.incarnations = [0] * n
+        self.restarts = 0
+
+    def check(self) -> list[Crash]:
+        return []
+
+    def alive(self) -> int:
+        return len(self.handles)
+
+    def stop(self) -> None:
+        self.handles = []
+
+
 class SerialBackend(Backend):
     """Every role in the calling process."""
 
     name = "serial"
     in_process = True
+    has_services = True
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         return modules  # the roles live in this process: nothing needs to move to shared memory
@@ -73,3 +119,6 @@ class SerialBackend(Backend):
         heartbeat_s=None,
     ):
         return SerialGroup(make_role, n_workers, counter, stop, total_steps)
+
+    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service"):
+        return SerialServices(make_service, n)

@@ -1,9 +1,10 @@
-"""A2C on the data_parallel, grad_parallel and async_grad architectures solves CartPole-v1 with 2 worker processes.
+"""A2C on the data_parallel, grad_parallel, async_grad and param_server architectures solves CartPole-v1 with 2
+worker processes.
 
 Worker processes interleave freely, so these runs are not bit-reproducible. Steps to solve measured here
 over seeds 0-4 (2-core AMD EPYC, greedy evaluation every 5,000 steps): data_parallel 5k-40k,
-grad_parallel 45k-55k, async_grad (one gradient per step) 15k-35k; the budgets leave 2.5-4x margin over
-the worst of them.
+grad_parallel 45k-55k, async_grad (one gradient per step) 15k-35k, param_server (2 servers) 35k-45k; the
+budgets leave 2.5-4x margin over the worst of them.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from rlfleet.launch import train
 
 pytestmark = pytest.mark.learning
 
-BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000}
+BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000, "param_server": 150_000}
+OPTIONS = {"param_server": {"shards": 2}}
 
 
 @pytest.mark.parametrize("arch", list(BUDGETS))
 def test_a2c_solves_cartpole_with_two_worker_processes(arch, run_opts):
     result = train("a2c", "CartPole-v1", arch=arch, workers=2, steps=BUDGETS[arch], seed=0, eval_every=5_000,
-                   **run_opts)  # fmt: skip
+                   **OPTIONS.get(arch, {}), **run_opts)  # fmt: skip
     assert result["solved"], f"a2c on {arch}: {result.result}"
     assert result["eval_return_mean"] >= 475

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from spawned import ScriptedRole
+from spawned import ScriptedRole, make_tally
 
 from rlfleet.arch.parallel import ParallelOptions
-from rlfleet.backends import WorkerFailure
+from rlfleet.backends import ServiceError, WorkerFailure
 from rlfleet.backends.ray_backend import RayBackend
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
@@ -126,6 +126,35 @@ def test_a_hung_role_is_killed_for_want_of_a_heartbeat_and_restarted(tmp_path):
         group.stop()
 
 
+def test_services_are_named_actors_that_keep_their_handles_across_a_restart(tmp_path):
+    backend = RayBackend(ParallelOptions(backend="ray"))
+    services = backend.start_services(make_tally, 2, max_restarts=3, pids_file=tmp_path / "servers.json",
+                                      name="server")  # fmt: skip
+    try:
+        assert [p.result(timeout=60) for p in [h.submit("add", 5) for h in services.handles]] == [5, 5]
+        with pytest.raises(ServiceError, match="(?s)service 0's fail raised.*ValueError: fails on purpose"):
+            services.handles[0].call("fail")
+        assert services.handles[0].call("add", 1) == 6  # still serving, its total kept
+        handle = services.handles[1]
+        pid = handle.call("whoami")[2]
+        assert json.loads((tmp_path / "servers.json").read_text())["1"] == pid
+        held = handle.submit("hold", 1.0)  # the service dies while it runs this call: sent again
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        deadline, crashes = time.monotonic() + 60, []
+        while not crashes:
+            assert time.monotonic() < deadline, "the killed service was not noticed"
+            crashes = services.check()
+            time.sleep(0.1)
+        assert "server 1 died" in crashes[0].describe() and services.incarnations == [0, 1]
+        assert held.result(timeout=60) == 1.0
+        index, incarnation, new_pid = handle.call("whoami")
+        assert (index, incarnation) == (1, 1) and new_pid != pid
+        assert services.handles[0].call("add", 1) == 7  # the other one was left alone
+    finally:
+        services.stop()
+
+
 @pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
 def test_ray_and_serial_backends_end_with_the_same_weights(arch, run_opts):
     runs = {backend: train("a2c", "CartPole-v1", arch=arch, workers=1, backend=backend, steps=1_200, seed=3,
@@ -169,14 +198,15 @@ def test_the_private_instance_listens_on_loopback_only(ray_instance):
 
 
 # ------------------------------------------------------------------------------------------------------ learning
-BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000}  # as on the local backend
+BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000, "param_server": 150_000}
 
 
 @pytest.mark.learning
 @pytest.mark.parametrize("arch", list(BUDGETS))
 def test_a2c_solves_cartpole_with_two_ray_actors(arch, run_opts):
+    extra = {"shards": 2} if arch == "param_server" else {}  # as on the local backend
     result = train("a2c", "CartPole-v1", arch=arch, workers=2, backend="ray", steps=BUDGETS[arch], seed=0,
-                   eval_every=5_000, **run_opts)  # fmt: skip
+                   eval_every=5_000, **extra, **run_opts)  # fmt: skip
     assert result["solved"], f"a2c on {arch} with ray: {result.result}"
     assert result["eval_return_mean"] >= 475
 

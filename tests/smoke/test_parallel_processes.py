@@ -1,5 +1,5 @@
-"""data_parallel and grad_parallel with real worker processes: a SIGKILLed worker is restarted and the run
-finishes; Ctrl-C leaves a checkpoint and no process behind."""
+"""data_parallel, grad_parallel and param_server with real worker processes: a SIGKILLed worker (or parameter
+server) is restarted and the run finishes; Ctrl-C leaves a checkpoint and no process behind."""
 
 from __future__ import annotations
 
@@ -72,7 +72,50 @@ def test_sigkilled_worker_is_restarted_and_the_run_finishes(tmp_path, algo, arch
     assert not (run / "workers.json").exists()  # every worker gone
 
 
-@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel"])
+def wait_for_log(proc: subprocess.Popen, run: Path, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"no {text!r} in workers.log after {timeout} s"
+        if (run / "workers.log").exists() and text in (log := (run / "workers.log").read_text()):
+            return log
+        time.sleep(0.1)
+
+
+def test_param_server_sigkilled_server_and_worker_are_restarted_and_the_run_finishes(tmp_path):
+    """Server 1 is killed once the coordinator has logged items from both workers, worker 0 once the server's
+    death is reported: each is reported and restarted, and the run spends its whole budget."""
+    steps = 150_000
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "param_server", "--shards", "2", "--workers",
+                 "2", "--steps", str(steps), "--stop-return", "1e9", "--eval-every", "50000")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        workers = wait_for_workers(proc, run, 2)
+        servers = json.loads((run / "servers.json").read_text())
+        assert sorted(servers) == ["0", "1"]
+        os.kill(servers["1"], signal.SIGKILL)
+        wait_for_log(proc, run, "server 1 died (killed by SIGKILL)")
+        os.kill(workers["0"], signal.SIGKILL)
+        wait_for_log(proc, run, "worker 0 died (killed by SIGKILL)")
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    log = (run / "workers.log").read_text()
+    assert "server 1 died (killed by SIGKILL)\nrestarting it from the state pulled at step" in log
+    assert "worker 0 died (killed by SIGKILL)\nrestarting it" in log
+    assert "server 1 died (killed by SIGKILL)" in err and "worker 0 died (killed by SIGKILL)" in err
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= steps
+    assert not (run / "workers.json").exists() and not (run / "servers.json").exists()  # every process gone
+    assert load_checkpoint(run)["param_server"]["version"] > 0
+
+
+@pytest.mark.parametrize("arch", ["data_parallel", "grad_parallel", "param_server"])
 def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", arch, "--workers", "2", "--steps", "10000000",
                  "--stop-return", "1e9")  # fmt: skip
@@ -80,7 +123,7 @@ def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     try:
         wait_for_workers(proc, run, 2)
         time.sleep(1)
-        assert len(session_processes(sid)) >= 3  # the learner and both workers
+        assert len(session_processes(sid)) >= 3  # the learner and both workers (and param_server's servers)
         os.killpg(sid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
@@ -97,17 +140,22 @@ def test_ctrl_c_stops_every_process_and_saves_a_checkpoint(tmp_path, arch):
     assert saved[arch]["version"] > 0
 
 
-def test_workers_leave_when_the_learner_is_killed(tmp_path):
-    """SIGKILL gives the learner no chance to stop its workers: they notice and exit by themselves."""
-    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "grad_parallel", "--workers", "2",
+@pytest.mark.parametrize("arch", ["grad_parallel", "param_server"])
+def test_workers_leave_when_the_learner_is_killed(tmp_path, arch):
+    """SIGKILL gives the learner no chance to stop its workers (and param_server's servers): they notice and exit
+    by themselves."""
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", arch, "--workers", "2",
                  "--steps", "10000000", "--stop-return", "1e9")  # fmt: skip
     sid, run = proc.pid, tmp_path / "r"
     try:
-        pids = wait_for_workers(proc, run, 2)
+        pids = list(wait_for_workers(proc, run, 2).values())
+        if arch == "param_server":
+            pids += json.loads((run / "servers.json").read_text()).values()
+            assert len(pids) == 4
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
         left = wait_until_gone(sid, timeout=15)
-        assert not any(pid in left for pid in pids.values()), left
+        assert not any(pid in left for pid in pids), left
     finally:
         if proc.poll() is None:
             os.killpg(sid, signal.SIGKILL)

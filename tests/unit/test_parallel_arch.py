@@ -18,6 +18,7 @@ from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import share_algo, trainable_params
+from rlfleet.backends.serial import SerialBackend
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.launch import train
@@ -326,3 +327,76 @@ def test_async_gradients_are_grad_parallel_with_one_gradient_per_step(run_opts):
         assert torch.equal(value, b["algo"]["model"][key]), key
     with pytest.raises(ConfigError, match="--grad-sets is an option of grad_parallel, not of async_grad"):
         train("a2c", "CartPole-v1", arch="async_grad", grad_sets=2, **run_opts)
+
+
+def test_param_server_with_one_shard_is_async_gradients_and_sharding_changes_nothing(run_opts):
+    """A worker pulls the shards, clips its whole gradient and pushes shard i to server i: on the serial backend
+    with one seed, one server ends exactly where `async_grad` does, and 2 or 3 servers exactly where one does
+    (every --optimizer is elementwise)."""
+    common = dict(workers=2, backend="serial", steps=2_000, eval_every=1_000, eval_episodes=1, stop_return=1e9)
+    runs = {"async_grad": train("a2c", "CartPole-v1", arch="async_grad", name="async", **common, **run_opts)}
+    for shards in (1, 2, 3):
+        runs[shards] = train("a2c", "CartPole-v1", arch="param_server", shards=shards, name=f"ps{shards}", **common,
+                             **run_opts)  # fmt: skip
+    saved = {k: load_checkpoint(r["checkpoint"]) for k, r in runs.items()}
+    assert runs[1]["updates"] == runs["async_grad"]["updates"] > 0
+    for other in ("async_grad", 2, 3):
+        assert runs[other]["updates"] == runs[1]["updates"] and runs[other]["env_steps"] == runs[1]["env_steps"]
+        for key, value in saved[1]["algo"]["model"].items():
+            assert torch.equal(value, saved[other]["algo"]["model"][key]), (other, key)
+    optimizer = saved["async_grad"]["async_grad"]["optimizer"]["state"]  # shared_rmsprop: its square averages
+    square_avg = torch.cat([optimizer[i]["square_avg"].flatten() for i in sorted(optimizer)])
+    for shards in (1, 2, 3):
+        assert torch.equal(saved[shards]["param_server"]["optimizer"]["state"][0]["square_avg"], square_avg)
+    assert saved[3]["param_server"]["version"] == runs[3]["updates"]
+
+
+def test_param_server_with_a_target_network_is_async_gradients(run_opts):
+    """nstep_q's target network is copied every `target_update_every` global steps: by async_grad's centre at its
+    step, by a param_server worker before its push (to server 0). Both end with the same networks."""
+    common = dict(workers=2, backend="serial", steps=3_000, eval_every=3_000, eval_episodes=1, stop_return=1e9,
+                  overrides={"target_update_every": 500})  # fmt: skip
+    a = train("nstep_q", "CartPole-v1", arch="async_grad", name="async", **common, **run_opts)
+    b = train("nstep_q", "CartPole-v1", arch="param_server", shards=2, name="ps", **common, **run_opts)
+    sa, sb = load_checkpoint(a["checkpoint"])["algo"], load_checkpoint(b["checkpoint"])["algo"]
+    assert int(sa["target_clock"]["synced_at"]) >= 2_500  # copied several times
+    for part in ("q", "q_target", "target_clock"):
+        for key, value in sa[part].items():
+            assert torch.equal(value, sb[part][key]), (part, key)
+    assert not torch.equal(sa["q"][next(iter(sa["q"]))], sa["q_target"][next(iter(sa["q_target"]))])
+
+
+def test_param_server_resumes_its_servers_from_the_checkpoint(run_opts, tmp_path):
+    """The checkpoint holds the servers' optimizer states as one (split again over the shards on resume) and their
+    version; the resumed servers go on from there."""
+    common = dict(workers=2, backend="serial", stop_return=1e9, eval_every=1_024, **run_opts)
+    first = train("a2c", "CartPole-v1", arch="param_server", shards=3, steps=1_024, name="r", **common).result
+    saved = load_checkpoint(tmp_path / "r")["param_server"]
+    assert saved["version"] == first["updates"] == 8 and int(saved["optimizer"]["state"][0]["step"]) == 8
+    assert saved["optimizer"]["state"][0]["square_avg"].abs().min() > 0  # every shard's part is there
+    resumed = train(resume=tmp_path / "r", steps=2_048, progress=False).result
+    again = load_checkpoint(tmp_path / "r")["param_server"]
+    assert resumed["updates"] == 16 and again["version"] == 16
+    assert int(again["optimizer"]["state"][0]["step"]) == 16  # the servers' optimizers went on from the checkpoint
+
+
+@pytest.mark.parametrize(
+    "shards, problem",
+    [
+        (0, "^--shards=0 is out of range: must be >= 1$"),
+        (
+            10**9,
+            "^--shards 1000000000 is more than the [0-9]+ trainable parameters of a2c.s networks; use 1 to [0-9]+$",
+        ),
+    ],
+)
+def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run_opts):
+    with pytest.raises(ConfigError, match=problem):
+        train("a2c", "CartPole-v1", arch="param_server", shards=shards, backend="serial", **run_opts)
+
+
+def test_param_server_refuses_a_backend_without_services(monkeypatch, run_opts):
+    monkeypatch.setattr(SerialBackend, "has_services", False)
+    with pytest.raises(ConfigError, match="^param_server's servers are backend services, which the serial backend "
+                                          "does not start; use --backend local$"):  # fmt: skip
+        train("a2c", "CartPole-v1", arch="param_server", backend="serial", **run_opts)

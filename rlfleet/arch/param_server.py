@@ -1,0 +1,439 @@
+"""`param_server`: a sharded parameter server — the parameters split over S server roles; workers push gradient
+shards and pull parameter shards (the RLlib paper's appendix; with S = 1 it is asynchronous gradients).
+
+Who sends what to whom::
+
+                    pull: (version, shard i, target networks from server 0)    ┌──────────────┐
+    worker 0 ──┐  ◀──────────────────────────────────────────────────────────  │ server 0     │  shard 0 of θ,
+    worker 1 ──┼──────────────────────────────────────────────────────────────▶│ ...          │  its optimizer
+      ...      │    push: (clipped gradient shard i, learning rate, [targets])   │ server S−1   │  state, version
+    worker N ──┘                                                                └──────────────┘
+        │  steps, returns, loss metrics, policy lag                                   ▲ state: evaluation,
+        └─────────────────────────────▶ coordinator (main process) ──────────────────┘ checkpoints, restarts
+
+The flat vector of the algorithm's trainable parameters (in the order of `trainable_params`) is split into S
+contiguous shards, as evenly as possible. Server i (a backend service) holds shard i as one flat tensor, an
+optimizer over it (`--optimizer`, built with `rlfleet.optim.build_optimizer`) and a version, bumped at every
+push it applies. Server 0 also keeps the state of the networks without trainable parameters (target networks
+and their sync clocks). A worker (a role) has its own envs and algorithm object; per segment it runs the
+algorithm's `schedule` at the global step, pulls every shard (sent to all servers, then waited for) into its
+local networks, collects a segment, computes the gradient of the algorithm's loss, clips its global norm to
+`max_grad_norm` (it has the whole gradient) and pushes shard i to server i with the learning rate of the step.
+Before the push it runs `schedule` again on the pulled networks: a target-network copy that falls due copies
+the weights just pulled, and goes to server 0 with the push. That is what `async_grad`'s centre does at its
+step (its `schedule` before its optimizer step), so with one server and the serial backend both end with the
+same weights, bit for bit; elementwise optimizers (all of `--optimizer`'s) step a shard exactly as they step
+the whole vector, so any S ends there too.
+
+`charts/policy_lag` is, per push, the servers' version when they applied it minus the version pulled (the
+largest over the shards). The coordinator only keeps the books (steps, episodes, metrics, lag) from the items
+the workers send it, and pulls the servers' state (shards, optimizer states, versions, target networks) when it
+evaluates or saves a checkpoint: its algorithm object then holds the current weights. A worker computes its
+next gradient only once the coordinator has taken its last item (one credit, as in `async_grad`), so the step
+budget is kept.
+
+A crashed worker is restarted like any role (its next segment pulls the current weights). A crashed server is
+reported in `workers.log` and restarted from the state the coordinator last pulled (its shard, optimizer state
+and version, as of the last evaluation or checkpoint: up to `eval_every` steps old), while the other shards
+stay current; a push cut short by its death is sent again to the restarted server. The servers' pids are in
+`<run>/servers.json`, the workers' in `<run>/workers.json`. Only on-policy algorithms whose update is one
+gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on every backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlfleet.algos.common import set_lr
+from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
+from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
+from rlfleet.backends import BACKENDS, Pending, ServiceHandle
+from rlfleet.fields import bounded
+from rlfleet.optim import build_optimizer
+from rlfleet.run.config import ConfigError
+from rlfleet.run.runner import RunResult, StopRequest
+
+AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
+WAIT_S = 0.2  # the coordinator's longest wait for an item or a server before it checks workers, servers, Ctrl-C
+STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the workers)
+
+
+def shard_bounds(size: int, shards: int) -> list[tuple[int, int]]:
+    """[start, end) of each of `shards` contiguous shards of `size` values, as even as possible (the first ones
+    one larger)."""
+    base, extra = divmod(size, shards)
+    bounds, start = [], 0
+    for i in range(shards):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def merge_optimizer_states(states: list[dict | None]) -> dict | None:
+    """The state of an elementwise optimizer over the whole flat vector from those over its shards (each one
+    parameter, the flat shard): per-element tensors are concatenated, the rest (step counts) taken from shard 0."""
+    if not states or any(s is None for s in states):
+        return None
+    first = states[0]
+    if 0 not in first["state"]:
+        return copy.deepcopy(first)
+    merged = {}
+    for key, value in first["state"][0].items():
+        if torch.is_tensor(value) and value.dim() == 1:
+            merged[key] = torch.cat([s["state"][0][key] for s in states])
+        else:
+            merged[key] = copy.deepcopy(value)
+    return {"state": {0: merged}, "param_groups": copy.deepcopy(first["param_groups"])}
+
+
+def split_optimizer_state(state: dict | None, bounds: list[tuple[int, int]]) -> list[dict | None]:
+    """The inverse of `merge_optimizer_states`: one state per shard."""
+    if state is None or 0 not in state["state"]:
+        return [copy.deepcopy(state) for _ in bounds]
+    size = bounds[-1][1]
+    shards = []
+    for start, end in bounds:
+        part = {}
+        for key, value in state["state"][0].items():
+            if torch.is_tensor(value) and value.dim() == 1 and value.numel() == size:
+                part[key] = value[start:end].clone()
+            else:
+                part[key] = copy.deepcopy(value)
+        shards.append({"state": {0: part}, "param_groups": copy.deepcopy(state["param_groups"])})
+    return shards
+
+
+@dataclass
+class ShardState:
+    """What a server holds, as the coordinator pulls it (and a restarted server starts from)."""
+
+    version: int
+    params: torch.Tensor
+    """float32, the shard of the flat parameter vector."""
+    optimizer: dict | None
+    """The state_dict of the shard's optimizer (None: a fresh one)."""
+    frozen: list[torch.Tensor] | None
+    """Server 0: the target networks and their clocks (`frozen_state`); None on the others."""
+
+
+class ParamShard:
+    """A server: one shard of the flat parameters, an optimizer over it, its version (a backend service)."""
+
+    def __init__(self, state: ShardState, optimizer: str, lr: float):
+        self.param = nn.Parameter(state.params.detach().clone())
+        self.optimizer = build_optimizer(optimizer, [self.param], lr)
+        if state.optimizer is not None:
+            self.optimizer.load_state_dict(state.optimizer)
+        self.version = state.version
+        self.frozen = copy.deepcopy(state.frozen)
+
+    def pull(self) -> tuple[int, torch.Tensor, list[torch.Tensor] | None]:
+        """(version, the shard, the target networks on server 0)."""
+        return self.version, self.param.detach().clone(), self.frozen
+
+    def push(self, grad: torch.Tensor, lr: float, frozen: list[torch.Tensor] | None = None) -> int:
+        """One optimizer step with a worker's gradient shard at `lr` (and the target networks it synced, if it
+        did); returns the version the step was applied to."""
+        if grad.shape != self.param.shape:
+            raise ValueError(f"a gradient shard of {tuple(grad.shape)} values for {self.param.numel()}: another model?")
+        version = self.version
+        set_lr(self.optimizer, lr)
+        self.param.grad = grad
+        self.optimizer.step()
+        self.param.grad = None
+        self.version += 1
+        if frozen is not None:
+            self.frozen = frozen
+        return version
+
+    def state(self) -> ShardState:
+        """Everything the server holds (a copy), for the coordinator's evaluations, checkpoints and restarts."""
+        optimizer = copy.deepcopy(self.optimizer.state_dict())
+        return ShardState(self.version, self.param.detach().clone(), optimizer, copy.deepcopy(self.frozen))
+
+
+class ShardServers:
+    """`make_service` of the servers: server i from `states[i]`, the state the coordinator last pulled (updated in
+    place by the coordinator, so a restarted server starts from the latest pull). Picklable."""
+
+    def __init__(self, states: list[ShardState], optimizer: str, lr: float):
+        self.states = states
+        self.optimizer = optimizer
+        self.lr = lr
+
+    def __call__(self, index: int, incarnation: int) -> ParamShard:
+        return ParamShard(self.states[index], self.optimizer, self.lr)
+
+
+@dataclass
+class Progress:
+    """What a worker tells the coordinator about a segment (the gradient itself went to the servers)."""
+
+    worker: int
+    incarnation: int
+    steps: int
+    returns: list[float]
+    metrics: dict[str, float]
+    lag: int | None
+    """Servers' version at the push minus the version pulled (the largest over the shards); None: nothing was
+    pushed (a segment with nothing to learn from)."""
+
+
+def wait_all(pendings: list[Pending]) -> list[Any]:
+    """The results of calls sent to several servers at once."""
+    return [p.result() for p in pendings]
+
+
+class ShardWorker(WorkerActor):
+    """One worker: its own envs and algorithm object; pulls the shards, pushes clipped gradient shards."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        servers: list[ServiceHandle],
+        bounds: list[tuple[int, int]],
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        super().__init__(spec, None, worker_id, incarnation)
+        self.servers = servers
+        self.bounds = bounds
+        modules = algo_modules(self.algo)
+        self.params = trainable_params(modules)
+        self.frozen = frozen_state(modules)
+
+    @torch.no_grad()
+    def pull(self) -> list[int]:
+        """Every shard into the local networks (and server 0's target networks); the versions pulled."""
+        replies = wait_all([server.submit("pull") for server in self.servers])
+        flat = torch.cat([shard for _, shard, _ in replies])
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        for local, pulled in zip(self.frozen, replies[0][2], strict=True):
+            local.copy_(pulled)
+        return [version for version, _, _ in replies]
+
+    def clipped_gradient(self, loss: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The flat gradient of `loss` with its global norm clipped to `max_grad_norm`, and the norm before."""
+        for p in self.params:
+            p.grad = None
+        loss.backward()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        limit = self.algo.max_grad_norm if self.algo.max_grad_norm > 0 else float("inf")
+        norm = float(nn.utils.clip_grad_norm_(self.params, limit))
+        return torch.cat([p.grad.flatten() for p in self.params]), norm
+
+    def produce(self, global_steps: int, stop=None) -> Progress:
+        total = self.spec.total_steps
+        before = self.collector.env_steps
+        self.algo.schedule(global_steps, total)  # ε and the like follow the whole run
+        versions = self.pull()  # after schedule: the servers' target networks win
+        segment = self.collector.collect_rollout(self.storage)
+        batch = self.algo.process(segment)
+        metrics: dict[str, float] = {}
+        lag = None
+        if len(batch) > 0:
+            loss, metrics = self.algo.loss(batch)
+            grad, norm = self.clipped_gradient(loss)
+            targets = [t.clone() for t in self.frozen]
+            self.algo.schedule(global_steps, total)  # a target copy due now copies the weights just pulled
+            changed = any(not torch.equal(a, b) for a, b in zip(targets, self.frozen, strict=True))
+            frozen = [t.clone() for t in self.frozen] if changed else None
+            lr = self.algo.lr
+            applied = wait_all(
+                [
+                    server.submit("push", grad[start:end].clone(), lr, frozen if i == 0 else None)
+                    for i, (server, (start, end)) in enumerate(zip(self.servers, self.bounds, strict=True))
+                ]
+            )
+            lag = max(a - v for a, v in zip(applied, versions, strict=True))
+            metrics = {**metrics, "grad_norm": norm}
+        steps = self.collector.env_steps - before
+        return Progress(self.worker_id, self.incarnation, steps, self.collector.pop_new_returns(), metrics, lag)
+
+
+@dataclass
+class ParamServerOptions(SharedOptimizerOptions):
+    """param_server's options."""
+
+    shards: int = bounded(2, ge=1)
+    """Server roles the parameters are split over (contiguous shards of the flat parameter vector, as even as
+    possible; at most the number of trainable parameters). 1: one server, asynchronous gradients."""
+
+
+class ParamServerRunner(ParallelRunner):
+    """The coordinator of a `param_server` run (see the module docstring)."""
+
+    arch = "param_server"
+    Options = ParamServerOptions
+
+    def check_config(self) -> None:
+        self.check_parallel(on_policy_only=True, uses_optimizer=True)
+        if not BACKENDS[self.opts.backend].has_services:
+            with_services = ", ".join(name for name, cls in BACKENDS.items() if cls.has_services)
+            raise ConfigError(
+                f"param_server's servers are backend services, which the {self.opts.backend} backend does not "
+                f"start; use --backend {with_services}"
+            )
+        size = sum(p.numel() for p in trainable_params(algo_modules(self.algo)))
+        if self.opts.shards > size:
+            raise ConfigError(
+                f"--shards {self.opts.shards} is more than the {size} trainable parameters of {self.cfg.algo}'s "
+                f"networks; use 1 to {size}"
+            )
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.spec = self.worker_spec()
+        self.start_backend()  # the counter: env steps of the items taken in
+        self.params = trainable_params(self.shared)
+        self.frozen = frozen_state(self.shared)
+        self.bounds = shard_bounds(sum(p.numel() for p in self.params), self.opts.shards)
+        self.version = 0
+        self.saved_optimizer: dict | None = None
+        if resume_from is not None:
+            self._restore(resume_from)
+        flat = torch.cat([p.detach().flatten() for p in self.params])
+        optimizers = split_optimizer_state(self.saved_optimizer, self.bounds)
+        states = [
+            ShardState(
+                self.version, flat[a:b].clone(), optimizers[i], [t.clone() for t in self.frozen] if i == 0 else None
+            )
+            for i, (a, b) in enumerate(self.bounds)
+        ]
+        self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr)
+        self.services = None
+        self.pulled_at = self.env_steps  # the step of the state a restarted server starts from
+        self.evaluating = False
+        self.logger = None
+        self.eval_envs = self.make_eval_envs()
+        self._write_config(
+            {"optimizer": self.opts.optimizer, "workers": self.opts.workers, "shards": self.bounds, "ahead": AHEAD}
+        )
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "optimizer": merge_optimizer_states([s.optimizer for s in self.servers.states]),
+        }
+
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
+        self.version = int(saved.get("version", 0))
+        self.saved_optimizer = saved.get("optimizer")
+
+    # ----------------------------------------------------------------------------------------- servers
+    def wait(self, pending: Pending) -> Any:
+        """A server's answer; servers that die meanwhile are restarted (the coordinator is who restarts them)."""
+        while True:
+            try:
+                return pending.result(timeout=WAIT_S)
+            except TimeoutError:
+                self.restart_crashed_servers()
+
+    @torch.no_grad()
+    def pull_servers(self) -> None:
+        """The servers' state into the coordinator's networks (for evaluation and checkpoints), and kept as the
+        state a restarted server starts from."""
+        if self.services is None:
+            return
+        states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
+        flat = torch.cat([s.params for s in states])
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        for local, pulled in zip(self.frozen, states[0].frozen, strict=True):
+            local.copy_(pulled)
+        self.servers.states[:] = states
+        self.version = max(s.version for s in states)
+        self.pulled_at = self.env_steps
+
+    def restart_crashed_servers(self) -> None:
+        """Report the servers that crashed since the last check; the backend has restarted them."""
+        for crash in self.services.check():
+            state = self.servers.states[crash.worker]
+            self._report(
+                f"{crash.describe()}\nrestarting it from the state pulled at step {self.pulled_at} "
+                f"(version {state.version})"
+            )
+            if self.logger is not None:
+                self.logger.log(self.env_steps, {"charts/server_restarts": self.services.restarts})
+
+    def _evaluate(self, logger, elapsed: float) -> float:
+        self.pull_servers()
+        self.evaluating = True  # the "best" checkpoint holds the weights just evaluated
+        try:
+            return super()._evaluate(logger, elapsed)
+        finally:
+            self.evaluating = False
+
+    def save(self, name: str = "latest"):
+        if not self.evaluating:
+            self.pull_servers()
+        return super().save(name)
+
+    # ----------------------------------------------------------------------------------------- loop
+    def run(self) -> RunResult:
+        logger, start = self.start_logging()
+        self.logger = logger
+        stopped_by = "steps"
+        stop_flag = self.backend.stop_flag()
+        pool = None
+        last_item = time.monotonic()
+        try:
+            self.services = self.backend.start_services(
+                self.servers,
+                self.opts.shards,
+                max_restarts=self.opts.max_restarts,
+                pids_file=self.run_dir / "servers.json",
+                name="server",
+            )
+            pool = self.start_roles(
+                partial(ShardWorker, self.spec, self.services.handles, self.bounds), stop_flag, AHEAD
+            )
+            with StopRequest() as stop:
+                while True:
+                    item = pool.get_any(WAIT_S)
+                    new_returns: list[float] = []
+                    metrics: dict[str, float] = {}
+                    updates = 0
+                    if item is not None:
+                        last_item = time.monotonic()
+                        self.counter.add(item.steps)
+                        self.count_returns(item.returns)
+                        new_returns = item.returns
+                        if item.lag is not None:
+                            self.lags.append(item.lag)
+                            metrics, updates = item.metrics, 1
+                        pool.release(item.worker, item.incarnation)
+                    elif time.monotonic() - last_item > STALL_S:
+                        self._report(f"no item from the workers for {STALL_S:.0f} s ({pool.alive()} alive)")
+                        last_item = time.monotonic()
+                    self.restart_crashed(pool, logger, "with the servers' current weights")
+                    self.restart_crashed_servers()
+                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+                    if self.env_steps >= self.total_steps:
+                        break
+            stop_flag.set()
+            pool.stop()  # the workers first: the final evaluation and checkpoint pull the servers
+            self.finish(logger, start, stopped_by)
+        finally:
+            self.stop_roles(stop_flag, pool, self.services)
+            logger.close()
+            self.eval_envs.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)

@@ -1,0 +1,127 @@
+"""Backend services (what a parameter server's shards run on): calls from other processes, clients killed mid-call,
+services killed and restarted behind handles that keep working. Real processes, really killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+from spawned import call_service, flood_service, hold_service, make_tally, make_tally_failing_first
+
+from rlfleet.backends import ServiceError, make_backend
+from rlfleet.backends.services import ProcessServices
+
+SPAWN = torch.multiprocessing.get_context("spawn")
+
+
+def wait_for(pending, services, timeout: float = 60.0):
+    """A pending call's result, restarting dead services meanwhile (as a coordinator does); and the crashes."""
+    deadline = time.monotonic() + timeout
+    crashes = []
+    while True:
+        try:
+            return pending.result(timeout=0.2), crashes
+        except TimeoutError:
+            crashes += services.check()
+            assert time.monotonic() < deadline, "no answer"
+
+
+@pytest.fixture
+def services():
+    group = ProcessServices(make_tally, 2, max_restarts=5)
+    group.start()
+    yield group
+    group.stop()
+    assert group.alive() == 0 and not os.path.exists(group.folder)
+
+
+def test_serial_services_are_called_directly_and_raise_where_the_result_is_read():
+    group = make_backend("serial").start_services(make_tally, 2)
+    pendings = [h.submit("add", 5) for h in group.handles]
+    assert [p.result() for p in pendings] == [5, 5]
+    assert group.handles[1].call("whoami")[:2] == (1, 0)
+    failed = group.handles[0].submit("fail")
+    with pytest.raises(ValueError, match="fails on purpose"):
+        failed.result()
+    assert group.check() == [] and group.alive() == 2
+    group.stop()
+
+
+def test_calls_work_from_a_spawned_client_and_a_raising_method_leaves_the_service_serving(services):
+    reader, writer = SPAWN.Pipe(duplex=False)
+    client = SPAWN.Process(target=call_service, args=(services.handles[1], "add", (2,), 3, writer), daemon=True)
+    client.start()
+    writer.close()
+    assert [reader.recv() for _ in range(3)] == [2, 4, 6]
+    client.join(timeout=30)
+    assert client.exitcode == 0
+    pendings = [h.submit("add", 10) for h in services.handles]  # to both services at once, then wait
+    assert [p.result(timeout=60) for p in pendings] == [10, 16]  # service 1 kept the client's total
+    with pytest.raises(ServiceError, match="(?s)service 0's fail raised.*ValueError: fails on purpose"):
+        services.handles[0].call("fail")
+    assert services.handles[0].call("add", 1) == 11
+    assert services.check() == []
+
+
+def test_a_client_killed_mid_call_leaves_the_service_serving_the_others(services):
+    """8 MB calls take many socket writes each: a SIGKILL lands inside one (or while the service answers it).
+    Then a client killed while the service runs its call: the call finishes and the next one is answered."""
+    rng = random.Random(2)
+    handle = services.handles[0]
+    for kill in range(3):
+        client = SPAWN.Process(target=flood_service, args=(handle, 8 << 20), daemon=True)
+        client.start()
+        time.sleep(3.0 if kill == 0 else rng.uniform(0.3, 0.6))  # the first one starts python and torch
+        os.kill(client.pid, signal.SIGKILL)
+        client.join(timeout=10)
+        assert handle.submit("add", 1).result(timeout=10) == kill + 1, f"no answer after kill {kill}"
+    started = SPAWN.Event()
+    client = SPAWN.Process(target=hold_service, args=(handle, 2.0, started), daemon=True)
+    client.start()
+    assert started.wait(60)
+    time.sleep(0.5)  # the call has reached the service, which is holding
+    os.kill(client.pid, signal.SIGKILL)
+    client.join(timeout=10)
+    assert handle.submit("add", 1).result(timeout=10) == 4
+    assert services.check() == [] and services.alive() == 2
+
+
+def test_a_killed_service_is_reported_and_restarted_and_the_handles_work_again(services):
+    handle = services.handles[1]
+    index, incarnation, pid = handle.call("whoami")
+    assert (index, incarnation) == (1, 0)
+    held = handle.submit("hold", 1.0)  # a call the service dies in: sent again to its next incarnation
+    time.sleep(0.3)
+    os.kill(pid, signal.SIGKILL)
+    after = handle.submit("whoami")
+    with pytest.raises(TimeoutError):
+        after.result(timeout=0.3)  # nobody has restarted it yet
+    (_, _, new_pid), crashes = wait_for(after, services)
+    assert [(c.worker, c.exitcode, c.role) for c in crashes] == [(1, -signal.SIGKILL, "service")]
+    assert "service 1 died (killed by SIGKILL)" in crashes[0].describe()
+    assert new_pid != pid and services.incarnations == [0, 1] and services.restarts == 1
+    assert held.result(timeout=60) == 1.0  # answered by incarnation 1, after the call sent before it
+    assert handle.call("whoami")[1] == 1 and services.handles[0].call("whoami")[1] == 0
+    reader, writer = SPAWN.Pipe(duplex=False)  # a handle pickled after the restart reaches the new incarnation
+    client = SPAWN.Process(target=call_service, args=(handle, "whoami", (), 1, writer), daemon=True)
+    client.start()
+    writer.close()
+    assert reader.recv()[1:] == (1, new_pid)
+    client.join(timeout=30)
+
+
+def test_a_service_that_raises_while_it_starts_is_reported_with_its_traceback():
+    group = ProcessServices(make_tally_failing_first, 1, max_restarts=1, name="server")
+    group.start()
+    try:
+        answer, crashes = wait_for(group.handles[0].submit("whoami"), group)
+        assert answer[:2] == (0, 1)
+        assert len(crashes) == 1 and crashes[0].exitcode == 1
+        assert "server 0 died (exit code 1)" in crashes[0].describe()
+        assert "service 0 fails to start on purpose" in crashes[0].traceback
+    finally:
+        group.stop()
