@@ -296,7 +296,8 @@ def test_a_checkpoint_with_the_options_among_the_run_fields_still_resumes(run_op
     assert result["env_steps"] >= 1_200
     resumed = load_checkpoint(path)["run_config"]["options"]
     expected = {"workers": 2, "grad_sets": 1, "optimizer": "shared_rmsprop", "backend": "serial", "max_restarts": 10}
-    expected["heartbeat_s"] = 120.0  # an option the old layout did not have: its default
+    # options the old layout did not have: their defaults
+    expected |= {"heartbeat_s": 120.0, "address": "", "cpus_per_role": 1.0, "gpus_per_role": 0.0, "placement": ""}
     assert resumed == expected
 
 
@@ -398,5 +399,5 @@ def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run
 def test_param_server_refuses_a_backend_without_services(monkeypatch, run_opts):
     monkeypatch.setattr(SerialBackend, "has_services", False)
     with pytest.raises(ConfigError, match="^param_server's servers are backend services, which the serial backend "
-                                          "does not start; use --backend local$"):  # fmt: skip
+                                          "does not start; use --backend local, ray$"):  # fmt: skip
         train("a2c", "CartPole-v1", arch="param_server", backend="serial", **run_opts)
