@@ -330,8 +330,6 @@ class RayGroup(RoleGroup):
         if incarnation == worker.incarnation:
             worker.credits += 1
             self._issue(worker_id)
-        elif self.n_credits is None:
-            self._issue(worker_id)
 
     # ----------------------------------------------------------------------------------------- health
     def check(self) -> list[Crash]:

@@ -1,5 +1,5 @@
 """A2C on the data_parallel, grad_parallel, async_grad and param_server architectures solves CartPole-v1 with 2
-worker processes.
+worker processes, and with 2 workers on the serial backend (the ray backend's runs are in tests/ray).
 
 Worker processes interleave freely, so these runs are not bit-reproducible. Steps to solve measured here
 over seeds 0-4 (2-core AMD EPYC, greedy evaluation every 5,000 steps): data_parallel 5k-40k,
@@ -24,4 +24,13 @@ def test_a2c_solves_cartpole_with_two_worker_processes(arch, run_opts):
     result = train("a2c", "CartPole-v1", arch=arch, workers=2, steps=BUDGETS[arch], seed=0, eval_every=5_000,
                    **OPTIONS.get(arch, {}), **run_opts)  # fmt: skip
     assert result["solved"], f"a2c on {arch}: {result.result}"
+    assert result["eval_return_mean"] >= 475
+
+
+@pytest.mark.parametrize("arch", ["data_parallel", "async_grad", "param_server"])
+def test_a2c_solves_cartpole_with_two_serial_workers(arch, run_opts):
+    """The same runs, every role in this process one after another: deterministic for the seed."""
+    result = train("a2c", "CartPole-v1", arch=arch, workers=2, backend="serial", steps=BUDGETS[arch], seed=0,
+                   eval_every=5_000, **OPTIONS.get(arch, {}), **run_opts)  # fmt: skip
+    assert result["solved"], f"a2c on {arch}, serial: {result.result}"
     assert result["eval_return_mean"] >= 475
