@@ -203,6 +203,7 @@ class RayGroup(RoleGroup):
         self.n_workers = n_workers
         self.counter, self.stop_flag, self.total_steps = counter, stop, total_steps
         self.n_credits = credits or 2  # without credits a worker keeps two calls in flight (pipelined)
+        self.free_running = credits is None  # ... and gets a new call for each answer, not for each release
         self.max_restarts = max_restarts
         self.pids_file = pids_file
         self.heartbeat_s = heartbeat_s
@@ -285,6 +286,9 @@ class RayGroup(RoleGroup):
             worker.finished = True
         else:
             worker.ready.append(item)
+            if self.free_running:
+                worker.credits += 1
+                self._issue(wid)
 
     def _fail(self, wid: int, text: str) -> None:
         worker = self.workers[wid]
@@ -327,7 +331,7 @@ class RayGroup(RoleGroup):
 
     def release(self, worker_id: int, incarnation: int) -> None:
         worker = self.workers[worker_id]
-        if incarnation == worker.incarnation:
+        if incarnation == worker.incarnation and not self.free_running:
             worker.credits += 1
             self._issue(worker_id)
 
