@@ -8,6 +8,8 @@ An architecture runs any compatible algorithm through the algorithm contract (`r
 - `data_parallel`: sampler processes feed experience to one learner (`rlfleet.arch.data_parallel`);
 - `grad_parallel`: workers send gradients, the centre steps the shared model (`rlfleet.arch.grad_parallel`);
 - `async_grad`: asynchronous gradients, each applied as it arrives (RLlib's AsyncGradients; `rlfleet.arch.async_grad`);
+- `allreduce`: synchronous all-reduce learners, DD-PPO's decentralised form: each learner runs the algorithm's own
+  update, its gradients averaged with the others' in every optimizer step (`rlfleet.arch.allreduce`);
 - `offline`: an imitation algorithm learns from a dataset of demonstrations, DAgger with an expert
   (`rlfleet.arch.offline`).
 """
@@ -26,6 +28,7 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "data_parallel": ("rlfleet.arch.data_parallel", "DataParallelRunner", "samplers feed one learner"),
     "grad_parallel": ("rlfleet.arch.grad_parallel", "GradParallelRunner", "workers send gradients to the centre"),
     "async_grad": ("rlfleet.arch.async_grad", "AsyncGradRunner", "each worker's gradient applied as it arrives"),
+    "allreduce": ("rlfleet.arch.allreduce", "AllReduceRunner", "learners average gradients by all-reduce (DD-PPO)"),
     "offline": ("rlfleet.arch.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
 }
 
