@@ -207,7 +207,7 @@ class LearnerReport:
     generation: int | None
     """The group's generation (None: in no group; with one learner, always)."""
     state: bytes | None = None
-    """`pack_state` of learner 0 every `state_every` updates."""
+    """`pack_state` of learner 0 every `state_every` updates, and after the last update of the budget."""
     trouble: str | None = None
     """Why the group broke or did not form, if it did."""
 
@@ -253,8 +253,10 @@ class AllReduceLearner(Producer):
             return report(steps, returns, {}, False, generation, trouble=str(exc))
         self.updates += 1
         self.steps += self.world * self.segment_steps
+        # the budget's last update (by the group's count or the coordinator's): the coordinator's final state
+        last = max(self.steps, global_steps + self.world * self.segment_steps) >= self.spec.total_steps
         state = None
-        if self.worker_id == 0 and self.updates % self.spec.state_every == 0:
+        if self.worker_id == 0 and (self.updates % self.spec.state_every == 0 or last):
             state = pack_state(self.algo)
         return report(steps, returns, metrics, True, generation, state)
 
@@ -273,8 +275,9 @@ class AllReduceOptions(ParallelOptions):
     """Seconds a learner waits in a collective, or for its group to form, before it takes a peer for dead or
     hung and moves to the next generation of the group (less than --heartbeat-s)."""
     state_every: int = bounded(1, ge=1)
-    """Updates between the copies of learner 0's weights and optimizer state sent to the coordinator, which
-    evaluates, checkpoints and publishes the latest it got."""
+    """Updates between the copies of learner 0's weights and optimizer state sent to the coordinator (and one
+    after the budget's last update), which evaluates, checkpoints and publishes the latest it got: an evaluation
+    or a Ctrl-C checkpoint may be up to state_every - 1 updates behind the learners."""
 
 
 class AllReduceRunner(ParallelRunner):

@@ -158,3 +158,13 @@ def test_one_learner_runs_serially_and_checkpoints_its_state(run_opts):
     saved = torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert saved["allreduce"]["version"] == 4  # one published state per update (state_every 1)
     assert saved["algo"]["optimizer"]["state"]  # the learner's Adam moments, not a fresh optimizer's
+
+
+def test_learner_zero_sends_its_state_after_the_last_update_of_the_budget(run_opts):
+    """With `state_every` beyond the run's updates, the only state the coordinator gets is the final one: the
+    final evaluation and checkpoint are of what the learners learned, not of the starting weights."""
+    r = train("ppo", "CartPole-v1", arch="allreduce", workers=1, backend="serial", state_every=100, steps=1_024,
+              eval_every=10_000, eval_episodes=2, stop_return=1e9, **run_opts)  # fmt: skip
+    saved = torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert r["updates"] == 4 and saved["allreduce"]["version"] == 1
+    assert saved["algo"]["optimizer"]["state"]
