@@ -37,6 +37,7 @@ algorithms (a2c, ppo, pg with a baseline, nstep_q, onestep_q, sarsa).
 from __future__ import annotations
 
 import io
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -58,6 +59,7 @@ AHEAD = 2  # items a learner may have sent beyond those the coordinator has coun
 WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
 STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the learners)
 GENERATION = "generation"  # the store key of the group's generation
+POLL_S = 0.005  # a learner's poll of the store while it waits for the others to be ready
 
 
 class GroupBroken(RuntimeError):
@@ -101,25 +103,37 @@ class LearnerGroup:
         self.timeout = timedelta(seconds=rendezvous.timeout_s)
         self.store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=self.timeout)
         self.generation: int | None = None
-        """The generation this learner last tried to join (None: none yet, a fresh process)."""
+        """The generation of this learner's group (None: it has been in none yet)."""
         self.formed = False
 
-    def next_generation(self) -> int:
-        """The generation to join: the current one, unless it is the group that just broke under this learner,
-        or (for a fresh learner) one that already formed without it; then the next (one bump per generation)."""
-        current = int(self.store.get(GENERATION))
-        stale = current == self.generation
-        if self.generation is None:
-            stale = int(self.store.add(f"{current}/joined", 0)) >= self.world
-        if stale:
-            current = int(self.store.compare_set(GENERATION, str(current), str(current + 1)))
-        return current
+    def current(self) -> int:
+        return int(self.store.get(GENERATION))
+
+    def abandon(self, generation: int) -> None:
+        """Move everyone on from `generation` (broken, or it did not form): the next one, unless someone already
+        moved on (one bump per generation)."""
+        self.store.compare_set(GENERATION, str(generation), str(generation + 1))
 
     def join(self) -> int:
-        """Join the next generation's group; its number. Raises `GroupBroken` if it does not form in time."""
+        """Join the group of the current generation; its number. A learner says it is ready under the generation
+        and waits (watching the store) until all are ready, then forms the gloo group: a generation abandoned
+        meanwhile (a learner died: the coordinator moves everyone on) is left for the newer one at once, so the
+        learners never wait in gloo's own rendezvous for a dead peer. Raises `GroupBroken` if no group forms in
+        time (after abandoning the generation, so that the others move on too)."""
         self.leave()
-        generation = self.generation = self.next_generation()
-        self.store.add(f"{generation}/joined", 1)
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        generation = self.current()
+        self.store.add(f"{generation}/ready", 1)
+        while (ready := int(self.store.add(f"{generation}/ready", 0))) < self.world:
+            if (current := self.current()) != generation:
+                generation = current
+                self.store.add(f"{generation}/ready", 1)
+                continue
+            if time.monotonic() > deadline:
+                self.abandon(generation)
+                raise GroupBroken(f"generation {generation} did not form: {ready} of {self.world} learners ready")
+            time.sleep(POLL_S)
+        self.generation = generation
         try:
             dist.init_process_group(
                 "gloo",
@@ -130,6 +144,7 @@ class LearnerGroup:
             )
         except RuntimeError as exc:
             self.leave()
+            self.abandon(generation)
             raise GroupBroken(f"generation {generation} did not form: {_first_line(exc)}") from None
         self.formed = True
         return generation
@@ -144,6 +159,7 @@ class LearnerGroup:
             collective(*args, **kwargs)
         except RuntimeError as exc:  # gloo: a closed peer, or the timeout
             self.leave()
+            self.abandon(self.generation)
             raise GroupBroken(f"the group of generation {self.generation} broke: {_first_line(exc)}") from None
 
     def average(self, params) -> None:
@@ -176,7 +192,8 @@ class LearnerGroup:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The first line of an error's message, without gloo's source location ("[.../pair.cc:553] ")."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())
     return text.splitlines()[0] if text else type(exc).__name__
 
 
@@ -339,6 +356,14 @@ class AllReduceRunner(ParallelRunner):
         self.store.set(GENERATION, "0")
         opts = self.opts
         self.spec.rendezvous = Rendezvous(self.backend.host, self.store.port, opts.workers, opts.group_timeout_s)
+
+    def restart_crashed(self, pool, logger, how: str) -> None:
+        """Report and restart the learners that died, and move the others on to the next generation at once: the
+        group with the dead learner is abandoned even by learners still waiting for it to form."""
+        restarts = pool.restarts
+        super().restart_crashed(pool, logger, how)
+        if pool.restarts != restarts and self.store is not None:
+            self.store.add(GENERATION, 1)
 
     # ----------------------------------------------------------------------------------------- learning
     def take(self, item: LearnerReport) -> tuple[dict[str, float], int]:
