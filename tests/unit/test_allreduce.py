@@ -168,3 +168,14 @@ def test_learner_zero_sends_its_state_after_the_last_update_of_the_budget(run_op
     saved = torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert r["updates"] == 4 and saved["allreduce"]["version"] == 1
     assert saved["algo"]["optimizer"]["state"]
+
+
+def test_a_resumed_run_goes_on_from_the_learners_optimizer_state(run_opts, tmp_path):
+    """The checkpoint holds learner 0's Adam state (not the coordinator's unused optimizer's), and a resumed
+    learner starts from it: 4 updates of 10 epochs of 4 minibatches each way make 320 Adam steps, not 160."""
+    train("ppo", "CartPole-v1", arch="allreduce", workers=1, backend="serial", steps=1_024, stop_return=1e9,
+          eval_every=1_024, eval_episodes=1, name="r", **run_opts)  # fmt: skip
+    resumed = train(resume=tmp_path / "r", steps=2_048, progress=False).result
+    assert resumed["env_steps"] == 2_048 and resumed["updates"] == 8
+    saved = torch.load(tmp_path / "r" / "checkpoints" / "latest.pt", weights_only=True)
+    assert {int(s["step"]) for s in saved["algo"]["optimizer"]["state"].values()} == {320}
