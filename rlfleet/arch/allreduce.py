@@ -25,13 +25,18 @@ start identical in weights and optimizer state. The schedules (learning-rate ann
 that shared count, advanced by K segments per update, so they too are the same in every learner.
 
 A learner that dies breaks the group: the others' next collective fails (gloo reports the closed peer at
-once; a hung peer after `group_timeout_s`). They leave the group and move to the next generation (a counter
-in the store, bumped once per broken group); the backend restarts the dead learner, which joins the newest
-generation that has not formed yet, and the state is broadcast again from a survivor. A learner that waits
-for a group that does not form gives up after `group_timeout_s` and sends an empty item (so it beats and sees
-the stop flag), then tries the next generation. Every update consumes the same number of optimizer steps in
-every learner, so only algorithms whose batch size does not depend on their data run here: rollout
-algorithms (a2c, ppo, pg with a baseline, nstep_q, onestep_q, sarsa).
+once; a hung peer after `group_timeout_s`, or once the heartbeat has it killed). The group's generation is
+a counter in the store: a learner whose group broke moves everyone to the next one (one bump per generation),
+and so does the coordinator as soon as it sees a learner die. A learner joining a generation says it is
+ready under it and waits, watching the store, until all K are ready before it forms the gloo group; a
+generation abandoned meanwhile is left for the newer one at once, so no learner waits in gloo's own
+rendezvous for a dead peer. The backend restarts the dead learner, it joins the newest generation, and the
+state is broadcast again from a survivor. A learner that waits for a group that does not form gives up after
+`group_timeout_s` (and moves everyone on) and sends an empty item, so that it beats and sees the stop flag,
+then tries again. Every update takes the same number of optimizer steps in every learner, so only algorithms
+whose batch size does not depend on their data run here: rollout algorithms (a2c, ppo, pg with a baseline,
+nstep_q, onestep_q, sarsa). Learner 0 sends its state (`pack_state`) every `state_every` updates and after
+the budget's last one; the coordinator evaluates, checkpoints and publishes the latest it got.
 """
 
 from __future__ import annotations

@@ -179,3 +179,11 @@ def test_a_resumed_run_goes_on_from_the_learners_optimizer_state(run_opts, tmp_p
     assert resumed["env_steps"] == 2_048 and resumed["updates"] == 8
     saved = torch.load(tmp_path / "r" / "checkpoints" / "latest.pt", weights_only=True)
     assert {int(s["step"]) for s in saved["algo"]["optimizer"]["state"].values()} == {320}
+
+
+@pytest.mark.parametrize("algo", ["a2c", "a3c", "ppo", "pg", "nstep_q", "onestep_q", "sarsa"])
+def test_every_on_policy_algorithm_runs_on_one_serial_learner(algo, run_opts):
+    overrides = {"baseline": True} if algo == "pg" else {}
+    r = train(algo, "CartPole-v1", arch="allreduce", workers=1, backend="serial", steps=600, eval_every=600,
+              eval_episodes=2, stop_return=1e9, overrides=overrides, **run_opts).result  # fmt: skip
+    assert r["env_steps"] >= 600 and r["updates"] > 0 and r["eval_return_mean"] is not None
