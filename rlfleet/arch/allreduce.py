@@ -119,12 +119,12 @@ class LearnerGroup:
         moved on (one bump per generation)."""
         self.store.compare_set(GENERATION, str(generation), str(generation + 1))
 
-    def join(self) -> int:
-        """Join the group of the current generation; its number. A learner says it is ready under the generation
-        and waits (watching the store) until all are ready, then forms the gloo group: a generation abandoned
-        meanwhile (a learner died: the coordinator moves everyone on) is left for the newer one at once, so the
-        learners never wait in gloo's own rendezvous for a dead peer. Raises `GroupBroken` if no group forms in
-        time (after abandoning the generation, so that the others move on too)."""
+    def join(self, stop=None) -> int | None:
+        """Join the group of the current generation; its number (None if `stop` got set meanwhile). A learner says
+        it is ready under the generation and waits (watching the store) until all are ready, then forms the gloo
+        group: a generation abandoned meanwhile (a learner died: the coordinator moves everyone on) is left for
+        the newer one at once, so the learners never wait in gloo's own rendezvous for a dead peer. Raises
+        `GroupBroken` if no group forms in time (after abandoning the generation, so that the others move on)."""
         self.leave()
         deadline = time.monotonic() + self.timeout.total_seconds()
         generation = self.current()
@@ -134,6 +134,8 @@ class LearnerGroup:
                 generation = current
                 self.store.add(f"{generation}/ready", 1)
                 continue
+            if stop is not None and stop.is_set():
+                return None
             if time.monotonic() > deadline:
                 self.abandon(generation)
                 raise GroupBroken(f"generation {generation} did not form: {ready} of {self.world} learners ready")
@@ -249,19 +251,23 @@ class AllReduceLearner(Producer):
         if self.group is not None:
             set_gradient_hook(self.algo.optimizer, self.group.average)
 
-    def form(self) -> None:
-        """Join the next generation's group and take on the state the learners agree on."""
-        self.group.join()
+    def form(self, stop=None) -> bool:
+        """Join the next generation's group and take on the state the learners agree on; False if `stop` got set
+        while waiting for the group."""
+        if self.group.join(stop) is None:
+            return False
         updates, steps, state = self.group.agree(self.updates, self.steps, partial(pack_state, self.algo))
         if state is not None:
             load_state(self.algo, state)
         self.updates, self.steps = updates, steps
+        return True
 
     def produce(self, global_steps: int, stop=None) -> LearnerReport | None:
         report = partial(LearnerReport, self.worker_id, self.incarnation)
         if self.group is not None and not self.group.formed:
             try:
-                self.form()
+                if not self.form(stop):
+                    return None
             except GroupBroken as exc:  # an empty item: the worker beats and sees `stop`, then tries again
                 return report(0, [], {}, False, None, trouble=str(exc))
         generation = None if self.group is None else self.group.generation

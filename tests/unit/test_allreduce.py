@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +15,8 @@ import torch.distributed as dist
 from spawned import WORKER_TIMEOUT_S, allreduce_learner, make_cartpole_algo
 
 from rlfleet.algos.common import optimize, set_gradient_hook
-from rlfleet.arch.allreduce import GENERATION, Rendezvous
+from rlfleet.arch.allreduce import GENERATION, LearnerGroup, Rendezvous
+from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.data.batch import Batch
 from rlfleet.launch import train
 from rlfleet.run.config import ConfigError
@@ -187,3 +190,16 @@ def test_every_on_policy_algorithm_runs_on_one_serial_learner(algo, run_opts):
     r = train(algo, "CartPole-v1", arch="allreduce", workers=1, backend="serial", steps=600, eval_every=600,
               eval_episodes=2, stop_return=1e9, overrides=overrides, **run_opts).result  # fmt: skip
     assert r["env_steps"] >= 600 and r["updates"] > 0 and r["eval_return_mean"] is not None
+
+
+def test_a_learner_waiting_for_its_group_leaves_when_the_run_stops():
+    """A learner whose peers never come (the run is ending) sees the stop flag while it waits for them, instead
+    of waiting out --group-timeout-s before the backend can stop it."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set(GENERATION, "0")
+    group = LearnerGroup(Rendezvous("127.0.0.1", store.port, LEARNERS, timeout_s=30.0), rank=0)
+    stop = StopFlag(multiprocessing.get_context("spawn"))
+    threading.Timer(0.3, stop.set).start()
+    start = time.monotonic()
+    assert group.join(stop) is None
+    assert time.monotonic() - start < 5 and not group.formed
