@@ -215,6 +215,7 @@ class LearnerSpec(WorkerSpec):
     start_steps: int = field(default=0, kw_only=True)
     """The run's env steps when the learners started (a resumed run's schedules go on from there)."""
     state_every: int = field(default=1, kw_only=True)
+    """Updates between the states learner 0 sends (`AllReduceOptions.state_every`)."""
 
 
 @dataclass
