@@ -65,6 +65,7 @@ WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks work
 STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the learners)
 GENERATION = "generation"  # the store key of the group's generation
 POLL_S = 0.005  # a learner's poll of the store while it waits for the others to be ready
+JOIN_WAIT_S = 1.0  # the longest a learner's produce call waits for its group (then an empty item, and it waits on)
 
 
 class GroupBroken(RuntimeError):
@@ -110,36 +111,50 @@ class LearnerGroup:
         self.generation: int | None = None
         """The generation of this learner's group (None: it has been in none yet)."""
         self.formed = False
+        self.waiting: tuple[int, float] | None = None
+        """(generation, deadline) while this learner is ready under a generation whose group has not formed."""
 
     def current(self) -> int:
         return int(self.store.get(GENERATION))
+
+    def _ready(self, generation: int) -> tuple[int, float]:
+        """Say this learner is ready under `generation`; (generation, the time to give up on it)."""
+        self.store.add(f"{generation}/ready", 1)
+        return generation, time.monotonic() + self.timeout.total_seconds()
 
     def abandon(self, generation: int) -> None:
         """Move everyone on from `generation` (broken, or it did not form): the next one, unless someone already
         moved on (one bump per generation)."""
         self.store.compare_set(GENERATION, str(generation), str(generation + 1))
 
-    def join(self, stop=None) -> int | None:
-        """Join the group of the current generation; its number (None if `stop` got set meanwhile). A learner says
-        it is ready under the generation and waits (watching the store) until all are ready, then forms the gloo
-        group: a generation abandoned meanwhile (a learner died: the coordinator moves everyone on) is left for
-        the newer one at once, so the learners never wait in gloo's own rendezvous for a dead peer. Raises
-        `GroupBroken` if no group forms in time (after abandoning the generation, so that the others move on)."""
-        self.leave()
-        deadline = time.monotonic() + self.timeout.total_seconds()
-        generation = self.current()
-        self.store.add(f"{generation}/ready", 1)
+    def join(self, stop=None, wait_s: float | None = None) -> int | None:
+        """Join the group of the current generation; its number. A learner says it is ready under the generation
+        and waits (watching the store) until all are ready, then forms the gloo group: a generation abandoned
+        meanwhile (a learner died: the coordinator moves everyone on) is left for the newer one at once, so the
+        learners never wait in gloo's own rendezvous for a dead peer. Returns None if `stop` got set, or after
+        `wait_s` seconds (None: no limit) without a group: the learner stays ready, and the next call goes on
+        waiting. Raises `GroupBroken` once it has waited `timeout_s` under one generation (after abandoning it,
+        so that the others move on too)."""
+        if self.waiting is None:
+            self.leave()
+            self.waiting = self._ready(self.current())
+        generation, deadline = self.waiting
+        until = time.monotonic() + wait_s if wait_s is not None else float("inf")
         while (ready := int(self.store.add(f"{generation}/ready", 0))) < self.world:
             if (current := self.current()) != generation:
-                generation = current
-                self.store.add(f"{generation}/ready", 1)
+                generation, deadline = self.waiting = self._ready(current)
                 continue
             if stop is not None and stop.is_set():
                 return None
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
+                self.waiting = None
                 self.abandon(generation)
                 raise GroupBroken(f"generation {generation} did not form: {ready} of {self.world} learners ready")
+            if now > until:
+                return None
             time.sleep(POLL_S)
+        self.waiting = None
         self.generation = generation
         try:
             dist.init_process_group(
@@ -253,9 +268,9 @@ class AllReduceLearner(Producer):
             set_gradient_hook(self.algo.optimizer, self.group.average)
 
     def form(self, stop=None) -> bool:
-        """Join the next generation's group and take on the state the learners agree on; False if `stop` got set
-        while waiting for the group."""
-        if self.group.join(stop) is None:
+        """Join the next generation's group and take on the state the learners agree on; False if it has not
+        formed within `JOIN_WAIT_S` (or `stop` got set)."""
+        if self.group.join(stop, JOIN_WAIT_S) is None:
             return False
         updates, steps, state = self.group.agree(self.updates, self.steps, partial(pack_state, self.algo))
         if state is not None:
@@ -266,10 +281,10 @@ class AllReduceLearner(Producer):
     def produce(self, global_steps: int, stop=None) -> LearnerReport | None:
         report = partial(LearnerReport, self.worker_id, self.incarnation)
         if self.group is not None and not self.group.formed:
-            try:
+            try:  # an empty item while the group forms: the worker beats, sees `stop`, and calls again
                 if not self.form(stop):
-                    return None
-            except GroupBroken as exc:  # an empty item: the worker beats and sees `stop`, then tries again
+                    return None if stop is not None and stop.is_set() else report(0, [], {}, False, None)
+            except GroupBroken as exc:
                 return report(0, [], {}, False, None, trouble=str(exc))
         generation = None if self.group is None else self.group.generation
         self.algo.schedule(self.steps, self.spec.total_steps)

@@ -203,3 +203,17 @@ def test_a_learner_waiting_for_its_group_leaves_when_the_run_stops():
     start = time.monotonic()
     assert group.join(stop) is None
     assert time.monotonic() - start < 5 and not group.formed
+
+
+def test_a_learner_waits_for_its_group_in_short_calls_and_stays_ready_between_them():
+    """`join(wait_s=...)` gives up the call after `wait_s` (so a produce call stays short: the worker beats, and a
+    backend that queues calls to a role is not held up) but not the generation: the next call goes on waiting
+    in it, counted ready once."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set(GENERATION, "0")
+    group = LearnerGroup(Rendezvous("127.0.0.1", store.port, LEARNERS, timeout_s=30.0), rank=0)
+    for _ in range(3):
+        start = time.monotonic()
+        assert group.join(wait_s=0.2) is None
+        assert 0.2 <= time.monotonic() - start < 2 and not group.formed
+    assert store.add("0/ready", 0) == 1 and store.get(GENERATION) == b"0"
