@@ -31,11 +31,13 @@ and so does the coordinator as soon as it sees a learner die. A learner joining 
 ready under it and waits, watching the store, until all K are ready before it forms the gloo group; a
 generation abandoned meanwhile is left for the newer one at once, so no learner waits in gloo's own
 rendezvous for a dead peer. The backend restarts the dead learner, it joins the newest generation, and the
-state is broadcast again from a survivor. A learner that waits for a group that does not form gives up after
-`group_timeout_s` (and moves everyone on) and sends an empty item, so that it beats and sees the stop flag,
-then tries again. Every update takes the same number of optimizer steps in every learner, so only algorithms
-whose batch size does not depend on their data run here: rollout algorithms (a2c, ppo, pg with a baseline,
-nstep_q, onestep_q, sarsa). Learner 0 sends its state (`pack_state`) every `state_every` updates and after
+state is broadcast again from a survivor. A learner waits for its group in produce calls of at most
+`JOIN_WAIT_S` (an empty item after each, so it beats and sees the stop flag, and a backend that queues a
+role's calls is not held up); after `group_timeout_s` under one generation it moves everyone on.
+
+Every update takes the same number of optimizer steps in every learner, so only algorithms whose batch
+size does not depend on their data run here: rollout algorithms (a2c, ppo, pg with a baseline, nstep_q,
+onestep_q, sarsa). Learner 0 sends its state (`pack_state`) every `state_every` updates and after
 the budget's last one; the coordinator evaluates, checkpoints and publishes the latest it got.
 """
 
