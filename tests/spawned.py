@@ -139,3 +139,48 @@ def hold_service(handle, seconds, started):
     """Client process: hold the service for `seconds` in one call (to be killed while the service runs it)."""
     started.set()
     handle.call("hold", seconds)
+
+
+def allreduce_learner(rank, rendezvous, cases, out):
+    """Worker: one all-reduce learner, on a fixed processed batch per case `(algo, overrides, batches, epochs,
+    minibatch_size)`. Per case: a fresh algorithm object (torch seed and `algo.rng` seed `rank + 1`, so each
+    learner draws weights of its own), the state the group agrees on (learner 0's), gradients averaged in every
+    optimizer step of one `optimize` of the loss (`epochs` 0, A2C's update) or of `minibatch_epochs` (PPO's).
+    Sends home `(rank, [the model's final state as NumPy arrays, per case])`."""
+    from functools import partial
+
+    from rlfleet.algos.common import minibatch_epochs, optimize, set_gradient_hook
+    from rlfleet.arch.allreduce import LearnerGroup, load_state, pack_state
+
+    torch.set_num_threads(1)
+    group = LearnerGroup(rendezvous, rank)
+    group.join()
+    states = []
+    for algo_name, overrides, batches, epochs, minibatch_size in cases:
+        algo = make_cartpole_algo(algo_name, overrides, seed=rank + 1)
+        _, _, state = group.agree(0, 0, partial(pack_state, algo))
+        if state is not None:
+            load_state(algo, state)
+        set_gradient_hook(algo.optimizer, group.average)
+        batch = batches[rank]
+        if epochs == 0:
+            loss, _ = algo.loss(batch)
+            optimize(algo.optimizer, loss, algo.params, algo.cfg.max_grad_norm)
+        else:
+            minibatch_epochs(algo, batch, epochs, minibatch_size, algo.rng)
+        states.append({k: v.detach().numpy().copy() for k, v in algo.model.state_dict().items()})
+    group.leave()
+    out.put((rank, states))
+
+
+def make_cartpole_algo(algo_name, overrides, seed):
+    """An algorithm object for CartPole's spaces, its networks drawn with torch seed `seed`."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlfleet.algos import resolve
+
+    algo_cls, config_cls, _, _ = resolve(algo_name)
+    torch.manual_seed(seed)
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    return algo_cls(config_cls(**overrides), obs_space, gym.spaces.Discrete(2), seed=seed)

@@ -15,7 +15,10 @@ The contract every algorithm class keeps (architectures call nothing else):
   `update(segment) -> metrics`, and `one_gradient`: True when `update(segment)` is exactly one optimizer
   step on `loss(process(segment))` (the architectures that apply one gradient per segment, hogwild and
   grad_parallel, run only those), `lr` (the learning rate its schedule set) and `max_grad_norm` (the
-  global-norm clip of its update, 0: none), which those architectures apply to their own optimizer;
+  global-norm clip of its update, 0: none), which those architectures apply to their own optimizer; every
+  optimizer step of `update` goes through `optimize(self.optimizer, ...)` (`rlfleet.algos.common`), which calls
+  the gradient hook an architecture may set on that optimizer (`set_gradient_hook`) between the backward pass
+  and the clip (the `allreduce` learners average their gradients there);
 - replay algorithms: `make_buffer(n_envs, total_steps, seed)`, `loss(batch)`, `update(batch) -> metrics`
   (with "priorities" for prioritized replay);
 - dataset (imitation) algorithms, run by the `offline` architecture: `process(demos) -> Batch` (a Batch of

@@ -3,7 +3,8 @@ action rescaling, recurrent batches, optimisation step, ε-greedy, schedules, ta
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -169,18 +170,36 @@ def make_optimizer(
     return OPTIMIZERS[name](params, lr=lr, **kwargs)
 
 
+GradientHook = Callable[[Sequence[nn.Parameter]], None]
+_GRADIENT_HOOKS: weakref.WeakKeyDictionary[torch.optim.Optimizer, GradientHook] = weakref.WeakKeyDictionary()
+
+
+def set_gradient_hook(optimizer: torch.optim.Optimizer, hook: GradientHook | None) -> None:
+    """Have every `optimize` step of `optimizer` call `hook(params)` between the backward pass and the clip (None:
+    no hook again). An architecture's way to combine the gradients of several learners in every optimizer step of
+    the algorithm's own update (the `allreduce` learners average theirs) without the algorithm knowing of it."""
+    if hook is None:
+        _GRADIENT_HOOKS.pop(optimizer, None)
+    else:
+        _GRADIENT_HOOKS[optimizer] = hook
+
+
 def optimize(
     optimizer: torch.optim.Optimizer,
     loss: torch.Tensor,
     params: Sequence[nn.Parameter],
     max_grad_norm: float | None,
 ) -> float:
-    """zero_grad, backward, clip the global gradient norm (if > 0), step; returns the pre-clip norm.
+    """zero_grad, backward, the optimizer's gradient hook if it has one (`set_gradient_hook`), clip the global
+    gradient norm (if > 0), step; returns the pre-clip norm.
 
     `max_grad_norm` None neither clips nor measures (NaN comes back): the cheapest step, for small
     replay updates taken every env step."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    hook = _GRADIENT_HOOKS.get(optimizer)
+    if hook is not None:
+        hook(params)
     if max_grad_norm is None:
         optimizer.step()
         return float("nan")

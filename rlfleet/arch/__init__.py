@@ -10,6 +10,8 @@ An architecture runs any compatible algorithm through the algorithm contract (`r
 - `async_grad`: asynchronous gradients, each applied as it arrives (RLlib's AsyncGradients; `rlfleet.arch.async_grad`);
 - `param_server`: a sharded parameter server, workers push gradient shards to S server roles and pull parameter
   shards from them (`rlfleet.arch.param_server`);
+- `allreduce`: synchronous all-reduce learners, DD-PPO's decentralised form: each learner runs the algorithm's own
+  update, its gradients averaged with the others' in every optimizer step (`rlfleet.arch.allreduce`);
 - `offline`: an imitation algorithm learns from a dataset of demonstrations, DAgger with an expert
   (`rlfleet.arch.offline`).
 """
@@ -29,6 +31,7 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "grad_parallel": ("rlfleet.arch.grad_parallel", "GradParallelRunner", "workers send gradients to the centre"),
     "async_grad": ("rlfleet.arch.async_grad", "AsyncGradRunner", "each worker's gradient applied as it arrives"),
     "param_server": ("rlfleet.arch.param_server", "ParamServerRunner", "workers push gradient shards to S servers"),
+    "allreduce": ("rlfleet.arch.allreduce", "AllReduceRunner", "learners average gradients by all-reduce (DD-PPO)"),
     "offline": ("rlfleet.arch.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
 }
 

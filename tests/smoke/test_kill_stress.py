@@ -25,6 +25,7 @@ RUNS = {  # architecture: algorithm
     "data_parallel": "a2c",
     "grad_parallel": "a2c",
     "param_server": "a2c",
+    "allreduce": "a2c",
 }
 RESTART_WATCHDOG_S = 60.0  # a restart slower than this means the coordinator is stuck
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -161,3 +162,38 @@ def test_workers_leave_when_the_learner_is_killed(tmp_path, arch):
             os.killpg(sid, signal.SIGKILL)
             proc.communicate()
         kill_session(sid)
+
+
+def test_sigkilled_allreduce_learner_is_restarted_and_the_group_re_forms(tmp_path):
+    """Learner 0 (the one whose state the coordinator keeps) is SIGKILLed once the learners have updated
+    together. Two learners update only together, so the budget is reached only if the group re-formed with
+    the restarted learner; the state comes back from the survivor (it has done the most updates)."""
+    steps = 150_000
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "allreduce", "--workers", "2", "--steps",
+                 str(steps), "--stop-return", "1e9", "--eval-every", "50000")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.csv").exists() and "losses/" in (run / "metrics.csv").read_text()):
+            assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "the learners never updated together"
+            time.sleep(0.2)
+        pids = json.loads((run / "workers.json").read_text())
+        os.kill(pids["0"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    log = (run / "workers.log").read_text()
+    assert "worker 0 died (killed by SIGKILL)" in log and "restarting it" in log, log
+    assert re.search(r"learner 1: the group of generation 0 broke: .*(closed|reset) by peer", log), log
+    assert re.search(r"the learners' group re-formed \(generation [1-9]\d*\)", log), log
+    assert "worker 0 died (killed by SIGKILL)" in err
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= steps
+    assert result["eval_return_mean"] > 100  # the state learner 0 had is not lost: the survivor's went on
+    assert not (run / "workers.json").exists()  # every worker gone

@@ -1,0 +1,454 @@
+"""`allreduce`: synchronous all-reduce learners, DD-PPO's decentralised form — K learners, no central learner.
+
+Each of K learners collects its own segment, runs the algorithm's own `update` on it, and in every optimizer
+step of that update (every minibatch of every PPO epoch) averages its gradients with the others' by
+`torch.distributed`'s all-reduce (gloo) between the backward pass and the global-norm clip, so the K identical
+optimizers take identical steps and the learners stay identical. Who sends what to whom::
+
+    learner 0 ◀──┐ all-reduce of the gradients (gloo), in every optimizer step ┌──▶ learner K-1
+        │        └─────────────────────────┬──────────────────────────────────┘        │
+        │ steps, returns, metrics          │ learner 1 ...                            │ steps, returns,
+        │ + its weights and optimizer      │                                          │ metrics
+        ▼   state every `state_every`      ▼                                          ▼
+    ┌──────────────────────────────────────────────────────────────────────────────────────────┐
+    │ coordinator (main process): counts steps, logs, evaluates and checkpoints learner 0's     │
+    │ state, publishes it (a restarted learner starts from it), opens the group's TCPStore      │
+    └──────────────────────────────────────────────────────────────────────────────────────────┘
+
+The algorithm knows nothing of it: `optimize` (`rlfleet.algos.common`), the one place the on-policy
+algorithms step, calls the gradient hook the learner set on the algorithm's optimizer (`set_gradient_hook`).
+The coordinator opens a `TCPStore` at the backend's host and hands its address to the learners; learner `i`
+joins the gloo group as rank `i` of K under the store prefix of the current generation. Once the group has
+formed, the learners agree on one state: that of the learner that has done the most updates (the lowest rank
+among equals; at the start, learner 0 with the coordinator's), broadcast with its env-step count, so all
+start identical in weights and optimizer state. The schedules (learning-rate annealing, target syncs) run at
+that shared count, advanced by K segments per update, so they too are the same in every learner.
+
+A learner that dies breaks the group: the others' next collective fails (gloo reports the closed peer at
+once; a hung peer after `group_timeout_s`, or once the heartbeat has it killed). The group's generation is
+a counter in the store: a learner whose group broke moves everyone to the next one (one bump per generation),
+and so does the coordinator as soon as it sees a learner die. A learner joining a generation says it is
+ready under it and waits, watching the store, until all K are ready before it forms the gloo group; a
+generation abandoned meanwhile is left for the newer one at once, so no learner waits in gloo's own
+rendezvous for a dead peer. The backend restarts the dead learner, it joins the newest generation, and the
+state is broadcast again from a survivor. A learner waits for its group in produce calls of at most
+`JOIN_WAIT_S` (an empty item after each, so it beats and sees the stop flag, and a backend that queues a
+role's calls is not held up); after `group_timeout_s` under one generation it moves everyone on.
+
+Every update takes the same number of optimizer steps in every learner, so only algorithms whose batch
+size does not depend on their data run here: rollout algorithms (a2c, ppo, pg with a baseline, nstep_q,
+onestep_q, sarsa). Learner 0 sends its state (`pack_state`) every `state_every` updates and after
+the budget's last one; the coordinator evaluates, checkpoints and publishes the latest it got.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlfleet.algos.common import set_gradient_hook
+from rlfleet.arch.parallel import ParallelOptions, ParallelRunner, Producer, WorkerSpec
+from rlfleet.arch.shared import algo_modules
+from rlfleet.backends import BACKENDS
+from rlfleet.fields import bounded
+from rlfleet.run.config import ConfigError
+from rlfleet.run.runner import RunResult, StopRequest
+
+AHEAD = 2  # items a learner may have sent beyond those the coordinator has counted
+WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
+STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the learners)
+GENERATION = "generation"  # the store key of the group's generation
+POLL_S = 0.005  # a learner's poll of the store while it waits for the others to be ready
+JOIN_WAIT_S = 1.0  # the longest a learner's produce call waits for its group (then an empty item, and it waits on)
+
+
+class GroupBroken(RuntimeError):
+    """A collective of the learners' group failed, or the group did not form: a peer died or hung."""
+
+
+def pack_state(algo) -> bytes:
+    """What makes learners identical: every network's state (parameters and buffers: targets, clocks) and the
+    optimizer's, serialised by `torch.save` (read back with `weights_only=True`)."""
+    buffer = io.BytesIO()
+    modules = {name: module.state_dict() for name, module in algo_modules(algo).items()}
+    torch.save({"modules": modules, "optimizer": algo.optimizer.state_dict()}, buffer)
+    return buffer.getvalue()
+
+
+def load_state(algo, data: bytes) -> None:
+    """Load what `pack_state` wrote into `algo` (in place: shared networks stay shared)."""
+    state = torch.load(io.BytesIO(data), weights_only=True)
+    for name, module in algo_modules(algo).items():
+        module.load_state_dict(state["modules"][name])
+    algo.optimizer.load_state_dict(state["optimizer"])
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the learners' group meets (the coordinator's TCPStore) and its size (picklable to the learners)."""
+
+    host: str
+    port: int
+    world_size: int
+    timeout_s: float
+
+
+class LearnerGroup:
+    """One learner's place in the gloo group: `join` the current generation, `average` gradients, `agree` on one
+    state, `leave`. A failed collective or rendezvous raises `GroupBroken`."""
+
+    def __init__(self, rendezvous: Rendezvous, rank: int):
+        self.rank = rank
+        self.world = rendezvous.world_size
+        self.timeout = timedelta(seconds=rendezvous.timeout_s)
+        self.store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=self.timeout)
+        self.generation: int | None = None
+        """The generation of this learner's group (None: it has been in none yet)."""
+        self.formed = False
+        self.waiting: tuple[int, float] | None = None
+        """(generation, deadline) while this learner is ready under a generation whose group has not formed."""
+
+    def current(self) -> int:
+        return int(self.store.get(GENERATION))
+
+    def _ready(self, generation: int) -> tuple[int, float]:
+        """Say this learner is ready under `generation`; (generation, the time to give up on it)."""
+        self.store.add(f"{generation}/ready", 1)
+        return generation, time.monotonic() + self.timeout.total_seconds()
+
+    def abandon(self, generation: int) -> None:
+        """Move everyone on from `generation` (broken, or it did not form): the next one, unless someone already
+        moved on (one bump per generation)."""
+        self.store.compare_set(GENERATION, str(generation), str(generation + 1))
+
+    def join(self, stop=None, wait_s: float | None = None) -> int | None:
+        """Join the group of the current generation; its number. A learner says it is ready under the generation
+        and waits (watching the store) until all are ready, then forms the gloo group: a generation abandoned
+        meanwhile (a learner died: the coordinator moves everyone on) is left for the newer one at once, so the
+        learners never wait in gloo's own rendezvous for a dead peer. Returns None if `stop` got set, or after
+        `wait_s` seconds (None: no limit) without a group: the learner stays ready, and the next call goes on
+        waiting. Raises `GroupBroken` once it has waited `timeout_s` under one generation (after abandoning it,
+        so that the others move on too)."""
+        if self.waiting is None:
+            self.leave()
+            self.waiting = self._ready(self.current())
+        generation, deadline = self.waiting
+        until = time.monotonic() + wait_s if wait_s is not None else float("inf")
+        while (ready := int(self.store.add(f"{generation}/ready", 0))) < self.world:
+            if (current := self.current()) != generation:
+                generation, deadline = self.waiting = self._ready(current)
+                continue
+            if stop is not None and stop.is_set():
+                return None
+            now = time.monotonic()
+            if now > deadline:
+                self.waiting = None
+                self.abandon(generation)
+                raise GroupBroken(f"generation {generation} did not form: {ready} of {self.world} learners ready")
+            if now > until:
+                return None
+            time.sleep(POLL_S)
+        self.waiting = None
+        self.generation = generation
+        try:
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore(f"{generation}/", self.store),
+                rank=self.rank,
+                world_size=self.world,
+                timeout=self.timeout,
+            )
+        except RuntimeError as exc:
+            self.leave()
+            self.abandon(generation)
+            raise GroupBroken(f"generation {generation} did not form: {_first_line(exc)}") from None
+        self.formed = True
+        return generation
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.formed = False
+
+    def _collective(self, collective, *args, **kwargs) -> None:
+        try:
+            collective(*args, **kwargs)
+        except RuntimeError as exc:  # gloo: a closed peer, or the timeout
+            self.leave()
+            self.abandon(self.generation)
+            raise GroupBroken(f"the group of generation {self.generation} broke: {_first_line(exc)}") from None
+
+    def average(self, params) -> None:
+        """Replace every gradient by its mean over the learners (one all-reduce of them all, flattened). Parameters
+        without a gradient have none in every learner (the same loss, the same graph) and are left out."""
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._collective(dist.all_reduce, flat)
+        flat.div_(self.world)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def agree(self, updates: int, steps: int, state) -> tuple[int, int, bytes | None]:
+        """Make one learner's state everyone's: the one with the most `updates` (the lowest rank among equals).
+        Returns that learner's (updates, steps) and its `state()` bytes, None where it is this learner's own."""
+        key = torch.tensor([updates * self.world + (self.world - 1 - self.rank)], dtype=torch.int64)
+        self._collective(dist.all_reduce, key, op=dist.ReduceOp.MAX)
+        best, source = int(key) // self.world, self.world - 1 - int(key) % self.world
+        data = state() if self.rank == source else b""
+        header = torch.tensor([steps, len(data)], dtype=torch.int64)
+        self._collective(dist.broadcast, header, src=source)
+        if self.rank == source:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            payload = torch.empty(int(header[1]), dtype=torch.uint8)
+        self._collective(dist.broadcast, payload, src=source)
+        return best, int(header[0]), None if self.rank == source else payload.numpy().tobytes()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's message, without gloo's source location ("[.../pair.cc:553] ")."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@dataclass
+class LearnerSpec(WorkerSpec):
+    """A learner's `WorkerSpec`, and where its group meets."""
+
+    rendezvous: Rendezvous | None = field(default=None, kw_only=True)
+    """None with one learner: nothing to average."""
+    initial_state: bytes = field(default=b"", kw_only=True)
+    """The coordinator's `pack_state` when the run (or resume) started: its optimizer state for the first group."""
+    start_steps: int = field(default=0, kw_only=True)
+    """The run's env steps when the learners started (a resumed run's schedules go on from there)."""
+    state_every: int = field(default=1, kw_only=True)
+    """Updates between the states learner 0 sends (`AllReduceOptions.state_every`)."""
+
+
+@dataclass
+class LearnerReport:
+    """One learner's item: what it collected and, after an update, its metrics (learner 0: its state too)."""
+
+    worker: int
+    incarnation: int
+    steps: int
+    returns: list[float]
+    metrics: dict[str, float]
+    updated: bool
+    """The group completed an update on this learner's segment."""
+    generation: int | None
+    """The group's generation (None: in no group; with one learner, always)."""
+    state: bytes | None = None
+    """`pack_state` of learner 0 every `state_every` updates, and after the last update of the budget."""
+    trouble: str | None = None
+    """Why the group broke or did not form, if it did."""
+
+
+class AllReduceLearner(Producer):
+    """One learner: its own envs and algorithm object; the algorithm's own update, gradients averaged by the group."""
+
+    def __init__(self, spec: LearnerSpec, shared, weights, worker_id: int, incarnation: int = 0):
+        super().__init__(spec, shared, weights, worker_id, incarnation)
+        load_state(self.algo, spec.initial_state)
+        self.weights.read(self.copy.pull)  # the latest weights learner 0 sent (a restarted learner's best guess)
+        self.steps = spec.start_steps  # the group's env steps, the same in every learner: the schedules' clock
+        self.updates = 0 if incarnation == 0 else -1  # -1: a restarted learner knows nothing yet
+        self.segment_steps = spec.algo_cfg.n_envs * spec.algo_cfg.rollout_len
+        self.group = LearnerGroup(spec.rendezvous, worker_id) if spec.rendezvous is not None else None
+        self.world = 1 if spec.rendezvous is None else spec.rendezvous.world_size
+        if self.group is not None:
+            set_gradient_hook(self.algo.optimizer, self.group.average)
+
+    def form(self, stop=None) -> bool:
+        """Join the next generation's group and take on the state the learners agree on; False if it has not
+        formed within `JOIN_WAIT_S` (or `stop` got set)."""
+        if self.group.join(stop, JOIN_WAIT_S) is None:
+            return False
+        updates, steps, state = self.group.agree(self.updates, self.steps, partial(pack_state, self.algo))
+        if state is not None:
+            load_state(self.algo, state)
+        self.updates, self.steps = updates, steps
+        return True
+
+    def produce(self, global_steps: int, stop=None) -> LearnerReport | None:
+        report = partial(LearnerReport, self.worker_id, self.incarnation)
+        if self.group is not None and not self.group.formed:
+            try:  # an empty item while the group forms: the worker beats, sees `stop`, and calls again
+                if not self.form(stop):
+                    return None if stop is not None and stop.is_set() else report(0, [], {}, False, None)
+            except GroupBroken as exc:
+                return report(0, [], {}, False, None, trouble=str(exc))
+        generation = None if self.group is None else self.group.generation
+        self.algo.schedule(self.steps, self.spec.total_steps)
+        before = self.collector.env_steps
+        segment = self.collector.collect_rollout(self.storage)
+        steps, returns = self.collector.env_steps - before, self.collector.pop_new_returns()
+        try:
+            metrics = self.algo.update(segment)
+        except GroupBroken as exc:  # its segment's steps were taken all the same
+            return report(steps, returns, {}, False, generation, trouble=str(exc))
+        self.updates += 1
+        self.steps += self.world * self.segment_steps
+        # the budget's last update (by the group's count or the coordinator's): the coordinator's final state
+        last = max(self.steps, global_steps + self.world * self.segment_steps) >= self.spec.total_steps
+        state = None
+        if self.worker_id == 0 and (self.updates % self.spec.state_every == 0 or last):
+            state = pack_state(self.algo)
+        return report(steps, returns, metrics, True, generation, state)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.leave()
+            set_gradient_hook(self.algo.optimizer, None)
+        super().close()
+
+
+@dataclass
+class AllReduceOptions(ParallelOptions):
+    """allreduce's options."""
+
+    group_timeout_s: float = bounded(60.0, gt=0)
+    """Seconds a learner waits in a collective, or for its group to form, before it takes a peer for dead or
+    hung and moves to the next generation of the group (less than --heartbeat-s)."""
+    state_every: int = bounded(1, ge=1)
+    """Updates between the copies of learner 0's weights and optimizer state sent to the coordinator (and one
+    after the budget's last update), which evaluates, checkpoints and publishes the latest it got: an evaluation
+    or a Ctrl-C checkpoint may be up to state_every - 1 updates behind the learners."""
+
+
+class AllReduceRunner(ParallelRunner):
+    """The coordinator of an `allreduce` run (see the module docstring): no learning of its own."""
+
+    arch = "allreduce"
+    Options = AllReduceOptions
+
+    def check_config(self) -> None:
+        self.check_parallel(on_policy_only=False, uses_optimizer=False)
+        algo, opts = self.cfg.algo, self.opts
+        if self.algo.data != "rollout":
+            instead = "offline" if self.algo.data == "dataset" else "data_parallel or single"
+            raise ConfigError(
+                f"{algo} learns from {self.algo.data} data; the allreduce architecture runs on-policy algorithms "
+                f"whose update steps one optimizer (a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
+            )
+        if getattr(self.algo_cfg, "baseline", True) is False:
+            raise ConfigError(
+                f"{algo} without a baseline learns from complete episodes only, a different number of optimizer "
+                "steps in each learner, which all-reduce learners cannot take in step: use --set baseline=true"
+            )
+        if BACKENDS[opts.backend].in_process and opts.workers > 1:
+            raise ConfigError(
+                f"--backend {opts.backend} runs the learners one after another in one process, so {opts.workers} "
+                "of them cannot all-reduce: use --backend local, or --workers 1 (one learner)"
+            )
+        if opts.group_timeout_s >= opts.heartbeat_s:
+            raise ConfigError(
+                f"--group-timeout-s {opts.group_timeout_s:g} must be less than --heartbeat-s {opts.heartbeat_s:g}: "
+                "a learner waiting that long for a hung peer would be taken for hung itself"
+            )
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.spec = self.worker_spec(LearnerSpec, state_every=self.opts.state_every)
+        self.start_backend()  # the counter: env steps of every learner's items
+        self.store: dist.TCPStore | None = None
+        self.generation: int | None = None
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.eval_envs = self.make_eval_envs()
+        self._write_config({"workers": self.opts.workers, "ahead": AHEAD})
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"version": self.weights.version}
+
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
+        self.weights.set(int(saved.get("version", 0)))
+
+    def open_rendezvous(self) -> None:
+        """The learners' meeting point: a TCPStore at the backend's host on a free port, generation 0."""
+        self.spec.initial_state = pack_state(self.algo)
+        self.spec.start_steps = self.env_steps
+        if self.opts.workers == 1:
+            return
+        timeout = timedelta(seconds=self.opts.group_timeout_s)
+        self.store = dist.TCPStore(self.backend.host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        self.store.set(GENERATION, "0")
+        opts = self.opts
+        self.spec.rendezvous = Rendezvous(self.backend.host, self.store.port, opts.workers, opts.group_timeout_s)
+
+    def restart_crashed(self, pool, logger, how: str) -> None:
+        """Report and restart the learners that died, and move the others on to the next generation at once: the
+        group with the dead learner is abandoned even by learners still waiting for it to form."""
+        restarts = pool.restarts
+        super().restart_crashed(pool, logger, how)
+        if pool.restarts != restarts and self.store is not None:
+            self.store.add(GENERATION, 1)
+
+    # ----------------------------------------------------------------------------------------- learning
+    def take(self, item: LearnerReport) -> tuple[dict[str, float], int]:
+        """Count a learner's item; learner 0's state becomes the coordinator's (and the published weights)."""
+        self.counter.add(item.steps)
+        self.count_returns(item.returns)
+        if item.trouble is not None:
+            self._report(f"learner {item.worker}: {item.trouble}")
+        if item.generation is not None and item.updated and item.generation != self.generation:
+            if self.generation is not None:
+                self._report(f"the learners' group re-formed (generation {item.generation})")
+            self.generation = item.generation
+        if item.state is not None:
+            with self.weights.writing():
+                load_state(self.algo, item.state)
+        if not item.updated:
+            return {}, 0
+        return item.metrics, int(item.worker == 0)  # one update of the group per update of learner 0
+
+    # ----------------------------------------------------------------------------------------- loop
+    def run(self) -> RunResult:
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        stop_flag = self.backend.stop_flag()
+        pool = None
+        last_item = time.monotonic()
+        try:
+            self.open_rendezvous()
+            learner = partial(AllReduceLearner, self.spec, self.shared, self.weights)
+            pool = self.start_roles(learner, stop_flag, AHEAD)
+            with StopRequest() as stop:
+                while True:
+                    item = pool.get_any(WAIT_S)
+                    metrics: dict[str, float] = {}
+                    updates = 0
+                    new_returns: list[float] = []
+                    if item is not None:
+                        last_item = time.monotonic()
+                        metrics, updates = self.take(item)
+                        new_returns = item.returns
+                        pool.release(item.worker, item.incarnation)
+                    elif time.monotonic() - last_item > STALL_S:
+                        self._report(f"no item from the learners for {STALL_S:.0f} s ({pool.alive()} alive)")
+                        last_item = time.monotonic()
+                    self.restart_crashed(pool, logger, "(it joins the learners' next group)")
+                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+                    if self.env_steps >= self.total_steps:
+                        break
+            self.stop_roles(stop_flag, pool)
+            self.finish(logger, start, stopped_by)
+        finally:
+            self.stop_roles(stop_flag, pool)
+            self.store = None  # the store's server goes with it
+            logger.close()
+            self.eval_envs.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)
