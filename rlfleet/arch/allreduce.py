@@ -44,11 +44,15 @@ the budget's last one; the coordinator evaluates, checkpoints and publishes the 
 from __future__ import annotations
 
 import io
+import ipaddress
+import os
 import re
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,6 +105,17 @@ class Rendezvous:
     timeout_s: float
 
 
+def keep_on_loopback(host: str) -> None:
+    """A group that meets at a loopback address (one machine) talks over the loopback interface: gloo would
+    otherwise pick the interface the machine's hostname resolves to (`GLOO_SOCKET_IFNAME`, set for this learner's
+    process unless the user set it)."""
+    if ipaddress.ip_address(host).is_loopback:
+        names = [name for _, name in socket.if_nameindex()]
+        loopback = next((n for n in names if Path(f"/sys/class/net/{n}/flags").exists()
+                         and int(Path(f"/sys/class/net/{n}/flags").read_text(), 16) & 0x8), "lo")  # fmt: skip
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+
+
 class LearnerGroup:
     """One learner's place in the gloo group: `join` the current generation, `average` gradients, `agree` on one
     state, `leave`. A failed collective or rendezvous raises `GroupBroken`."""
@@ -110,6 +125,7 @@ class LearnerGroup:
         self.world = rendezvous.world_size
         self.timeout = timedelta(seconds=rendezvous.timeout_s)
         self.store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=self.timeout)
+        keep_on_loopback(rendezvous.host)
         self.generation: int | None = None
         """The generation of this learner's group (None: it has been in none yet)."""
         self.formed = False

@@ -222,6 +222,14 @@ def test_a2c_solves_cartpole_with_two_ray_actors(arch, run_opts):
 
 
 @pytest.mark.learning
+def test_ppo_solves_cartpole_on_two_allreduce_learners_as_ray_actors(run_opts):
+    result = train("ppo", "CartPole-v1", arch="allreduce", workers=2, backend="ray", steps=100_000, seed=0,
+                   eval_every=5_000, **run_opts)  # fmt: skip
+    assert result["solved"], f"ppo on allreduce with ray: {result.result}"
+    assert result["eval_return_mean"] >= 475
+
+
+@pytest.mark.learning
 def test_an_actor_killed_mid_run_is_restarted_and_the_run_still_solves(run_opts, tmp_path):
     run = tmp_path / "killed"
     killed: list[int] = []

@@ -4,6 +4,7 @@ concatenated batch does; the gradient hook of `optimize`; the options and algori
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -217,3 +218,16 @@ def test_a_learner_waits_for_its_group_in_short_calls_and_stays_ready_between_th
         assert group.join(wait_s=0.2) is None
         assert 0.2 <= time.monotonic() - start < 2 and not group.formed
     assert store.add("0/ready", 0) == 1 and store.get(GENERATION) == b"0"
+
+
+def test_a_group_that_meets_on_loopback_talks_over_the_loopback_interface(monkeypatch):
+    from rlfleet.arch.allreduce import keep_on_loopback
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    keep_on_loopback("10.1.2.3")  # a cluster's address: gloo's own choice stands
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    keep_on_loopback("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice is kept
+    keep_on_loopback("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
