@@ -12,11 +12,12 @@ one torch thread, what each side does per item:
 
 With W workers on W machines and a learner NIC of `--gbit` Gbit/s, the model's env steps/s is
 
-    min(W × actor_sps,  learner_sps,  bandwidth / bytes_per_env_step)
+    min(W × steps_per_item / (worker_s + rtt + learner_s),  learner_sps,  bandwidth / bytes_per_env_step)
 
-(workers never wait for one another here: credits of one item each, and enough of them to keep the learner
-busy). The printed table says which term binds at W = 2 ... 256. It leaves out the object store's per-call
-overhead (a few ms per call on one machine, `weight_publish.py`), which a faster learner would meet first.
+A worker has one credit: its next item starts once the learner has used its last one, so its cycle is its own
+time, a round trip of the call (`--rtt-ms`, default 3 ms: a Ray call on one machine, `weight_publish.py`'s
+100-parameter row) and the learner's time for its item; workers never wait for one another. The printed table
+says which term binds at W = 2 ... 256.
 
     python benchmarks/throughput_model.py --out benchmarks/results/throughput_model.json
     python benchmarks/throughput_model.py --env ALE/Pong-v5 --items 20
@@ -89,11 +90,12 @@ def costs(arch: str, env: str, items: int) -> dict:
     }
 
 
-def model(row: dict, workers: int, gbit: float) -> tuple[float, str]:
+def model(row: dict, workers: int, gbit: float, rtt_s: float) -> tuple[float, str]:
     """Env steps/s with `workers` workers and what limits it."""
     bandwidth = gbit * 1e9 / 8
     network_sps = bandwidth / ((row["item_bytes"] + row["weights_bytes"]) / row["steps_per_item"])
-    terms = {"workers": workers * row["actor_sps"], "learner": row["learner_sps"], "network": network_sps}
+    cycle = row["worker_s_per_item"] + rtt_s + row["learner_s_per_item"]
+    terms = {"workers": workers * row["steps_per_item"] / cycle, "learner": row["learner_sps"], "network": network_sps}
     bound = min(terms, key=terms.get)
     return terms[bound], bound
 
@@ -104,13 +106,15 @@ def main() -> None:
     parser.add_argument("--archs", default="data_parallel,grad_parallel")
     parser.add_argument("--items", type=int, default=50, help="items timed per architecture")
     parser.add_argument("--gbit", type=float, default=10.0, help="the learner's network, Gbit/s")
+    parser.add_argument("--rtt-ms", type=float, default=3.0, help="round trip of one call, ms")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = [costs(arch, args.env, args.items) for arch in args.archs.split(",")]
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}
-    print(f"\nA2C on {args.env}; {machine['cpu']}; one torch thread; learner network {args.gbit:g} Gbit/s\n")
+    print(f"\nA2C on {args.env}; {machine['cpu']}; one torch thread; learner network {args.gbit:g} Gbit/s; "
+          f"call round trip {args.rtt_ms:g} ms\n")  # fmt: skip
     print("| architecture | params | env steps per item | worker ms/item | learner ms/item | item KB | weights KB "
           "| one worker env steps/s | learner env steps/s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -123,7 +127,7 @@ def main() -> None:
     for r in rows:
         cells = []
         for w in WORKERS:
-            sps, bound = model(r, w, args.gbit)
+            sps, bound = model(r, w, args.gbit, args.rtt_ms / 1e3)
             cells.append(f"{sps:,.0f} ({bound})")
         print(f"| {r['arch']} | " + " | ".join(cells) + " |")
     if args.out:

@@ -68,6 +68,7 @@ from rlfleet.backends.base import (
     WorkerFailure,
 )
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, WeightVersion
+from rlfleet.fields import ConfigError
 
 STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
 PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many roles fit on one node
@@ -82,7 +83,7 @@ def import_ray(private: bool):
         return imported  # connected already: the run uses that connection
     if private:
         if imported is not None and os.environ.get(LOOPBACK_ENV) != "0":
-            raise RuntimeError(
+            raise ConfigError(
                 "ray was imported before rlfleet could bind its private Ray instance to 127.0.0.1: set "
                 f"{LOOPBACK_ENV}=0 in the environment before importing ray, or start Ray yourself and pass --address"
             )
@@ -90,7 +91,7 @@ def import_ray(private: bool):
     try:
         import ray
     except ImportError:
-        raise RuntimeError("--backend ray needs Ray: pip install -e '.[ray]'") from None
+        raise ConfigError("--backend ray needs Ray, an extra: pip install -e '.[ray]'") from None
     return ray
 
 
@@ -587,8 +588,12 @@ class RayBackend(Backend):
 
     def _connect(self, address: str) -> None:
         if address:
-            with _sigint_ignored():
-                self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+            try:
+                with _sigint_ignored():
+                    self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+            except (ConnectionError, RuntimeError, ValueError) as exc:  # nothing there, a refused token, ...
+                reason = ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(f"cannot join the Ray cluster at --address {address}: {reason}") from None
         else:
             workers = getattr(self.opts, "workers", 1)
             start_private_instance(int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))
