@@ -169,6 +169,7 @@ class ParallelRunner(RunBase):
                 f"{self.algo_cfg.rollout_len * self.algo_cfg.n_envs} (one minibatch: the whole segment)"
             )
         opts = self.opts
+        BACKENDS[opts.backend].check_options(opts)
         if opts.backend != "ray":
             defaults = ParallelOptions()
             for name in ("address", "cpus_per_role", "gpus_per_role", "placement"):

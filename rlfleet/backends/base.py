@@ -180,6 +180,11 @@ class Backend(ABC):
     def __init__(self, opts: Any = None):
         self.opts = opts
 
+    @classmethod
+    def check_options(cls, opts: Any) -> None:
+        """Refuse options this backend cannot run with, before the run writes anything (a `ConfigError`)."""
+        return None  # serial and local run with any
+
     def close(self) -> None:
         """Give back what the backend itself started (a Ray instance, for one). Idempotent."""
         return None  # serial and local start nothing beyond their roles, which `RoleGroup.stop` stops

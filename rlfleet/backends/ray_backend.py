@@ -37,11 +37,14 @@ with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import ipaddress
 import json
 import os
 import pickle
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -73,11 +76,22 @@ from rlfleet.fields import ConfigError
 STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
 PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many roles fit on one node
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's error texts
+ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
 
 
+def on_loopback(address: str) -> bool:
+    """A HOST:PORT of this machine's loopback: a cluster on 127.0.0.1 (Ray must then keep to loopback too)."""
+    host = address.rpartition(":")[0]
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def import_ray(private: bool):
-    """Ray, imported so that a private instance listens on loopback only; a clear error if it is missing."""
+    """Ray, imported so that a private instance (or one on 127.0.0.1) listens on loopback only; a clear error if it
+    is missing."""
     imported = sys.modules.get("ray")
     if imported is not None and imported.is_initialized():
         return imported  # connected already: the run uses that connection
@@ -573,10 +587,27 @@ class RayBackend(Backend):
     shares_memory = False  # every actor has its own replica of the networks
     has_services = True  # named actors
 
+    @classmethod
+    def check_options(cls, opts: Any) -> None:
+        """Ray is installed, and something listens at `--address` HOST:PORT (Ray itself retries for minutes)."""
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("--backend ray needs Ray, an extra: pip install -e '.[ray]'")
+        address = getattr(opts, "address", "") or ""
+        if address in ("", "auto"):
+            return
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"--address {address!r} is not HOST:PORT (or auto)")
+        try:
+            socket.create_connection((host, int(port)), timeout=ADDRESS_TIMEOUT_S).close()
+        except OSError as exc:
+            raise ConfigError(f"nothing answers at --address {address}: {exc.strerror or exc}") from None
+
     def __init__(self, opts: Any = None):
         super().__init__(opts)
         address = getattr(opts, "address", "") or ""
-        self.ray = import_ray(private=not address)
+        self.check_options(opts)
+        self.ray = import_ray(private=not address or on_loopback(address))
         self.started = False  # this run connected to Ray (and shuts the connection down at the end)
         if not self.ray.is_initialized():
             self._connect(address)

@@ -181,6 +181,20 @@ def test_hogwild_and_ray_only_options_are_refused_clearly(run_opts):
         train("a3c", "CartPole-v1", arch="hogwild", backend="ray", **run_opts)
     with pytest.raises(ConfigError, match="--address is an option of the ray backend; add --backend ray"):
         train("a2c", "CartPole-v1", arch="data_parallel", address="auto", **run_opts)
+    with pytest.raises(ConfigError, match="^--address 'nowhere' is not HOST:PORT"):
+        train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address="nowhere", **run_opts)
+    with pytest.raises(ConfigError, match="^nothing answers at --address 127.0.0.1:1: "):
+        train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address="127.0.0.1:1", **run_opts)
+    assert not any(Path(run_opts["logdir"]).iterdir())  # refused before anything was written
+
+
+def test_without_ray_installed_the_ray_backend_says_how_to_get_it(run_opts, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^--backend ray needs Ray, an extra: pip install -e '\.\[ray\]'$"):
+        train("a2c", "CartPole-v1", arch="async_grad", backend="ray", **run_opts)
 
 
 def test_the_private_instance_listens_on_loopback_only(ray_instance):
