@@ -59,16 +59,13 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.algos.common import set_gradient_hook
-from rlfleet.arch.parallel import ParallelOptions, ParallelRunner, Producer, WorkerSpec
+from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
 from rlfleet.arch.shared import algo_modules
-from rlfleet.backends import BACKENDS
+from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.fields import bounded
 from rlfleet.run.config import ConfigError
-from rlfleet.run.runner import RunResult, StopRequest
 
 AHEAD = 2  # items a learner may have sent beyond those the coordinator has counted
-WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
-STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the learners)
 GENERATION = "generation"  # the store key of the group's generation
 POLL_S = 0.005  # a learner's poll of the store while it waits for the others to be ready
 JOIN_WAIT_S = 1.0  # the longest a learner's produce call waits for its group (then an empty item, and it waits on)
@@ -429,42 +426,24 @@ class AllReduceRunner(ParallelRunner):
         return item.metrics, int(item.worker == 0)  # one update of the group per update of learner 0
 
     # ----------------------------------------------------------------------------------------- loop
-    def run(self) -> RunResult:
-        logger, start = self.start_logging()
-        stopped_by = "steps"
-        stop_flag = self.backend.stop_flag()
-        pool = None
-        last_item = time.monotonic()
-        try:
-            self.open_rendezvous()
-            learner = partial(AllReduceLearner, self.spec, self.shared, self.weights)
-            pool = self.start_roles(learner, stop_flag, AHEAD)
-            with StopRequest() as stop:
-                while True:
-                    item = pool.get_any(WAIT_S)
-                    metrics: dict[str, float] = {}
-                    updates = 0
-                    new_returns: list[float] = []
-                    if item is not None:
-                        last_item = time.monotonic()
-                        metrics, updates = self.take(item)
-                        new_returns = item.returns
-                        pool.release(item.worker, item.incarnation)
-                    elif time.monotonic() - last_item > STALL_S:
-                        self._report(f"no item from the learners for {STALL_S:.0f} s ({pool.alive()} alive)")
-                        last_item = time.monotonic()
-                    self.restart_crashed(pool, logger, "(it joins the learners' next group)")
-                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-                    if self.env_steps >= self.total_steps:
-                        break
-            self.stop_roles(stop_flag, pool)
-            self.finish(logger, start, stopped_by)
-        finally:
-            self.stop_roles(stop_flag, pool)
-            self.store = None  # the store's server goes with it
-            logger.close()
-            self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+    waiting_for = "item from the learners"
+    restart_how = "(it joins the learners' next group)"
+
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        """The rendezvous first, then the learners, which meet there."""
+        self.open_rendezvous()
+        learner = partial(AllReduceLearner, self.spec, self.shared, self.weights)
+        return self.start_roles(learner, stop_flag, AHEAD)
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """The next item of any learner, taken in (`take`); then the learner may send the next."""
+        item = pool.get_any(WAIT_S)
+        if item is None:
+            return None
+        metrics, updates = self.take(item)
+        pool.release(item.worker, item.incarnation)
+        return Taken(item.returns, metrics, updates)
+
+    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+        super().shut_down(stop_flag, pool)
+        self.store = None  # the store's server goes with it

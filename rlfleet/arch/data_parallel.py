@@ -56,14 +56,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.arch.parallel import ParallelOptions, ParallelRunner, Producer
+from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken
+from rlfleet.backends import RoleGroup
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
-from rlfleet.run.runner import RunResult, StopRequest
 
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
-WAIT_S = 0.2  # the learner's longest wait for experience before it checks workers, Ctrl-C and the clock
-STALL_S = 60.0  # no experience for this long is reported in workers.log (a heartbeat of the samplers)
 
 
 @dataclass
@@ -205,6 +203,7 @@ class DataParallelRunner(ParallelRunner):
         self.start_backend()  # the counter: env steps consumed by the learner
         self.buffer = None
         self.incarnations: dict[int, int] = {}  # replay: each sampler's incarnation whose data its columns hold
+        self.pending: list[Experience | None] = [None] * self.opts.workers  # replay: this round's block of each
         if self.algo.data == "replay":
             self.buffer = self.algo.make_buffer(
                 self.opts.workers * self.algo_cfg.n_envs, self.total_steps, seed=cfg.seed
@@ -278,53 +277,31 @@ class DataParallelRunner(ParallelRunner):
         return metrics, cfg.gradient_steps
 
     # ----------------------------------------------------------------------------------------- loop
-    def run(self) -> RunResult:
-        logger, start = self.start_logging()
-        stopped_by = "steps"
-        n = self.opts.workers
-        kind = self.algo.data
-        replay = kind == "replay"
-        stop_flag = self.backend.stop_flag()
-        pool = None
-        pending: list[Experience | None] = [None] * n  # replay: this round's block of each sampler
-        last_item = time.monotonic()
-        try:
-            pool = self.start_roles(partial(Sampler, self.spec, self.shared, self.weights), stop_flag, AHEAD[kind])
-            with StopRequest() as stop:
-                while True:
-                    items: list[Experience] = []
-                    if replay:  # a block of every sampler
-                        deadline = time.monotonic() + WAIT_S
-                        for w in range(n):
-                            if pending[w] is None:
-                                pending[w] = pool.get(w, max(0.0, deadline - time.monotonic()))
-                        if all(p is not None for p in pending):
-                            items, pending = pending, [None] * n  # type: ignore[assignment]
-                    else:  # the next segment of any sampler
-                        item = pool.get_any(WAIT_S)
-                        items = [item] if item is not None else []
-                    metrics: dict[str, float] = {}
-                    updates = 0
-                    if items:
-                        last_item = time.monotonic()
-                        metrics, updates = self.learn_blocks(items) if replay else self.learn_segment(items[0])
-                        for item in items:  # learned from: its sampler may collect the next one
-                            pool.release(item.worker, item.incarnation)
-                    elif time.monotonic() - last_item > STALL_S:
-                        self._report(f"no experience from the samplers for {STALL_S:.0f} s ({pool.alive()} alive)")
-                        last_item = time.monotonic()
-                    self.restart_crashed(pool, logger, "with the learner's current weights")
-                    new_returns = [r for item in items for r in item.returns]
-                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-                    if self.env_steps >= self.total_steps:
-                        break
-            self.stop_roles(stop_flag, pool)
-            self.finish(logger, start, stopped_by)
-        finally:
-            self.stop_roles(stop_flag, pool)
-            logger.close()
-            self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+    waiting_for = "experience from the samplers"
+    restart_how = "with the learner's current weights"
+
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        make_sampler = partial(Sampler, self.spec, self.shared, self.weights)
+        return self.start_roles(make_sampler, stop_flag, AHEAD[self.algo.data])
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """The next segment of any sampler (rollout), or a block of every sampler (replay: those that came
+        wait in `pending` for the others); learned from, then the samplers may collect the next ones."""
+        if self.algo.data == "replay":  # a block of every sampler
+            deadline = time.monotonic() + WAIT_S
+            for w, block in enumerate(self.pending):
+                if block is None:
+                    self.pending[w] = pool.get(w, max(0.0, deadline - time.monotonic()))
+            if any(p is None for p in self.pending):
+                return None
+            items, self.pending = self.pending, [None] * self.opts.workers
+            metrics, updates = self.learn_blocks(items)  # type: ignore[arg-type]
+        else:  # the next segment of any sampler
+            item = pool.get_any(WAIT_S)
+            if item is None:
+                return None
+            items = [item]
+            metrics, updates = self.learn_segment(item)
+        for item in items:  # learned from: its sampler may collect the next one
+            pool.release(item.worker, item.incarnation)
+        return Taken([r for item in items for r in item.returns], metrics, updates)

@@ -46,7 +46,6 @@ processes, or `serial`, one after another in the main process for tests and debu
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -56,15 +55,13 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, Producer, SharedOptimizerOptions
+from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, SharedOptimizerOptions, Taken
 from rlfleet.arch.shared import trainable_params
+from rlfleet.backends import RoleGroup
 from rlfleet.fields import bounded
 from rlfleet.optim import build_optimizer
-from rlfleet.run.runner import RunResult, StopRequest
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
-WAIT_S = 0.2  # the centre's longest wait for a gradient before it checks workers, Ctrl-C and the clock
-STALL_S = 60.0  # no gradient for this long is reported in workers.log (a heartbeat of the workers)
 
 
 @dataclass
@@ -174,6 +171,7 @@ class GradParallelRunner(ParallelRunner):
         params = trainable_params(self.shared)
         self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr)
         self.centre = GradientCentre(params, self.optimizer, self.algo.max_grad_norm)
+        self.gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -220,48 +218,28 @@ class GradParallelRunner(ParallelRunner):
         return metrics
 
     # ----------------------------------------------------------------------------------------- loop
-    def run(self) -> RunResult:
-        logger, start = self.start_logging()
-        stopped_by = "steps"
-        stop_flag = self.backend.stop_flag()
-        pool = None
-        gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
-        last_item = time.monotonic()
-        try:
-            pool = self.start_roles(
-                partial(GradientWorker, self.spec, self.shared, self.weights), stop_flag, self.credits
-            )
-            with StopRequest() as stop:
-                while True:
-                    item = pool.get_any(WAIT_S)
-                    used: list[Gradient] = []  # taken in: counted, and their workers may compute the next one
-                    if item is not None:
-                        last_item = time.monotonic()
-                        (gathered if item.grad is not None else used).append(item)
-                    elif time.monotonic() - last_item > STALL_S:
-                        self._report(f"no gradient from the workers for {STALL_S:.0f} s ({pool.alive()} alive)")
-                        last_item = time.monotonic()
-                    metrics: dict[str, float] = {}
-                    updates = 0
-                    if len(gathered) >= self.grad_sets:
-                        metrics, updates = self.step(gathered), 1
-                        used += gathered
-                        gathered = []
-                    self.take(used)
-                    for done in used:
-                        pool.release(done.worker, done.incarnation)
-                    self.restart_crashed(pool, logger, "with the current shared weights")
-                    new_returns = [r for done in used for r in done.returns]
-                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-                    if self.env_steps >= self.total_steps:
-                        break
-            self.stop_roles(stop_flag, pool)
-            self.finish(logger, start, stopped_by)
-        finally:
-            self.stop_roles(stop_flag, pool)
-            logger.close()
-            self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+    waiting_for = "gradient from the workers"
+    restart_how = "with the current shared weights"
+
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        make_worker = partial(GradientWorker, self.spec, self.shared, self.weights)
+        return self.start_roles(make_worker, stop_flag, self.credits)
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """The next gradient of any worker, gathered until there are k (`grad_sets`) for a centre step; what is
+        taken in (applied, or nothing to learn from) is counted, and its workers may compute the next one."""
+        item = pool.get_any(WAIT_S)
+        if item is None:
+            return None
+        used: list[Gradient] = []  # taken in: counted, and their workers may compute the next one
+        (self.gathered if item.grad is not None else used).append(item)
+        metrics: dict[str, float] = {}
+        updates = 0
+        if len(self.gathered) >= self.grad_sets:
+            metrics, updates = self.step(self.gathered), 1
+            used += self.gathered
+            self.gathered = []
+        self.take(used)
+        for done in used:
+            pool.release(done.worker, done.incarnation)
+        return Taken([r for done in used for r in done.returns], metrics, updates)

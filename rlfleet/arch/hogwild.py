@@ -34,12 +34,11 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import trainable_params
-from rlfleet.backends import BACKENDS
+from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.optim import build_optimizer, is_shared
 from rlfleet.run.config import ConfigError
-from rlfleet.run.runner import RunResult, StopRequest
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
 
@@ -151,47 +150,34 @@ class HogwildRunner(ParallelRunner):
             self.optimizer.load_state_dict(saved["optimizer"])
 
     # ----------------------------------------------------------------------------------------- loop
-    def run(self) -> RunResult:
-        logger, start = self.start_logging()
-        stopped_by = "steps"
-        pool = None
-        stop_flag = self.backend.stop_flag()
-        try:
-            make_worker = partial(HogwildWorker, self.spec, self.shared, self.optimizer, counter=self.counter)
-            pool = self.start_roles(make_worker, stop_flag)
-            with StopRequest() as stop:
-                while True:
-                    new_returns: list[float] = []
-                    metrics: dict[str, float] = {}
-                    updates = 0
-                    deadline = time.monotonic() + REPORT_EVERY_S
-                    for _ in range(self.opts.workers):  # up to one report of every worker
-                        report = pool.get_any(max(0.0, deadline - time.monotonic()))
-                        if report is None:
-                            break
-                        n_updates, returns, worker_metrics = report
-                        new_returns += returns
-                        updates += n_updates
-                        metrics = worker_metrics or metrics
-                    self.restart_crashed(pool, logger, "from the shared parameters")
-                    self.count_returns(new_returns)
-                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-                    if self.env_steps >= self.total_steps:
-                        break
-            self.stop_roles(stop_flag, pool)
-            if pool is not None:
-                self._drain(pool)
-            self.finish(logger, start, stopped_by)
-        finally:
-            self.stop_roles(stop_flag, pool)
-            logger.close()
-            self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+    waiting_for = None  # reports come on a clock, not per item; a hung worker is the heartbeat's
+    restart_how = "from the shared parameters"
 
-    def _drain(self, pool) -> None:
-        """Count the episodes the workers reported on their way out."""
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        make_worker = partial(HogwildWorker, self.spec, self.shared, self.optimizer, counter=self.counter)
+        return self.start_roles(make_worker, stop_flag)
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """Up to one report of every worker within `REPORT_EVERY_S`: their updates, episode returns and the
+        latest loss metrics (the workers step the shared parameters themselves; T is theirs to count)."""
+        new_returns: list[float] = []
+        metrics: dict[str, float] = {}
+        updates = reports = 0
+        deadline = time.monotonic() + REPORT_EVERY_S
+        for _ in range(self.opts.workers):  # up to one report of every worker
+            report = pool.get_any(max(0.0, deadline - time.monotonic()))
+            if report is None:
+                break
+            n_updates, returns, worker_metrics = report
+            new_returns += returns
+            updates += n_updates
+            metrics = worker_metrics or metrics
+            reports += 1
+        self.count_returns(new_returns)
+        return Taken(new_returns, metrics, updates) if reports else None
+
+    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+        """Stop the workers, then count the episodes they reported on their way out."""
+        self.stop_roles(stop_flag, pool)
         while (report := pool.get_any(0.0)) is not None:
             self.count_returns(report[1])

@@ -1,7 +1,14 @@
 """What every multi-process runner shares: the `WorkerSpec` its workers are built from, the `WorkerActor`
 each worker builds from it (a `Producer` where workers feed the coordinator's queues), the global step and
 episode counters and their checkpointing, the option checks, how worker trouble is reported, and the
-monitor step (`after_update` plus the policy lag) of its coordinator loop.
+coordinator loop itself (`ParallelRunner.run`), which each architecture fills in with what it starts
+(`start_workers`) and what one pass takes in (`coordinate`).
+
+The loop, the same for every architecture and backend: start the roles; then, until a stop condition or the
+step budget, take in what the workers sent (`coordinate`: learn, count, give back credits), report a stall
+after `STALL_S` seconds without anything, restart crashed workers (`restart_crashed`), and log, evaluate and
+checkpoint (`monitor_step`); then stop the workers (`wind_down`), evaluate and save a last time (`finish`),
+and whatever happens, stop everything the run started (`shut_down`) and write `result.json`.
 
 A runner keeps its counters in the coordinator process (`counter` is a shared, lock-free `StepCounter` so
 that workers can read the global step count for their schedules and stop at the budget). Its checkpoint adds one
@@ -12,10 +19,11 @@ entry under the architecture's name with the episode count, the recent returns a
 from __future__ import annotations
 
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -31,7 +39,11 @@ from rlfleet.fields import bounded, checked, one_of
 from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
-from rlfleet.run.runner import RunBase
+from rlfleet.run.logger import RunLogger
+from rlfleet.run.runner import RunBase, RunResult, StopRequest
+
+WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
+STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the workers)
 
 
 @dataclass
@@ -145,11 +157,28 @@ class Producer(WorkerActor, ABC):
         set meanwhile."""
 
 
+class Taken(NamedTuple):
+    """What one pass of the coordinator loop took in (`ParallelRunner.coordinate`)."""
+
+    returns: list[float]
+    """Returns of the episodes that finished in it."""
+    metrics: dict[str, float]
+    """The learning metrics to log (empty: nothing learned)."""
+    updates: int
+    """Updates made."""
+
+
 class ParallelRunner(RunBase):
-    """Base of the `hogwild`, `data_parallel`, `grad_parallel` and `param_server` runners (not used on its own)."""
+    """Base of the `hogwild`, `data_parallel`, `grad_parallel`, `async_grad`, `param_server` and `allreduce`
+    runners (not used on its own): their coordinator loop, `run`, which each fills in with `start_workers` and
+    `coordinate` (and `wind_down`, `shut_down` where it starts more than its workers)."""
 
     arch = "parallel"
     """Name of the architecture; also the checkpoint entry of its counters."""
+    waiting_for: str | None = "item from the workers"
+    """What the coordinator waits for, as its stall report names it ("no ... for 60 s"); None: no stall report."""
+    restart_how: str = ""
+    """How a restarted worker begins, as its crash report says it ("restarting it ...")."""
 
     def check_parallel(self, on_policy_only: bool, uses_optimizer: bool) -> None:
         """Refuse what the architecture cannot run. `on_policy_only`: it applies one gradient of the algorithm's
@@ -309,3 +338,55 @@ class ParallelRunner(RunBase):
         print(text, file=sys.stderr, flush=True)
         with open(self.run_dir / "workers.log", "a") as f:
             f.write(f"[step {self.env_steps}] {text}\n")
+
+    # ----------------------------------------------------------------------------------------- loop
+    @abstractmethod
+    def start_workers(self, stop_flag, logger: RunLogger) -> RoleGroup:
+        """Start the run's roles (`start_roles`, and anything they need first) that leave once `stop_flag` is set;
+        `logger` is the run's, for what reports outside the loop."""
+
+    @abstractmethod
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """One pass of the loop: wait (`WAIT_S` at most) for what the workers send, learn from it, count its steps
+        and episodes, give the credits back; what it took in, None if nothing came."""
+
+    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+        """After the loop, before the final evaluation and checkpoint (`finish`): stop the workers."""
+        self.stop_roles(stop_flag, pool)
+
+    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+        """Stop everything the run started, at its end or on an error (`pool` is None if it did not start)."""
+        self.stop_roles(stop_flag, pool)
+
+    def run(self) -> RunResult:
+        """The coordinator loop (see the module docstring)."""
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        stop_flag = self.backend.stop_flag()
+        pool = None
+        last_item = time.monotonic()
+        try:
+            pool = self.start_workers(stop_flag, logger)
+            with StopRequest() as stop:
+                while True:
+                    taken = self.coordinate(pool)
+                    if taken is not None:
+                        last_item = time.monotonic()
+                    elif self.waiting_for is not None and time.monotonic() - last_item > STALL_S:
+                        self._report(f"no {self.waiting_for} for {STALL_S:.0f} s ({pool.alive()} alive)")
+                        last_item = time.monotonic()
+                    self.restart_crashed(pool, logger, self.restart_how)
+                    new_returns, metrics, updates = taken if taken is not None else ([], {}, 0)
+                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+                    if self.env_steps >= self.total_steps:
+                        break
+            self.wind_down(stop_flag, pool)
+            self.finish(logger, start, stopped_by)
+        finally:
+            self.shut_down(stop_flag, pool)
+            logger.close()
+            self.eval_envs.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)

@@ -43,7 +43,6 @@ gradient of their loss per segment run here (see `grad_parallel`). The loop is t
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -52,17 +51,14 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import WAIT_S, ParallelRunner, SharedOptimizerOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
-from rlfleet.backends import BACKENDS, Pending, ServiceHandle
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.fields import bounded
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
-from rlfleet.run.runner import RunResult, StopRequest
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
-WAIT_S = 0.2  # the coordinator's longest wait for an item or a server before it checks workers, servers, Ctrl-C
-STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the workers)
 
 
 def shard_bounds(size: int, shards: int) -> list[tuple[int, int]]:
@@ -385,55 +381,44 @@ class ParamServerRunner(ParallelRunner):
         return super().save(name)
 
     # ----------------------------------------------------------------------------------------- loop
-    def run(self) -> RunResult:
-        logger, start = self.start_logging()
+    restart_how = "with the servers' current weights"
+
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        """The servers first (their restarts are logged to `logger`), then the workers, which call them."""
         self.logger = logger
-        stopped_by = "steps"
-        stop_flag = self.backend.stop_flag()
-        pool = None
-        last_item = time.monotonic()
-        try:
-            self.services = self.backend.start_services(
-                self.servers,
-                self.opts.shards,
-                max_restarts=self.opts.max_restarts,
-                pids_file=self.run_dir / "servers.json",
-                name="server",
-            )
-            pool = self.start_roles(
-                partial(ShardWorker, self.spec, self.services.handles, self.bounds), stop_flag, AHEAD
-            )
-            with StopRequest() as stop:
-                while True:
-                    item = pool.get_any(WAIT_S)
-                    new_returns: list[float] = []
-                    metrics: dict[str, float] = {}
-                    updates = 0
-                    if item is not None:
-                        last_item = time.monotonic()
-                        self.counter.add(item.steps)
-                        self.count_returns(item.returns)
-                        new_returns = item.returns
-                        if item.lag is not None:
-                            self.lags.append(item.lag)
-                            metrics, updates = item.metrics, 1
-                        pool.release(item.worker, item.incarnation)
-                    elif time.monotonic() - last_item > STALL_S:
-                        self._report(f"no item from the workers for {STALL_S:.0f} s ({pool.alive()} alive)")
-                        last_item = time.monotonic()
-                    self.restart_crashed(pool, logger, "with the servers' current weights")
-                    self.restart_crashed_servers()
-                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-                    if self.env_steps >= self.total_steps:
-                        break
-            stop_flag.set()
-            pool.stop()  # the workers first: the final evaluation and checkpoint pull the servers
-            self.finish(logger, start, stopped_by)
-        finally:
-            self.stop_roles(stop_flag, pool, self.services)
-            logger.close()
-            self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+        self.services = self.backend.start_services(
+            self.servers,
+            self.opts.shards,
+            max_restarts=self.opts.max_restarts,
+            pids_file=self.run_dir / "servers.json",
+            name="server",
+        )
+        return self.start_roles(partial(ShardWorker, self.spec, self.services.handles, self.bounds), stop_flag, AHEAD)
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """The books of the next item of any worker (its gradient went to the servers); then it may make the next."""
+        item = pool.get_any(WAIT_S)
+        if item is None:
+            return None
+        self.counter.add(item.steps)
+        self.count_returns(item.returns)
+        metrics: dict[str, float] = {}
+        updates = 0
+        if item.lag is not None:
+            self.lags.append(item.lag)
+            metrics, updates = item.metrics, 1
+        pool.release(item.worker, item.incarnation)
+        return Taken(item.returns, metrics, updates)
+
+    def restart_crashed(self, pool, logger, how: str) -> None:
+        """The crashed workers, then the crashed servers."""
+        super().restart_crashed(pool, logger, how)
+        self.restart_crashed_servers()
+
+    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+        """The workers only: the final evaluation and checkpoint pull the servers."""
+        stop_flag.set()
+        pool.stop()
+
+    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+        self.stop_roles(stop_flag, pool, self.services)

@@ -13,10 +13,12 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import linear
-from rlfleet.arch import runner_class
+from rlfleet.arch import parallel, runner_class
+from rlfleet.arch.allreduce import AllReduceLearner
 from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks
 from rlfleet.arch.grad_parallel import GradientCentre, GradientWorker
 from rlfleet.arch.parallel import WorkerSpec
+from rlfleet.arch.param_server import ShardWorker
 from rlfleet.arch.shared import share_algo, trainable_params
 from rlfleet.backends.serial import SerialBackend
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
@@ -401,3 +403,31 @@ def test_param_server_refuses_a_backend_without_services(monkeypatch, run_opts):
     with pytest.raises(ConfigError, match="^param_server's servers are backend services, which the serial backend "
                                           "does not start; use --backend local, ray$"):  # fmt: skip
         train("a2c", "CartPole-v1", arch="param_server", backend="serial", **run_opts)
+
+
+STALLS = {  # architecture: (the role that sends its items, workers, the stall report)
+    "data_parallel": (Sampler, 2, "no experience from the samplers for 0 s (2 alive)"),
+    "grad_parallel": (GradientWorker, 2, "no gradient from the workers for 0 s (2 alive)"),
+    "async_grad": (GradientWorker, 2, "no gradient from the workers for 0 s (2 alive)"),
+    "param_server": (ShardWorker, 2, "no item from the workers for 0 s (2 alive)"),
+    "allreduce": (AllReduceLearner, 1, "no item from the learners for 0 s (1 alive)"),
+}
+
+
+@pytest.mark.parametrize("arch", list(STALLS))
+def test_a_coordinator_reports_a_stall_naming_what_it_waits_for_and_runs_on(arch, monkeypatch, run_opts, tmp_path):
+    """Roles whose first two calls bring nothing (with no stall allowed): two reports in workers.log, then the
+    items come and the run ends at its budget."""
+    role, workers, message = STALLS[arch]
+    monkeypatch.setattr(parallel, "STALL_S", 0.0)
+    produce, calls = role.produce, []
+
+    def late(self, global_steps, stop=None):
+        calls.append(global_steps)
+        return None if len(calls) <= 2 else produce(self, global_steps, stop)
+
+    monkeypatch.setattr(role, "produce", late)
+    r = train("a2c", "CartPole-v1", arch=arch, workers=workers, backend="serial", steps=600, eval_every=600,
+              eval_episodes=1, stop_return=1e9, name="r", **run_opts).result  # fmt: skip
+    assert r["stopped_by"] == "steps" and r["env_steps"] >= 600
+    assert (tmp_path / "r" / "workers.log").read_text().splitlines() == [f"[step 0] {message}"] * 2
