@@ -38,7 +38,9 @@ role's calls is not held up); after `group_timeout_s` under one generation it mo
 Every update takes the same number of optimizer steps in every learner, so only algorithms whose batch
 size does not depend on their data run here: rollout algorithms (a2c, ppo, pg with a baseline, nstep_q,
 onestep_q, sarsa). Learner 0 sends its state (`pack_state`) every `state_every` updates and after
-the budget's last one; the coordinator evaluates, checkpoints and publishes the latest it got.
+the budget's last one; the coordinator evaluates, checkpoints and publishes the latest it got. Its loop is
+`ParallelRunner.run`: it opens the store before it starts the learners (`start_workers`), takes one learner's
+item a pass (`coordinate`), and lets the store go when the run ends (`shut_down`).
 """
 
 from __future__ import annotations

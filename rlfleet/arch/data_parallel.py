@@ -43,7 +43,9 @@ taken is dropped (also half a message: a sampler killed in the middle of sending
 learner, see `rlfleet.backends.local`). Ctrl-C stops the samplers and saves a checkpoint.
 
 The samplers run on the run's backend (`--backend`): `local` processes, or `serial`, one after another in the
-main process (tests, debugging); the loop is the same.
+main process (tests, debugging); the loop is the same: `ParallelRunner.run`, whose pass over the samplers'
+items this runner's `coordinate` is (the next segment of any sampler, or a block of every sampler, learned
+from, then the credits given back). No experience for 60 s (`STALL_S`) is reported in `workers.log`.
 """
 
 from __future__ import annotations

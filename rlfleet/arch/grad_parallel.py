@@ -41,7 +41,10 @@ its steps.
 
 A crashed worker is reported (traceback in `workers.log`) and restarted with a fresh pipe; Ctrl-C stops
 the workers and saves a checkpoint. The workers run on the run's backend (`--backend`: `local`
-processes, or `serial`, one after another in the main process for tests and debugging); the loop is the same.
+processes, or `serial`, one after another in the main process for tests and debugging); the loop is the same:
+`ParallelRunner.run`, whose pass over the workers' gradients this runner's `coordinate` is (the next gradient of
+any worker, a centre step once k are gathered, the credits of those taken in given back). No gradient for 60 s
+(`STALL_S`) is reported in `workers.log`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ crashed worker from the shared parameters (its traceback is printed and kept in 
 Ctrl-C or a stop condition tells the workers to leave, saves and exits with no process left behind.
 
 The workers run on the run's backend (`--backend`: `local` processes, or `serial`, round-robin in the main
-process for tests and debugging); the loop is the same.
+process for tests and debugging); the loop is the same: `ParallelRunner.run`, whose pass over the workers'
+reports this runner's `coordinate` is (up to one report of every worker within `REPORT_EVERY_S`); after the
+loop it counts the episodes the workers reported on their way out (`wind_down`).
 """
 
 from __future__ import annotations

@@ -343,7 +343,7 @@ class ParallelRunner(RunBase):
     @abstractmethod
     def start_workers(self, stop_flag, logger: RunLogger) -> RoleGroup:
         """Start the run's roles (`start_roles`, and anything they need first) that leave once `stop_flag` is set;
-        `logger` is the run's, for what reports outside the loop."""
+        `logger` is the run's, for what logs outside the loop's passes (param_server's server restarts)."""
 
     @abstractmethod
     def coordinate(self, pool: RoleGroup) -> Taken | None:

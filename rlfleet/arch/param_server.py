@@ -37,7 +37,11 @@ reported in `workers.log` and restarted from the state the coordinator last pull
 and version, as of the last evaluation or checkpoint: up to `eval_every` steps old), while the other shards
 stay current; a push cut short by its death is sent again to the restarted server. The servers' pids are in
 `<run>/servers.json`, the workers' in `<run>/workers.json`. Only on-policy algorithms whose update is one
-gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on every backend.
+gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on every backend:
+`ParallelRunner.run`, with the servers started before the workers (`start_workers`), one worker's item a pass
+(`coordinate`), the servers checked after the workers (`restart_crashed`), and at the end the workers stopped
+before the final evaluation and checkpoint, which pull the servers, and the servers after (`wind_down`,
+`shut_down`).
 """
 
 from __future__ import annotations
