@@ -251,3 +251,19 @@ def test_bad_apex_options_are_clear_errors(options, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         train(options.pop("algo"), "CartPole-v1", arch="apex", backend="serial", logdir=str(tmp_path),
               progress=False, **options)  # fmt: skip
+
+
+def test_a_resumed_run_keeps_the_learner_and_refills_the_replay_before_learning_again(tmp_path):
+    """The replay is not saved: a resumed run learns again only once its actors have stored learning_starts
+    transitions anew, from the saved learner (networks, optimizer, update count) and weight version."""
+    first = train("dqn", "CartPole-v1", arch="apex", workers=2, backend="serial", steps=2_000, stop_return=1e9,
+                  eval_every=2_000, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
+    saved = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert saved["apex"]["version"] == saved["algo"]["updates"] == first["updates"] > 0
+    resumed = train(resume=tmp_path / "r", steps=4_000, progress=False)
+    more = resumed["updates"] - first["updates"]
+    # 1,000 of the 2,000 new steps refill the replay (learning_starts), then 16 updates per 64 steps: about 250
+    # (about 500 if learning went on at once)
+    assert 200 <= more <= 300
+    final = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert final["apex"]["version"] == final["algo"]["updates"] == resumed["updates"]
