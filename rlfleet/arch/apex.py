@@ -310,10 +310,9 @@ class Actor(Producer):
 
 @dataclass
 class ApexOptions(ParallelOptions):
-    """apex's options (`--workers`: the actors)."""
+    """apex's options. `--workers` (2 by default, as for every multi-process architecture) is the number of actors,
+    each a role with its own envs (the algorithm's `n_envs`) and its own ε of the ladder."""
 
-    workers: int = bounded(3, ge=1)
-    """Actors, each a process with its own envs (the algorithm's `n_envs`) and its own ε of the ladder."""
     replay_shards: int = bounded(1, ge=1)
     """Replay shards (services), each holding buffer_size / replay_shards transitions; actors send them blocks
     in turn, the learner samples them in turn."""
