@@ -45,7 +45,8 @@ Checkpoints hold the learner (networks, optimizer, update count), the weight ver
 replay is NOT saved: a resumed run starts with empty shards, its actors (new seeds) refill them, and learning
 resumes once `learning_starts` transitions are stored again. A dead actor is restarted like any role (its
 next block acts with the newest weights). A dead replay shard is reported in `workers.log` and restarted
-empty: its data is gone, the run goes on with what the other shards hold (and what the actors send it next);
+empty: its data is gone, the run goes on with what the other shards hold (and what the actors send it next:
+while no shard holds a batch, the actors send on whatever the learner owes);
 calls cut short by its death are sent again to the new one. The shards' pids are in `<run>/shards.json`, the
 actors' in `<run>/workers.json`.
 """
@@ -367,6 +368,7 @@ class ApexRunner(ParallelRunner):
         self.sizes = [0] * self.opts.replay_shards
         self.ready_at: int | None = None  # env steps when the replay first held learning_starts transitions
         self.learned = 0  # updates since then
+        self.starved = False  # the last pass owed updates but no shard held a batch (one restarted empty)
         self.held: list[ActorReport] = []  # blocks taken in whose credit waits for the learner to catch up
         self.prefetch: Pending | None = None
         self.next_shard = 0
@@ -457,11 +459,14 @@ class ApexRunner(ParallelRunner):
         return int((self.env_steps - self.ready_at) * self.ratio) - self.learned
 
     def learn(self, n: int) -> tuple[dict[str, float], int]:
+        """Up to `n` updates, each on a batch of the next shard; `starved` if the shards had too little."""
         metrics: dict[str, float] = {}
         done = 0
+        self.starved = False
         for _ in range(n):
             sampled = self.next_batch()
-            if sampled is None:
+            if sampled is None:  # no shard holds a batch: the actors must refill them
+                self.starved = True
                 break
             with self.weights.writing():
                 out = self.algo.update(Batch(sampled.data))
@@ -501,13 +506,14 @@ class ApexRunner(ParallelRunner):
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """Take in the actors' reports that came (one at a time on the serial backend), learn what is due (at
         most `gradient_steps` updates a pass), and give the actors their credits back once the learner has
-        caught up with the steps taken in."""
+        caught up with the steps taken in (or cannot: no shard holds a batch, after a shard lost its data)."""
         returns: list[float] = []
         taken = 0
+        caught_up = self.due() <= 0 or self.starved
         limit = self.opts.workers * AHEAD
         if self.backend.in_process:  # a block is made when asked for: only when the learner has caught up
-            limit = 1 if self.due() <= 0 else 0
-        wait = WAIT_S if self.due() <= 0 else 0.001
+            limit = 1 if caught_up else 0
+        wait = WAIT_S if caught_up else 0.001
         while taken < limit:
             report = pool.get_any(wait if taken == 0 else 0.001)
             if report is None:
@@ -516,7 +522,7 @@ class ApexRunner(ParallelRunner):
             returns += report.returns
             taken += 1
         metrics, updates = self.learn(min(max(self.due(), 0), self.algo_cfg.gradient_steps))
-        if self.due() <= 0:
+        if self.due() <= 0 or self.starved:
             for report in self.held:
                 pool.release(report.worker, report.incarnation)
             self.held = []

@@ -267,3 +267,28 @@ def test_a_resumed_run_keeps_the_learner_and_refills_the_replay_before_learning_
     assert 200 <= more <= 300
     final = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
     assert final["apex"]["version"] == final["algo"]["updates"] == resumed["updates"]
+
+
+def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_path):
+    """With one shard restarted empty the learner owes updates it cannot make: the actors must still be let to
+    send blocks (here: serial, so the learner must ask for them), else the run stalls for good."""
+    cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
+                    options={"backend": "serial", "workers": 2}, overrides={"learning_starts": 300})  # fmt: skip
+    runner = ApexRunner(cfg)
+    stop = runner.backend.stop_flag()
+    pool = runner.start_workers(stop, None)
+    try:
+        while runner.state["updates"] < 20:
+            taken = runner.coordinate(pool)
+            runner.state["updates"] += taken.updates if taken is not None else 0
+        shard = runner.services.handles[0]
+        shard.service = ReplayShard(0, 1, shard.service.capacity, shard.service.alpha)  # as a restart leaves it
+        runner.sizes[0] = 0
+        steps, updates = runner.env_steps, runner.state["updates"]
+        for _ in range(200):
+            taken = runner.coordinate(pool)
+            runner.state["updates"] += taken.updates if taken is not None else 0
+        assert runner.env_steps > steps + 300 and runner.state["updates"] > updates
+    finally:
+        runner.stop_roles(stop, pool, runner.services)
+        runner.eval_envs.close()
