@@ -504,18 +504,15 @@ class ApexRunner(ParallelRunner):
         return self.start_roles(make_actor, stop_flag, AHEAD)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
-        """Take in the actors' reports that came (one at a time on the serial backend), learn what is due (at
-        most `gradient_steps` updates a pass), and give the actors their credits back once the learner has
+        """Take in the actors' reports that came (up to `AHEAD` per actor) if the learner has caught up, learn what
+        is due (at most `gradient_steps` updates a pass), and give the actors their credits back once the learner has
         caught up with the steps taken in (or cannot: no shard holds a batch, after a shard lost its data)."""
         returns: list[float] = []
         taken = 0
         caught_up = self.due() <= 0 or self.starved
-        limit = self.opts.workers * AHEAD
-        if self.backend.in_process:  # a block is made when asked for: only when the learner has caught up
-            limit = 1 if caught_up else 0
-        wait = WAIT_S if caught_up else 0.001
+        limit = self.opts.workers * AHEAD if caught_up else 0  # behind: learn first (the blocks wait for it)
         while taken < limit:
-            report = pool.get_any(wait if taken == 0 else 0.001)
+            report = pool.get_any(WAIT_S if taken == 0 else 0.001)
             if report is None:
                 break
             self.take_in(report)
