@@ -39,7 +39,7 @@ paper's learner is not paced (it learns as fast as it can while 360 actors fill 
 Logged besides the usual: `charts/actor_sps` (env steps taken in per second), `charts/learner_ups` (updates
 per second), `charts/replay_size` (over all shards), `charts/sample_staleness` (mean, and `_max`: learner
 version minus the version that acted, over the transitions sampled since the last log line),
-`charts/epsilon_<i>` per actor.
+`charts/epsilon_<i>` and `charts/episodic_return_<i>` (mean since the last log line) per actor.
 
 Checkpoints hold the learner (networks, optimizer, update count), the weight version and the counters; the
 replay is NOT saved: a resumed run starts with empty shards, its actors (new seeds) refill them, and learning
@@ -374,6 +374,7 @@ class ApexRunner(ParallelRunner):
         self.next_shard = 0
         self.writes: list[list[Pending]] = [[] for _ in range(self.opts.replay_shards)]
         self.staleness: list[float] = []
+        self.actor_returns: list[list[float]] = [[] for _ in range(self.opts.workers)]  # since the last log line
         self.last_rates = (time.perf_counter(), 0, 0)
         if resume_from is not None:
             self._restore(resume_from)
@@ -448,6 +449,7 @@ class ApexRunner(ParallelRunner):
         self.counter.add(report.steps)
         self.count_returns(report.returns)
         self.sizes[report.shard] = report.size
+        self.actor_returns[report.worker] += report.returns
         self.held.append(report)
 
     def due(self) -> int:
@@ -540,6 +542,10 @@ class ApexRunner(ParallelRunner):
                 "charts/replay_size": float(sum(self.sizes)),
                 **{f"charts/epsilon_{i}": eps for i, eps in enumerate(self.epsilons)},
             }
+            for i, returns in enumerate(self.actor_returns):
+                if returns:
+                    row[f"charts/episodic_return_{i}"] = float(np.mean(returns))
+                    returns.clear()
             if self.staleness:
                 row["charts/sample_staleness"] = float(np.mean(self.staleness))
                 row["charts/sample_staleness_max"] = float(max(self.staleness))

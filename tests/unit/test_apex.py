@@ -292,3 +292,32 @@ def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_pa
     finally:
         runner.stop_roles(stop, pool, runner.services)
         runner.eval_envs.close()
+
+
+def test_actors_act_with_ever_newer_weight_versions_and_their_returns_are_logged(tmp_path):
+    cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
+                    options={"backend": "serial", "workers": 3, "sync_every": 100},
+                    overrides={"learning_starts": 300})  # fmt: skip
+    runner = ApexRunner(cfg)
+    stop = runner.backend.stop_flag()
+    pool = runner.start_workers(stop, None)
+    try:
+        seen: list[list[int]] = [[] for _ in range(3)]
+        for _ in range(300):
+            runner.coordinate(pool)
+            for i, actor in enumerate(pool.roles):
+                if actor.version is not None:
+                    seen[i].append(actor.version)
+        for versions in seen:
+            assert versions == sorted(versions) and versions[-1] > versions[0] > -1
+        assert runner.weights.version == runner.algo.updates > 0
+    finally:
+        runner.stop_roles(stop, pool, runner.services)
+        runner.eval_envs.close()
+    result = train("dqn", "CartPole-v1", arch="apex", workers=3, backend="serial", steps=1_500, stop_return=1e9,
+                   eval_every=1_500, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
+    with open(result.run_dir / "metrics.csv") as f:
+        rows = [line.split(",") for line in f.read().splitlines()[1:]]
+    for i in range(3):
+        returns = [float(r[-1]) for r in rows if r[2] == f"charts/episodic_return_{i}"]
+        assert returns and min(returns) >= 8  # CartPole's shortest episodes last 8 steps
