@@ -54,7 +54,6 @@ actors' in `<run>/workers.json`.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -65,12 +64,13 @@ from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Produ
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.batch import Batch
+from rlfleet.data.returns import NStepBuilder
 from rlfleet.data.segment_tree import MinTree, SumTree
 from rlfleet.fields import bounded
 from rlfleet.run.config import ConfigError
 
 AHEAD = 2  # blocks an actor may have sent beyond what the learner has caught up with
-FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "discount")
+FIELDS = NStepBuilder.FIELDS
 ID_SPAN = 1 << 40  # row ids of incarnation k of a shard are k · ID_SPAN + 0, 1, 2, ...
 
 
@@ -81,56 +81,6 @@ def epsilon_ladder(n: int, epsilon: float = 0.4, alpha: float = 7.0) -> list[flo
     if n == 1:
         return [float(epsilon)]
     return [float(epsilon ** (1 + alpha * i / (n - 1))) for i in range(n)]
-
-
-class NStepBuilder:
-    """n-step transitions of `n_envs` env streams, built as they are stepped (an actor's local buffer).
-
-    `add` takes one vector-env step (the `add` a `Collector` calls). A transition leaves once its n steps are
-    known, or when its episode ends first (terminated or truncated: the sum stops at that step, as
-    `ReplayBuffer` stops it): `rew` = Σ_k γ^k r_k over the m ≤ n steps used, `next_obs`/`terminated` of the last
-    one, `discount` = γ^m, so that the target is `rew + discount · (1 − terminated) · V(next_obs)`.
-    """
-
-    def __init__(self, n_envs: int, n_step: int, gamma: float):
-        if n_step < 1:
-            raise ValueError(f"n_step must be >= 1, got {n_step}")
-        self.n_envs, self.n_step, self.gamma = n_envs, n_step, gamma
-        self.windows: list[deque] = [deque() for _ in range(n_envs)]
-        self.ready: list[tuple] = []
-
-    def __len__(self) -> int:
-        """Transitions ready to leave."""
-        return len(self.ready)
-
-    def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
-        if isinstance(obs, dict):
-            raise ValueError("apex actors store array observations only (not dict observations)")
-        for e in range(self.n_envs):
-            window = self.windows[e]
-            window.append((obs[e], act[e], float(rew[e]), next_obs[e], bool(terminated[e])))
-            if terminated[e] or truncated[e]:
-                while window:
-                    self._emit(window)
-            elif len(window) == self.n_step:
-                self._emit(window)
-
-    def _emit(self, window: deque) -> None:
-        """The transition at the front of `window`, summed over the whole window; it leaves the window."""
-        rew = sum(step[2] * self.gamma**k for k, step in enumerate(window))
-        first, last = window[0], window[-1]
-        self.ready.append((first[0], first[1], rew, last[3], float(last[4]), self.gamma ** len(window)))
-        window.popleft()
-
-    def take(self, n: int) -> dict[str, np.ndarray]:
-        """The oldest `n` ready transitions as arrays (FIELDS); the rest stay."""
-        out, self.ready = self.ready[:n], self.ready[n:]
-        columns = list(zip(*out, strict=True))
-        block = {key: np.stack([np.asarray(v) for v in col]) for key, col in zip(FIELDS, columns, strict=True)}
-        block["rew"] = block["rew"].astype(np.float32)
-        block["terminated"] = block["terminated"].astype(np.float32)
-        block["discount"] = block["discount"].astype(np.float32)
-        return block
 
 
 @dataclass

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.apex import ID_SPAN, Actor, ApexRunner, NStepBuilder, ReplayShard, epsilon_ladder
+from rlfleet.arch.apex import ID_SPAN, Actor, ApexRunner, ReplayShard, epsilon_ladder
 from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import share_algo
 from rlfleet.backends.serial import SerialHandle
 from rlfleet.backends.shared_memory import WeightVersion
+from rlfleet.data.returns import NStepBuilder
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
@@ -91,6 +92,12 @@ def test_n_step_builder_sums_rewards_and_stops_at_episode_ends():
     b.add([obs[0]], [7], [1.0], [obs[1]], [False], [True])  # truncated: bootstraps, not terminated
     out = b.take(1)
     assert out["terminated"].tolist() == [0] and out["discount"].tolist() == [0.5]
+    reused = NStepBuilder(n_envs=1, n_step=2, gamma=1.0)
+    frame = np.zeros((1, 1), np.float32)  # a vector env may write each step's observations into one array
+    for t in range(3):
+        frame[0, 0] = t
+        reused.add(frame, [t], [0.0], frame + 1, [False], [False])
+    assert reused.take(2)["obs"][:, 0].tolist() == [0, 1]
 
 
 def algo_and_cfg(**overrides):
