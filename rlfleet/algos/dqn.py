@@ -254,6 +254,13 @@ class DQN:
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
         return loss, metrics, td.detach().abs().mean(1).numpy()
 
+    @torch.no_grad()
+    def priorities(self, batch: Batch) -> np.ndarray:
+        """|TD error| of each transition of `batch` (its `weight` column included, as `loss` reads it) under the
+        current online and target networks: the priorities `update` would write back, computed by `loss`
+        without learning (an Ape-X actor's initial priorities)."""
+        return self.loss(batch)[2]
+
     def update(self, batch: Batch) -> dict:
         loss, metrics, td_abs = self.loss(batch)
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)

@@ -169,8 +169,8 @@ class Taken(NamedTuple):
 
 
 class ParallelRunner(RunBase):
-    """Base of the `hogwild`, `data_parallel`, `grad_parallel`, `async_grad`, `param_server` and `allreduce`
-    runners (not used on its own): their coordinator loop, `run`, which each fills in with `start_workers` and
+    """Base of the `hogwild`, `data_parallel`, `grad_parallel`, `async_grad`, `param_server`, `allreduce` and
+    `apex` runners (not used on its own): their coordinator loop, `run`, which each fills in with `start_workers` and
     `coordinate` (and `wind_down`, `shut_down` where it starts more than its workers)."""
 
     arch = "parallel"

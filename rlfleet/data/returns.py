@@ -1,4 +1,5 @@
-"""Vectorised returns over `[T, N]` rollouts: discounted (forward-view n-step) returns and GAE(λ).
+"""Vectorised returns over `[T, N]` rollouts: discounted (forward-view n-step) returns and GAE(λ); n-step
+transitions built step by step (`NStepBuilder`, an Ape-X actor's local buffer).
 
 This is the one place where `terminated` and `truncated` are combined. The rules:
 
@@ -13,6 +14,8 @@ If both flags are set, termination wins.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -139,3 +142,56 @@ def sequence_nstep(
         alive &= ~done[:, idx]
     ended = np.take_along_axis(term, last, axis=1)
     return ret.astype(np.float32), last, np.where(ended, 0.0, discount).astype(np.float32)
+
+
+class NStepBuilder:
+    """n-step transitions of `n_envs` env streams, built as they are stepped (an actor's local buffer).
+
+    `add` takes one vector-env step (the `add` a `Collector` calls). A transition leaves once its n steps are
+    known, or when its episode ends first (terminated or truncated: the sum stops at that step, as
+    `ReplayBuffer` stops it): `rew` = Σ_k γ^k r_k over the m ≤ n steps used, `next_obs`/`terminated` of the last
+    one, `discount` = γ^m, so that the target is `rew + discount · (1 − terminated) · V(next_obs)`.
+    """
+
+    FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "discount")
+
+    def __init__(self, n_envs: int, n_step: int, gamma: float):
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        self.n_envs, self.n_step, self.gamma = n_envs, n_step, gamma
+        self.windows: list[deque] = [deque() for _ in range(n_envs)]
+        self.ready: list[tuple] = []
+
+    def __len__(self) -> int:
+        """Transitions ready to leave."""
+        return len(self.ready)
+
+    def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
+        if isinstance(obs, dict):
+            raise ValueError("NStepBuilder stores array observations only (not dict observations)")
+        for e in range(self.n_envs):
+            window = self.windows[e]
+            # copies: the arrays stepped are kept for up to n steps
+            window.append((np.array(obs[e]), act[e], float(rew[e]), np.array(next_obs[e]), bool(terminated[e])))
+            if terminated[e] or truncated[e]:
+                while window:
+                    self._emit(window)
+            elif len(window) == self.n_step:
+                self._emit(window)
+
+    def _emit(self, window: deque) -> None:
+        """The transition at the front of `window`, summed over the whole window; it leaves the window."""
+        rew = sum(step[2] * self.gamma**k for k, step in enumerate(window))
+        first, last = window[0], window[-1]
+        self.ready.append((first[0], first[1], rew, last[3], float(last[4]), self.gamma ** len(window)))
+        window.popleft()
+
+    def take(self, n: int) -> dict[str, np.ndarray]:
+        """The oldest `n` ready transitions as arrays (`FIELDS`); the rest stay."""
+        out, self.ready = self.ready[:n], self.ready[n:]
+        columns = list(zip(*out, strict=True))
+        block = {key: np.stack([np.asarray(v) for v in col]) for key, col in zip(self.FIELDS, columns, strict=True)}
+        block["rew"] = block["rew"].astype(np.float32)
+        block["terminated"] = block["terminated"].astype(np.float32)
+        block["discount"] = block["discount"].astype(np.float32)
+        return block

@@ -1,5 +1,5 @@
-"""data_parallel, grad_parallel and param_server with real worker processes: a SIGKILLed worker (or parameter
-server) is restarted and the run finishes; Ctrl-C leaves a checkpoint and no process behind."""
+"""data_parallel, grad_parallel, param_server and apex with real worker processes: a SIGKILLed worker (or parameter
+server, or replay shard) is restarted and the run finishes; Ctrl-C leaves a checkpoint and no process behind."""
 
 from __future__ import annotations
 
@@ -197,3 +197,80 @@ def test_sigkilled_allreduce_learner_is_restarted_and_the_group_re_forms(tmp_pat
     assert result["stopped_by"] == "steps" and result["env_steps"] >= steps
     assert result["eval_return_mean"] > 100  # the state learner 0 had is not lost: the survivor's went on
     assert not (run / "workers.json").exists()  # every worker gone
+
+
+def wait_for_apex_learning(proc: subprocess.Popen, run: Path, timeout: float = 120) -> None:
+    """Until an apex learner has logged a loss (it learns from the shards the actors filled)."""
+    deadline = time.monotonic() + timeout
+    while not ((run / "metrics.csv").exists() and "losses/loss" in (run / "metrics.csv").read_text()):
+        assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"the learner logged no loss after {timeout} s"
+        time.sleep(0.2)
+
+
+def test_apex_sigkilled_replay_shard_and_actor_are_restarted_and_the_run_goes_on(tmp_path):
+    """Replay shard 1 is killed once the learner has learned from the shards, actor 0 once the shard's death is
+    reported: each is reported and restarted (the shard empty, its data lost), and the learner goes on learning
+    through the whole budget at the algorithm's replay ratio (16 updates per 64 env steps)."""
+    steps = 30_000
+    proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--workers", "2", "--replay-shards", "2",
+                 "--steps", str(steps), "--stop-return", "1e9", "--eval-every", "50000")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        wait_for_apex_learning(proc, run)
+        shards = json.loads((run / "shards.json").read_text())
+        assert sorted(shards) == ["0", "1"]
+        os.kill(shards["1"], signal.SIGKILL)
+        wait_for_log(proc, run, "replay shard 1 died (killed by SIGKILL)")
+        os.kill(json.loads((run / "workers.json").read_text())["0"], signal.SIGKILL)
+        wait_for_log(proc, run, "worker 0 died (killed by SIGKILL)")
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    log = (run / "workers.log").read_text()
+    assert re.search(
+        r"replay shard 1 died \(killed by SIGKILL\)\nrestarting it empty: its \d+ transitions are lost", log
+    )
+    assert "worker 0 died (killed by SIGKILL)\nrestarting it with the learner's newest weights" in log
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= steps
+    assert result["updates"] >= 0.95 * (steps - 1_000) * 16 / 64  # learned on after the kills
+    assert not (run / "workers.json").exists() and not (run / "shards.json").exists()  # every process gone
+
+
+@pytest.mark.parametrize("how", ["ctrl_c", "sigkill"])
+def test_apex_actors_and_shards_leave_with_the_learner(tmp_path, how):
+    """Ctrl-C: the learner stops the actors and shards and saves a checkpoint; SIGKILL of the learner: they notice
+    and exit by themselves."""
+    proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--workers", "2", "--replay-shards", "2",
+                 "--steps", "10000000", "--stop-return", "1e9")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        wait_for_apex_learning(proc, run)
+        pids = [*json.loads((run / "workers.json").read_text()).values()]
+        pids += json.loads((run / "shards.json").read_text()).values()
+        assert len(pids) == 4
+        if how == "ctrl_c":
+            os.killpg(sid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+            assert "stopped by interrupted" in out
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+        left = wait_until_gone(sid, timeout=15)
+        assert not any(pid in left for pid in pids), left
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    if how == "ctrl_c":
+        saved = load_checkpoint(run)
+        assert saved["run_config"]["arch"] == "apex" and saved["apex"]["version"] == saved["algo"]["updates"] > 0

@@ -1,0 +1,516 @@
+"""`apex`: Ape-X DQN (Horgan et al. 2018, "Distributed Prioritized Experience Replay"): many actors with a ladder of
+exploration rates feed a sharded prioritized replay, one learner samples it.
+
+Who sends what to whom::
+
+    actor 0 (ε_0) ──┐  blocks of B n-step transitions,     ┌──────────────────┐  sample (prefetched)  ┌─────────┐
+    actor 1 (ε_1) ──┼─ their initial priorities, the  ───▶│ replay shard 0   │ ◀───────────────────▶ │ learner │
+      ...           │  weight version that acted          │ ...  shard S−1   │  new priorities       │ (coord- │
+    actor N−1 ──────┘  (round-robin over the shards)      └──────────────────┘                       │ inator) │
+        ▲  ▲ steps, returns, ε (one report per block)                                               └────┬────┘
+        │  └────────────────────────────────────────────────────────────────────────────────────────────┤
+        └─────────────── published weights (+ version), read every K env steps ◀─────────────────────────┘
+
+- **Actors** (roles, `--workers N`): actor i has its own envs (the algorithm's `n_envs`) and DQN object and
+  acts ε-greedily with the fixed ε_i = ε^(1 + α·i/(N−1)) (`epsilon_ladder`; ε = 0.4, α = 7 as in the paper; one
+  actor: ε). It builds n-step transitions itself (`NStepBuilder`: the algorithm's `n_step` and `gamma`, cut at
+  episode ends as the replay buffer cuts them), computes their initial priorities with its current weights by
+  the algorithm's own TD computation (`DQN.priorities`, the |TD error| its `loss` returns), and sends blocks
+  of `--block` (B) transitions with their priorities and the weight version that acted to the replay shards in
+  turn. Every `--sync-every` (K) of its env steps it reads the newest published weights (target network
+  included). After each block it reports its steps and finished episodes to the learner.
+- **Replay shards** (backend services, `--replay-shards S`): each a ring of `buffer_size / S` transitions
+  (`ReplayShard`) with a sum tree and a min tree over priority^α: `add` (a block; past capacity the oldest
+  rows are overwritten, so the newest data stays), `sample` (proportional, stratified, with importance weights
+  max-normalised as in `PrioritizedReplayBuffer`), `update_priorities`. Each stored row carries an id unique
+  over the shard's incarnations; a priority update for a row that was overwritten (or lost with a dead shard)
+  since it was sampled is dropped.
+- **Learner** (the coordinator): samples a batch from the shards in turn (the next one is asked for before the
+  current one is learned from, so the learner does not wait on a round trip), runs the unchanged `dqn`
+  `update` (double, dueling, n-step; the target copy inside it), writes the new priorities back to the shard
+  the batch came from, and publishes the weights with a version (one per update). β anneals from the
+  algorithm's `beta` to 1 over the run's steps.
+
+Pacing: the learner keeps the algorithm's replay ratio, `gradient_steps` updates per `train_freq × n_envs`
+env steps taken in once `learning_starts` transitions are stored (the sample efficiency of single-process
+DQN); an actor may run `AHEAD` blocks ahead of what the learner has caught up with, and then waits. The
+paper's learner is not paced (it learns as fast as it can while 360 actors fill the replay).
+
+Logged besides the usual: `charts/actor_sps` (env steps taken in per second), `charts/learner_ups` (updates
+per second), `charts/replay_size` (over all shards), `charts/sample_staleness` (mean, and `_max`: learner
+version minus the version that acted, over the transitions sampled since the last log line),
+`charts/epsilon_<i>` and `charts/episodic_return_<i>` (mean since the last log line) per actor.
+
+Checkpoints hold the learner (networks, optimizer, update count), the weight version and the counters; the
+replay is NOT saved: a resumed run starts with empty shards, its actors (new seeds) refill them, and learning
+resumes once `learning_starts` transitions are stored again. A dead actor is restarted like any role (its
+next block acts with the newest weights). A dead replay shard is reported in `workers.log` and restarted
+empty: its data is gone, the run goes on with what the other shards hold (and what the actors send it next:
+while no shard holds a batch, the actors send on whatever the learner owes);
+calls cut short by its death are sent again to the new one. The shards' pids are in `<run>/shards.json`, the
+actors' in `<run>/workers.json`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
+from rlfleet.backends.shared_memory import WeightVersion
+from rlfleet.data.batch import Batch
+from rlfleet.data.returns import NStepBuilder
+from rlfleet.data.segment_tree import MinTree, SumTree
+from rlfleet.fields import bounded
+from rlfleet.run.config import ConfigError
+
+AHEAD = 2  # blocks an actor may have sent beyond what the learner has caught up with
+FIELDS = NStepBuilder.FIELDS
+ID_SPAN = 1 << 40  # row ids of incarnation k of a shard are k · ID_SPAN + 0, 1, 2, ...
+
+
+def epsilon_ladder(n: int, epsilon: float = 0.4, alpha: float = 7.0) -> list[float]:
+    """ε_i = ε^(1 + α·i/(n−1)) for actors i = 0 .. n−1 (one actor: ε)."""
+    if n < 1:
+        raise ValueError(f"an epsilon ladder needs at least one actor, got {n}")
+    if n == 1:
+        return [float(epsilon)]
+    return [float(epsilon ** (1 + alpha * i / (n - 1))) for i in range(n)]
+
+
+@dataclass
+class SampledBatch:
+    """What a shard sends the learner for one update."""
+
+    shard: int
+    data: dict[str, np.ndarray]
+    """FIELDS, plus `weight` (importance weights)."""
+    ids: np.ndarray
+    """The rows' ids, for `update_priorities`."""
+    versions: np.ndarray
+    """The weight version that acted, per transition."""
+    size: int
+    """Transitions the shard holds."""
+
+
+class ReplayShard:
+    """One replay shard (a backend service): a ring of `capacity` n-step transitions with proportional priorities."""
+
+    def __init__(self, index: int, incarnation: int, capacity: int, alpha: float, eps: float = 1e-6, seed: int = 0):
+        self.index, self.capacity, self.alpha, self.eps = index, int(capacity), float(alpha), float(eps)
+        self.rng = np.random.default_rng([seed, index, incarnation])
+        self.storage: dict[str, np.ndarray] | None = None
+        self.ids = np.full(self.capacity, -1, dtype=np.int64)
+        self.versions = np.zeros(self.capacity, dtype=np.int64)
+        self.next_id = incarnation * ID_SPAN
+        self.ptr = 0
+        self.size = 0
+        self.max_priority = 1.0
+        self.sum_tree = SumTree(self.capacity)
+        self.min_tree = MinTree(self.capacity)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _set(self, rows: np.ndarray, priorities: np.ndarray) -> None:
+        p = np.abs(np.asarray(priorities, dtype=np.float64).reshape(-1))
+        if p.shape != rows.shape or not np.isfinite(p).all():
+            raise ValueError(f"{p.size} priorities for {rows.size} transitions (one finite value each)")
+        p = p + self.eps
+        self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
+        self.sum_tree.update(rows, p**self.alpha)
+        self.min_tree.update(rows, p**self.alpha)
+
+    def add(self, block: dict[str, np.ndarray], priorities: np.ndarray, version: int) -> int:
+        """Store a block (FIELDS, equally long) with its initial priorities; past capacity the oldest rows go.
+        Returns the transitions held."""
+        n = len(block["rew"])
+        keep = min(n, self.capacity)  # a block larger than the ring keeps its newest rows
+        block = {key: np.asarray(block[key])[n - keep :] for key in FIELDS}
+        priorities = np.asarray(priorities).reshape(-1)
+        if priorities.size != n:
+            raise ValueError(f"{priorities.size} priorities for a block of {n} transitions")
+        if self.storage is None:
+            self.storage = {key: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for key, v in block.items()}
+        rows = (self.ptr + np.arange(n - keep, n)) % self.capacity  # id base + k sits in row k mod capacity
+        for key in FIELDS:
+            self.storage[key][rows] = block[key]
+        self.ids[rows] = self.next_id + np.arange(n - keep, n)
+        self.next_id += n
+        self.versions[rows] = version
+        self._set(rows, priorities[n - keep :])
+        self.ptr = (self.ptr + n) % self.capacity
+        self.size = min(self.size + keep, self.capacity)
+        return self.size
+
+    def sample(self, batch_size: int, beta: float) -> SampledBatch | None:
+        """`batch_size` transitions drawn in proportion to priority^α (one per equal slice of the mass), with
+        importance weights (N·P(i))^−β / max_j (N·P(j))^−β; None while the shard holds fewer than `batch_size`."""
+        if self.size < max(batch_size, 1):
+            return None
+        segment = self.sum_tree.total() / batch_size
+        rows = self.sum_tree.find_prefixsum((np.arange(batch_size) + self.rng.random(batch_size)) * segment)
+        weight = (self.sum_tree[rows] / self.min_tree.min()) ** (-beta)
+        data = {key: self.storage[key][rows] for key in FIELDS}
+        data["weight"] = weight.astype(np.float32)
+        return SampledBatch(self.index, data, self.ids[rows].copy(), self.versions[rows].copy(), self.size)
+
+    def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> int:
+        """New priorities of the rows sampled as `ids`; those overwritten since (or never here) are skipped.
+        Returns how many were set."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if ids.size != priorities.size:
+            raise ValueError(f"{priorities.size} priorities for {ids.size} ids")
+        rows = ids - self.incarnation_base()
+        live = (rows >= 0) & (ids < self.next_id)
+        rows = np.where(live, rows % self.capacity, 0)
+        live &= self.ids[rows] == ids
+        if live.any():
+            self._set(rows[live], priorities[live])
+        return int(live.sum())
+
+    def incarnation_base(self) -> int:
+        return (self.next_id // ID_SPAN) * ID_SPAN
+
+    def priorities(self) -> np.ndarray:
+        """priority^α of every row (0 where empty): for tests and diagnostics."""
+        return self.sum_tree[np.arange(self.capacity)]
+
+
+class ShardMaker:
+    """`make_service` of the replay shards (picklable)."""
+
+    def __init__(self, capacity: int, alpha: float, seed: int):
+        self.capacity, self.alpha, self.seed = capacity, alpha, seed
+
+    def __call__(self, index: int, incarnation: int) -> ReplayShard:
+        return ReplayShard(index, incarnation, self.capacity, self.alpha, seed=self.seed)
+
+
+@dataclass
+class ActorReport:
+    """What an actor tells the learner after sending a block to a shard."""
+
+    worker: int
+    incarnation: int
+    steps: int
+    returns: list[float]
+    epsilon: float
+    shard: int
+    size: int
+    """Transitions that shard held after the block."""
+
+
+class Actor(Producer):
+    """One Ape-X actor: its own envs and DQN with a fixed ε; sends prioritized n-step blocks to the shards."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        shared,
+        weights: WeightVersion,
+        shards: list[ServiceHandle],
+        epsilons: list[float],
+        block: int,
+        sync_every: int,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        super().__init__(spec, shared, weights, worker_id, incarnation)
+        self.shards = shards
+        self.block = block
+        self.sync_every = sync_every
+        self.epsilon = epsilons[worker_id]
+        self.algo.eps = self.epsilon  # fixed: the actor never runs the algorithm's ε schedule
+        cfg = spec.algo_cfg
+        self.builder = NStepBuilder(cfg.n_envs, cfg.n_step, cfg.gamma)
+        self.version: int | None = None
+        self.since_sync = 0
+        self.next_shard = worker_id % len(shards)  # actors start on different shards
+
+    def initial_priorities(self, block: dict[str, np.ndarray]) -> np.ndarray:
+        """|n-step TD error| of each transition under the actor's current weights (the algorithm's own TD)."""
+        batch = Batch({**block, "weight": np.ones(len(block["rew"]), np.float32)})
+        return self.algo.priorities(batch)
+
+    def produce(self, global_steps: int, stop=None) -> ActorReport | None:
+        c = self.collector
+        before = c.env_steps
+        while len(self.builder) < self.block:
+            if self.version is None or self.since_sync >= self.sync_every:
+                version = self.weights.read(self.copy.pull, stop)
+                if version is None:
+                    return None
+                self.version, self.since_sync = version, 0
+            self.since_sync += c.collect(self.builder, n_step=c.n_envs)
+        block = self.builder.take(self.block)
+        priorities = self.initial_priorities(block)
+        shard = self.next_shard
+        self.next_shard = (shard + 1) % len(self.shards)
+        size = self.shards[shard].call("add", block, priorities, self.version)
+        return ActorReport(
+            self.worker_id, self.incarnation, c.env_steps - before, c.pop_new_returns(), self.epsilon, shard, size
+        )
+
+
+@dataclass
+class ApexOptions(ParallelOptions):
+    """apex's options. `--workers` (2 by default, as for every multi-process architecture) is the number of actors,
+    each a role with its own envs (the algorithm's `n_envs`) and its own ε of the ladder."""
+
+    replay_shards: int = bounded(1, ge=1)
+    """Replay shards (services), each holding buffer_size / replay_shards transitions; actors send them blocks
+    in turn, the learner samples them in turn."""
+    block: int = bounded(50, ge=1)
+    """B: n-step transitions an actor sends a shard at a time, with their initial priorities."""
+    sync_every: int = bounded(400, ge=1)
+    """K: env steps of an actor (over its envs) between reads of the newest published weights."""
+    epsilon: float = bounded(0.4, ge=0, le=1)
+    """ε of the exploration ladder ε_i = ε^(1 + α·i/(N−1))."""
+    epsilon_alpha: float = bounded(7.0, ge=0)
+    """α of the exploration ladder (0: every actor explores with ε)."""
+
+
+class ApexRunner(ParallelRunner):
+    """The learner of an `apex` run (see the module docstring)."""
+
+    arch = "apex"
+    Options = ApexOptions
+    waiting_for = "block from the actors"
+    restart_how = "with the learner's newest weights"
+
+    def check_config(self) -> None:
+        self.check_parallel(on_policy_only=False, uses_optimizer=False)
+        if not hasattr(self.algo, "priorities") or self.algo.data != "replay":
+            raise ConfigError(f"the apex architecture runs dqn (this cut); {self.cfg.algo} is not supported")
+        if self.algo_cfg.lstm > 0:
+            raise ConfigError("apex replays single transitions: recurrent dqn (lstm > 0) is not supported; "
+                              "use --arch single or data_parallel for it")  # fmt: skip
+        if not BACKENDS[self.opts.backend].has_services:
+            with_services = ", ".join(name for name, cls in BACKENDS.items() if cls.has_services)
+            raise ConfigError(
+                f"apex's replay shards are backend services, which the {self.opts.backend} backend does not "
+                f"start; use --backend {with_services}"
+            )
+        size, batch = self.algo_cfg.buffer_size, self.algo_cfg.batch_size
+        if size // self.opts.replay_shards < batch:
+            raise ConfigError(
+                f"--replay-shards {self.opts.replay_shards} leaves {size // self.opts.replay_shards} transitions per "
+                f"shard, fewer than a batch ({batch}); use 1 to {max(1, size // batch)}"
+            )
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.spec = self.worker_spec()
+        self.start_backend()  # the counter: env steps of the blocks taken in
+        acfg = self.algo_cfg
+        self.epsilons = epsilon_ladder(self.opts.workers, self.opts.epsilon, self.opts.epsilon_alpha)
+        self.ratio = acfg.gradient_steps / (acfg.train_freq * acfg.n_envs)  # updates per env step
+        self.shard_maker = ShardMaker(acfg.buffer_size // self.opts.replay_shards, acfg.alpha, cfg.seed)
+        self.services = None
+        self.logger = None
+        self.sizes = [0] * self.opts.replay_shards
+        self.ready_at: int | None = None  # env steps when the replay first held learning_starts transitions
+        self.learned = 0  # updates since then
+        self.starved = False  # the last pass owed updates but no shard held a batch (one restarted empty)
+        self.held: list[ActorReport] = []  # blocks taken in whose credit waits for the learner to catch up
+        self.prefetch: Pending | None = None
+        self.next_shard = 0
+        self.writes: list[list[Pending]] = [[] for _ in range(self.opts.replay_shards)]
+        self.staleness: list[float] = []
+        self.actor_returns: list[list[float]] = [[] for _ in range(self.opts.workers)]  # since the last log line
+        self.last_rates = (time.perf_counter(), 0, 0)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.eval_envs = self.make_eval_envs()
+        self._write_config(
+            {
+                "workers": self.opts.workers,
+                "replay_shards": self.opts.replay_shards,
+                "epsilons": self.epsilons,
+                "ahead": AHEAD,
+            }
+        )
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"version": self.weights.version}
+
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
+        self.weights.set(int(saved.get("version", 0)))
+
+    # ----------------------------------------------------------------------------------------- shards
+    def wait(self, pending: Pending) -> Any:
+        """A shard's answer; shards that die meanwhile are restarted (the learner is who restarts them)."""
+        while True:
+            try:
+                return pending.result(timeout=WAIT_S)
+            except TimeoutError:
+                self.restart_crashed_shards()
+
+    def restart_crashed_shards(self) -> None:
+        for crash in self.services.check():
+            lost = self.sizes[crash.worker]
+            self.sizes[crash.worker] = 0
+            self._report(f"{crash.describe()}\nrestarting it empty: its {lost} transitions are lost, the run goes on")
+            if self.logger is not None:
+                self.logger.log(self.env_steps, {"charts/replay_shard_restarts": self.services.restarts})
+
+    def beta(self) -> float:
+        """Importance-sampling exponent: the algorithm's `beta` at the start, 1 at the end of the budget."""
+        start = self.algo_cfg.beta
+        return start + (1.0 - start) * min(1.0, self.env_steps / max(1, self.total_steps))
+
+    def _ask(self) -> Pending | None:
+        """Ask the next shard that holds a batch for one (round-robin)."""
+        n = len(self.sizes)
+        for k in range(n):
+            shard = (self.next_shard + k) % n
+            if self.sizes[shard] >= self.algo_cfg.batch_size:
+                self.next_shard = (shard + 1) % n
+                return self.services.handles[shard].submit("sample", self.algo_cfg.batch_size, self.beta())
+        return None
+
+    def next_batch(self) -> SampledBatch | None:
+        """The batch asked for last time (or now), once the next one has been asked for."""
+        for _ in range(len(self.sizes)):
+            pending = self.prefetch if self.prefetch is not None else self._ask()
+            self.prefetch = None
+            if pending is None:
+                return None
+            sampled = self.wait(pending)
+            if sampled is None:  # the shard had too little (restarted empty meanwhile): try the next
+                continue
+            self.sizes[sampled.shard] = sampled.size
+            for write in self.writes[sampled.shard]:  # answered before the sample: calls run in order
+                self.wait(write)
+            self.writes[sampled.shard] = []
+            self.prefetch = self._ask()
+            return sampled
+        return None
+
+    # ----------------------------------------------------------------------------------------- learning
+    def take_in(self, report: ActorReport) -> None:
+        self.counter.add(report.steps)
+        self.count_returns(report.returns)
+        self.sizes[report.shard] = report.size
+        self.actor_returns[report.worker] += report.returns
+        self.held.append(report)
+
+    def due(self) -> int:
+        """Updates the learner owes for the steps taken in (0 before the replay holds `learning_starts`)."""
+        if self.ready_at is None:
+            if sum(self.sizes) < max(self.algo_cfg.learning_starts, self.algo_cfg.batch_size):
+                return 0
+            self.ready_at = self.env_steps
+        return int((self.env_steps - self.ready_at) * self.ratio) - self.learned
+
+    def learn(self, n: int) -> tuple[dict[str, float], int]:
+        """Up to `n` updates, each on a batch of the next shard; `starved` if the shards had too little."""
+        metrics: dict[str, float] = {}
+        done = 0
+        self.starved = False
+        for _ in range(n):
+            sampled = self.next_batch()
+            if sampled is None:  # no shard holds a batch: the actors must refill them
+                self.starved = True
+                break
+            with self.weights.writing():
+                out = self.algo.update(Batch(sampled.data))
+            priorities = out.pop("priorities")
+            out.pop("epsilon", None)  # the learner does not act: the actors' ε are logged apart
+            handle = self.services.handles[sampled.shard]
+            self.writes[sampled.shard].append(handle.submit("update_priorities", sampled.ids, priorities))
+            self.staleness.extend((self.weights.version - 1 - sampled.versions).tolist())
+            metrics = out
+            done += 1
+        self.learned += done
+        return metrics, done
+
+    # ----------------------------------------------------------------------------------------- loop
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        """The replay shards first (their restarts are logged to `logger`), then the actors, which call them."""
+        self.logger = logger
+        self.services = self.backend.start_services(
+            self.shard_maker,
+            self.opts.replay_shards,
+            max_restarts=self.opts.max_restarts,
+            pids_file=self.run_dir / "shards.json",
+            name="replay shard",
+        )
+        make_actor = partial(
+            Actor,
+            self.spec,
+            self.shared,
+            self.weights,
+            self.services.handles,
+            self.epsilons,
+            self.opts.block,
+            self.opts.sync_every,
+        )
+        return self.start_roles(make_actor, stop_flag, AHEAD)
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """Take in the actors' reports that came (up to `AHEAD` per actor) if the learner has caught up, learn what
+        is due (at most `gradient_steps` updates a pass), and give the actors their credits back once the learner has
+        caught up with the steps taken in (or cannot: no shard holds a batch, after a shard lost its data)."""
+        returns: list[float] = []
+        taken = 0
+        caught_up = self.due() <= 0 or self.starved
+        limit = self.opts.workers * AHEAD if caught_up else 0  # behind: learn first (the blocks wait for it)
+        while taken < limit:
+            report = pool.get_any(WAIT_S if taken == 0 else 0.001)
+            if report is None:
+                break
+            self.take_in(report)
+            returns += report.returns
+            taken += 1
+        metrics, updates = self.learn(min(max(self.due(), 0), self.algo_cfg.gradient_steps))
+        if self.due() <= 0 or self.starved:
+            for report in self.held:
+                pool.release(report.worker, report.incarnation)
+            self.held = []
+        if taken == 0 and updates == 0:
+            return None
+        return Taken(returns, metrics, updates)
+
+    def monitor_step(self, logger, start, new_returns, metrics, stop_requested, updates) -> str | None:
+        next_log = self.state["next_log"]
+        reason = super().monitor_step(logger, start, new_returns, metrics, stop_requested, updates)
+        if self.state["next_log"] != next_log:
+            now = time.perf_counter()
+            last_time, last_steps, last_updates = self.last_rates
+            elapsed = max(now - last_time, 1e-9)
+            row = {
+                "charts/actor_sps": (self.env_steps - last_steps) / elapsed,
+                "charts/learner_ups": (self.state["updates"] - last_updates) / elapsed,
+                "charts/replay_size": float(sum(self.sizes)),
+                **{f"charts/epsilon_{i}": eps for i, eps in enumerate(self.epsilons)},
+            }
+            for i, returns in enumerate(self.actor_returns):
+                if returns:
+                    row[f"charts/episodic_return_{i}"] = float(np.mean(returns))
+                    returns.clear()
+            if self.staleness:
+                row["charts/sample_staleness"] = float(np.mean(self.staleness))
+                row["charts/sample_staleness_max"] = float(max(self.staleness))
+                self.staleness = []
+            logger.log(self.env_steps, row)
+            self.last_rates = (now, self.env_steps, self.state["updates"])
+        return reason
+
+    def restart_crashed(self, pool, logger, how: str) -> None:
+        """The crashed actors, then the crashed shards."""
+        super().restart_crashed(pool, logger, how)
+        self.restart_crashed_shards()
+
+    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+        self.stop_roles(stop_flag, pool, self.services)
+
+    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+        self.stop_roles(stop_flag, pool, self.services)

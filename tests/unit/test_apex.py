@@ -1,0 +1,330 @@
+"""apex (Ape-X DQN): the exploration ladder, the actors' n-step transitions and initial priorities, the replay
+shards (eviction, priority write-back on the right rows of the right shard), and serial determinism."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.algos import resolve
+from rlfleet.arch.apex import ID_SPAN, Actor, ApexRunner, ReplayShard, epsilon_ladder
+from rlfleet.arch.parallel import WorkerSpec
+from rlfleet.arch.shared import share_algo
+from rlfleet.backends.serial import SerialHandle
+from rlfleet.backends.shared_memory import WeightVersion
+from rlfleet.data.returns import NStepBuilder
+from rlfleet.launch import train
+from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import ConfigError, RunConfig, build_algo_config
+
+SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+CTX = torch.multiprocessing.get_context("spawn")
+
+
+def block_of(values, n_obs: int = 4) -> dict[str, np.ndarray]:
+    """A block whose transition k has obs full of values[k] (to tell rows apart)."""
+    v = np.asarray(values, np.float32)
+    return {
+        "obs": np.repeat(v[:, None], n_obs, axis=1),
+        "act": np.zeros(len(v), np.int64),
+        "rew": v.copy(),
+        "next_obs": np.repeat(v[:, None], n_obs, axis=1),
+        "terminated": np.zeros(len(v), np.float32),
+        "discount": np.full(len(v), 0.99, np.float32),
+    }
+
+
+class Recorder:
+    """A replay shard that keeps what it is sent."""
+
+    def __init__(self):
+        self.calls = []
+
+    def add(self, block, priorities, version):
+        self.calls.append((block, np.asarray(priorities), version))
+        return sum(len(b["rew"]) for b, _, _ in self.calls)
+
+
+# --------------------------------------------------------------------------------------------- exploration
+def test_epsilon_ladder_follows_the_paper():
+    assert epsilon_ladder(1) == [0.4]
+    three = epsilon_ladder(3)
+    np.testing.assert_allclose(three, [0.4, 0.4**4.5, 0.4**8])
+    eight = epsilon_ladder(8, epsilon=0.5, alpha=3.0)
+    np.testing.assert_allclose(eight, [0.5 ** (1 + 3.0 * i / 7) for i in range(8)])
+    assert epsilon_ladder(4, alpha=0.0) == [0.4] * 4
+    with pytest.raises(ValueError, match="at least one actor"):
+        epsilon_ladder(0)
+
+
+def test_actors_act_with_their_rung_of_the_ladder(tmp_path):
+    learner, cfg = algo_and_cfg(n_envs=2)
+    spec = WorkerSpec("dqn", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=10_000)
+    ladder = epsilon_ladder(3)
+    actors = [
+        Actor(spec, share_algo(learner), WeightVersion(CTX), [SerialHandle(0, Recorder())], ladder, 4, 400, i)
+        for i in range(3)
+    ]
+    try:
+        for i, actor in enumerate(actors):
+            report = actor.produce(global_steps=9_000)  # late in the run: the ε schedule would say eps_final
+            assert actor.algo.eps == pytest.approx(ladder[i]) and report.epsilon == pytest.approx(ladder[i])
+    finally:
+        for actor in actors:
+            actor.close()
+
+
+# --------------------------------------------------------------------------------------------- n-step, priorities
+def test_n_step_builder_sums_rewards_and_stops_at_episode_ends():
+    b = NStepBuilder(n_envs=1, n_step=3, gamma=0.5)
+    obs = [np.array([float(t)]) for t in range(6)]
+    # env 0: rewards 1, 2, 4, 8, then terminates at step 4 (reward 16); step 5 starts a new episode
+    for t, (r, term) in enumerate([(1, False), (2, False), (4, False), (8, False), (16, True)]):
+        b.add([obs[t]], [t], [r], [obs[t + 1]], [term], [False])
+    out = b.take(len(b))
+    assert out["act"].tolist() == [0, 1, 2, 3, 4]  # every transition left, the last ones at the episode end
+    np.testing.assert_allclose(out["rew"], [1 + 1 + 1, 2 + 2 + 2, 4 + 4 + 4, 8 + 8, 16])
+    np.testing.assert_allclose(out["discount"], [0.125, 0.125, 0.125, 0.25, 0.5])
+    np.testing.assert_allclose(out["next_obs"][:, 0], [3, 4, 5, 5, 5])
+    assert out["terminated"].tolist() == [0, 0, 1, 1, 1]
+    b.add([obs[0]], [7], [1.0], [obs[1]], [False], [True])  # truncated: bootstraps, not terminated
+    out = b.take(1)
+    assert out["terminated"].tolist() == [0] and out["discount"].tolist() == [0.5]
+    reused = NStepBuilder(n_envs=1, n_step=2, gamma=1.0)
+    frame = np.zeros((1, 1), np.float32)  # a vector env may write each step's observations into one array
+    for t in range(3):
+        frame[0, 0] = t
+        reused.add(frame, [t], [0.0], frame + 1, [False], [False])
+    assert reused.take(2)["obs"][:, 0].tolist() == [0, 1]
+
+
+def algo_and_cfg(**overrides):
+    cfg, _ = build_algo_config("dqn", None, overrides)
+    return resolve("dqn")[0](cfg, *SPACES, seed=0), cfg
+
+
+def test_initial_priorities_are_the_absolute_n_step_td_errors_under_the_actors_weights():
+    learner, cfg = algo_and_cfg(n_envs=2, n_step=3, gamma=0.9)
+    with torch.no_grad():
+        for p in learner.q_target.parameters():
+            p.mul_(-1.5)  # the target differs from the online network: double Q is visible
+    spec = WorkerSpec("dqn", cfg, "CartPole-v1", *SPACES, seed=0, total_steps=10_000)
+    shard = Recorder()
+    weights = WeightVersion(CTX)
+    weights.set(7)
+    actor = Actor(spec, share_algo(learner), weights, [SerialHandle(0, shard)], [0.4], 6, 400, 0)
+    try:
+        actor.produce(global_steps=0)
+    finally:
+        actor.close()
+    (block, priorities, version), = shard.calls  # fmt: skip
+    assert version == 7 and len(block["rew"]) == 6 and priorities.shape == (6,)
+    with torch.no_grad():  # by hand, with the learner's networks (the actor pulled exactly these)
+        obs, nxt = torch.as_tensor(block["obs"]), torch.as_tensor(block["next_obs"])
+        q = learner.q(obs)[torch.arange(6), torch.as_tensor(block["act"])]
+        best = learner.q(nxt).argmax(1)
+        bootstrap = learner.q_target(nxt)[torch.arange(6), best]
+        y = (
+            torch.as_tensor(block["rew"])
+            + torch.as_tensor(block["discount"]) * (1 - torch.as_tensor(block["terminated"])) * bootstrap
+        )
+    np.testing.assert_allclose(priorities, (y - q).abs().numpy(), rtol=1e-5, atol=1e-6)
+    assert (priorities > 0).all()
+
+
+# --------------------------------------------------------------------------------------------- shards
+def test_eviction_keeps_the_newest_transitions():
+    shard = ReplayShard(0, 0, capacity=10, alpha=0.6)
+    for start in range(0, 16, 4):
+        shard.add(block_of(range(start, start + 4)), np.ones(4), version=start)
+    assert len(shard) == 10
+    assert sorted(shard.storage["rew"].tolist()) == list(range(6, 16))  # 0-5 evicted
+    assert shard.sample(11, beta=0.4) is None  # fewer than a batch
+    sampled = [shard.sample(10, beta=0.4) for _ in range(10)]
+    drawn = np.concatenate([s.data["rew"] for s in sampled])
+    assert set(drawn.tolist()) == set(range(6, 16))  # only the newest, each of them
+    np.testing.assert_array_equal(np.concatenate([s.ids for s in sampled]), drawn.astype(int))  # id k: k-th added
+    np.testing.assert_array_equal(np.concatenate([s.versions for s in sampled]), drawn.astype(int) // 4 * 4)
+    big = ReplayShard(0, 0, capacity=5, alpha=0.6)
+    big.add(block_of(range(12)), np.arange(12) + 1.0, version=0)  # a block larger than the ring
+    assert sorted(big.storage["rew"].tolist()) == list(range(7, 12))
+
+
+def test_sampling_follows_priority_and_importance_weights_are_max_normalised():
+    shard = ReplayShard(0, 0, capacity=4, alpha=1.0, eps=1e-9)
+    shard.add(block_of([0, 1, 2, 3]), np.array([1.0, 1.0, 1.0, 7.0]), version=0)
+    draws = np.concatenate([shard.sample(4, beta=0.5).data["rew"] for _ in range(500)])
+    assert abs(np.mean(draws == 3) - 0.7) < 0.05
+    s = shard.sample(4, beta=0.5)
+    expected = np.where(s.data["rew"] == 3, 7.0**-0.5, 1.0)
+    np.testing.assert_allclose(s.data["weight"], expected, rtol=1e-6)
+
+
+def test_priority_updates_skip_rows_overwritten_since_they_were_sampled():
+    shard = ReplayShard(0, 2, capacity=4, alpha=1.0, eps=1e-9)
+    shard.add(block_of([0, 1, 2, 3]), np.ones(4), version=0)
+    assert shard.ids.min() == 2 * ID_SPAN  # ids are unique over incarnations
+    sampled = shard.sample(4, beta=0.4)
+    shard.add(block_of([10, 11]), np.full(2, 5.0), version=1)  # overwrites the rows of ids base+0, base+1
+    set_now = shard.update_priorities(sampled.ids, np.full(4, 3.0))
+    assert set_now == len({i for i in sampled.ids.tolist() if i >= 2 * ID_SPAN + 2})
+    p = shard.priorities()
+    rows_new = np.isin(shard.storage["rew"], [10, 11])
+    np.testing.assert_allclose(p[rows_new], 5.0)  # the new rows keep their own priorities
+    old_sampled = np.isin(shard.storage["rew"], [v for v in sampled.data["rew"] if v >= 2])
+    np.testing.assert_allclose(p[old_sampled], 3.0)
+    assert ReplayShard(0, 3, 4, 1.0).update_priorities(sampled.ids, np.ones(4)) == 0  # a restarted shard
+
+
+def test_learner_writes_priorities_back_to_the_rows_and_shard_the_batch_came_from(tmp_path, monkeypatch):
+    cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
+                    options={"backend": "serial", "replay_shards": 2, "workers": 1},
+                    overrides={"batch_size": 8, "alpha": 1.0})  # fmt: skip
+    runner = ApexRunner(cfg)
+    try:
+        runner.services = runner.backend.start_services(runner.shard_maker, 2)
+        shards = [h.service for h in runner.services.handles]
+        for i, shard in enumerate(shards):
+            shard.add(block_of(np.arange(20) + 100 * i), np.ones(20), version=0)
+        runner.sizes = [20, 20]
+        sampled = []
+        next_batch = runner.next_batch
+        monkeypatch.setattr(runner, "next_batch", lambda: sampled.append(next_batch()) or sampled[-1])
+        written = [np.arange(8) + 2.0, np.arange(8) + 20.0]  # each update's own priorities
+        calls = iter(written)
+        monkeypatch.setattr(runner.algo, "update", lambda batch: {"loss": 0.0, "priorities": next(calls).copy()})
+        before = [s.priorities().copy() for s in shards]
+        runner.learn(2)
+        assert [s.shard for s in sampled] == [0, 1]  # the shards in turn
+        for s, prios in zip(sampled, written, strict=True):
+            assert (s.data["rew"] // 100 == s.shard).all()  # the batch holds that shard's rows
+            p = shards[s.shard].priorities()
+            rows = s.ids % shards[s.shard].capacity
+            last = {row: w for row, w in zip(rows.tolist(), prios.tolist(), strict=True)}  # repeats: last wins
+            np.testing.assert_allclose(p[list(last)], np.array(list(last.values())) + shards[s.shard].eps)
+            untouched = np.setdiff1d(np.arange(20), rows)
+            np.testing.assert_array_equal(p[untouched], before[s.shard][untouched])
+    finally:
+        runner.services.stop()
+        runner.eval_envs.close()
+
+
+# --------------------------------------------------------------------------------------------- runs
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir / "checkpoints" / "latest.pt")["algo"]["q"]
+
+
+@pytest.mark.parametrize("seeds", [(3, 3, True), (3, 4, False)])
+def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_path):
+    a, b, same = seeds
+    runs = [
+        train(
+            "dqn",
+            "CartPole-v1",
+            arch="apex",
+            workers=3,
+            replay_shards=2,
+            backend="serial",
+            steps=2_500,
+            seed=seed,
+            eval_every=2_500,
+            eval_episodes=1,
+            stop_return=1e9,
+            logdir=str(tmp_path),
+            name=f"r{k}",
+            progress=False,
+            overrides={"learning_starts": 500},
+        )  # fmt: skip
+        for k, seed in enumerate((a, b))
+    ]
+    assert runs[0]["updates"] > 100
+    w0, w1 = (final_weights(r.run_dir) for r in runs)
+    equal = all(torch.equal(w0[k], w1[k]) for k in w0)
+    assert equal == same
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"algo": "a2c"}, "apex architecture runs dqn"),
+        ({"replay_shards": 1_000, "overrides": {"buffer_size": 1_000}}, "--replay-shards 1000 leaves 1"),
+        ({"overrides": {"lstm": 8}}, "recurrent dqn"),
+    ],
+)
+def test_bad_apex_options_are_clear_errors(options, message, tmp_path):
+    options = {"algo": "dqn", **options}
+    with pytest.raises(ConfigError, match=message):
+        train(options.pop("algo"), "CartPole-v1", arch="apex", backend="serial", logdir=str(tmp_path),
+              progress=False, **options)  # fmt: skip
+
+
+def test_a_resumed_run_keeps_the_learner_and_refills_the_replay_before_learning_again(tmp_path):
+    """The replay is not saved: a resumed run learns again only once its actors have stored learning_starts
+    transitions anew, from the saved learner (networks, optimizer, update count) and weight version."""
+    first = train("dqn", "CartPole-v1", arch="apex", workers=2, backend="serial", steps=2_000, stop_return=1e9,
+                  eval_every=2_000, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
+    saved = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert saved["apex"]["version"] == saved["algo"]["updates"] == first["updates"] > 0
+    resumed = train(resume=tmp_path / "r", steps=4_000, progress=False)
+    more = resumed["updates"] - first["updates"]
+    # 1,000 of the 2,000 new steps refill the replay (learning_starts), then 16 updates per 64 steps: about 250
+    # (about 500 if learning went on at once)
+    assert 200 <= more <= 300
+    final = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert final["apex"]["version"] == final["algo"]["updates"] == resumed["updates"]
+
+
+def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_path):
+    """With one shard restarted empty the learner owes updates it cannot make: the actors must still be let to
+    send blocks (here: serial, so the learner must ask for them), else the run stalls for good."""
+    cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
+                    options={"backend": "serial", "workers": 2}, overrides={"learning_starts": 300})  # fmt: skip
+    runner = ApexRunner(cfg)
+    stop = runner.backend.stop_flag()
+    pool = runner.start_workers(stop, None)
+    try:
+        while runner.state["updates"] < 20:
+            taken = runner.coordinate(pool)
+            runner.state["updates"] += taken.updates if taken is not None else 0
+        shard = runner.services.handles[0]
+        shard.service = ReplayShard(0, 1, shard.service.capacity, shard.service.alpha)  # as a restart leaves it
+        runner.sizes[0] = 0
+        steps, updates = runner.env_steps, runner.state["updates"]
+        for _ in range(200):
+            taken = runner.coordinate(pool)
+            runner.state["updates"] += taken.updates if taken is not None else 0
+        assert runner.env_steps > steps + 300 and runner.state["updates"] > updates
+    finally:
+        runner.stop_roles(stop, pool, runner.services)
+        runner.eval_envs.close()
+
+
+def test_actors_act_with_ever_newer_weight_versions_and_their_returns_are_logged(tmp_path):
+    cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
+                    options={"backend": "serial", "workers": 3, "sync_every": 100},
+                    overrides={"learning_starts": 300})  # fmt: skip
+    runner = ApexRunner(cfg)
+    stop = runner.backend.stop_flag()
+    pool = runner.start_workers(stop, None)
+    try:
+        seen: list[list[int]] = [[] for _ in range(3)]
+        for _ in range(300):
+            runner.coordinate(pool)
+            for i, actor in enumerate(pool.roles):
+                if actor.version is not None:
+                    seen[i].append(actor.version)
+        for versions in seen:
+            assert versions == sorted(versions) and versions[-1] > versions[0] > -1
+        assert runner.weights.version == runner.algo.updates > 0
+    finally:
+        runner.stop_roles(stop, pool, runner.services)
+        runner.eval_envs.close()
+    result = train("dqn", "CartPole-v1", arch="apex", workers=3, backend="serial", steps=1_500, stop_return=1e9,
+                   eval_every=1_500, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
+    with open(result.run_dir / "metrics.csv") as f:
+        rows = [line.split(",") for line in f.read().splitlines()[1:]]
+    for i in range(3):
+        returns = [float(r[-1]) for r in rows if r[2] == f"charts/episodic_return_{i}"]
+        assert returns and min(returns) >= 8  # CartPole's shortest episodes last 8 steps
