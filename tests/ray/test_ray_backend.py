@@ -244,6 +244,15 @@ def test_ppo_solves_cartpole_on_two_allreduce_learners_as_ray_actors(run_opts):
 
 
 @pytest.mark.learning
+def test_apex_dqn_with_three_ray_actors_solves_cartpole(run_opts):
+    """Ape-X: actors and replay shards as Ray actors (the shards are named services), the learner in the driver."""
+    result = train("dqn", "CartPole-v1", arch="apex", workers=3, backend="ray", steps=100_000, seed=0,
+                   eval_every=5_000, **run_opts)  # fmt: skip
+    assert result["solved"], f"apex dqn with ray: {result.result}"
+    assert result["eval_return_mean"] >= 475
+
+
+@pytest.mark.learning
 def test_an_actor_killed_mid_run_is_restarted_and_the_run_still_solves(run_opts, tmp_path):
     run = tmp_path / "killed"
     killed: list[int] = []
