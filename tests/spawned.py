@@ -158,7 +158,7 @@ def allreduce_learner(rank, rendezvous, cases, out):
     states = []
     for algo_name, overrides, batches, epochs, minibatch_size in cases:
         algo = make_cartpole_algo(algo_name, overrides, seed=rank + 1)
-        _, _, state = group.agree(0, 0, partial(pack_state, algo))
+        _, _, _, state = group.agree(0, 0, partial(pack_state, algo))
         if state is not None:
             load_state(algo, state)
         set_gradient_hook(algo.optimizer, group.average)

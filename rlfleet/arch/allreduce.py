@@ -213,9 +213,9 @@ class LearnerGroup:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
-    def agree(self, updates: int, steps: int, state) -> tuple[int, int, bytes | None]:
+    def agree(self, updates: int, steps: int, state) -> tuple[int, int, int, bytes | None]:
         """Make one learner's state everyone's: the one with the most `updates` (the lowest rank among equals).
-        Returns that learner's (updates, steps) and its `state()` bytes, None where it is this learner's own."""
+        Returns that learner's rank, (updates, steps) and its `state()` bytes, None where it is this learner's."""
         key = torch.tensor([updates * self.world + (self.world - 1 - self.rank)], dtype=torch.int64)
         self._collective(dist.all_reduce, key, op=dist.ReduceOp.MAX)
         best, source = int(key) // self.world, self.world - 1 - int(key) % self.world
@@ -227,7 +227,7 @@ class LearnerGroup:
         else:
             payload = torch.empty(int(header[1]), dtype=torch.uint8)
         self._collective(dist.broadcast, payload, src=source)
-        return best, int(header[0]), None if self.rank == source else payload.numpy().tobytes()
+        return source, best, int(header[0]), None if self.rank == source else payload.numpy().tobytes()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -267,6 +267,8 @@ class LearnerReport:
     """`pack_state` of learner 0 every `state_every` updates, and after the last update of the budget."""
     trouble: str | None = None
     """Why the group broke or did not form, if it did."""
+    note: str | None = None
+    """Whose state a restarted learner took on when its group formed."""
 
 
 class AllReduceLearner(Producer):
@@ -278,6 +280,7 @@ class AllReduceLearner(Producer):
         self.weights.read(self.copy.pull)  # the latest weights learner 0 sent (a restarted learner's best guess)
         self.steps = spec.start_steps  # the group's env steps, the same in every learner: the schedules' clock
         self.updates = 0 if incarnation == 0 else -1  # -1: a restarted learner knows nothing yet
+        self.note: str | None = None  # sent with the next item
         self.segment_steps = spec.algo_cfg.n_envs * spec.algo_cfg.rollout_len
         self.group = LearnerGroup(spec.rendezvous, worker_id) if spec.rendezvous is not None else None
         self.world = 1 if spec.rendezvous is None else spec.rendezvous.world_size
@@ -289,9 +292,11 @@ class AllReduceLearner(Producer):
         formed within `JOIN_WAIT_S` (or `stop` got set)."""
         if self.group.join(stop, JOIN_WAIT_S) is None:
             return False
-        updates, steps, state = self.group.agree(self.updates, self.steps, partial(pack_state, self.algo))
+        source, updates, steps, state = self.group.agree(self.updates, self.steps, partial(pack_state, self.algo))
         if state is not None:
             load_state(self.algo, state)
+            if self.updates < 0:
+                self.note = f"took on the state of learner {source} ({updates} updates)"
         self.updates, self.steps = updates, steps
         return True
 
@@ -319,7 +324,8 @@ class AllReduceLearner(Producer):
         state = None
         if self.worker_id == 0 and (self.updates % self.spec.state_every == 0 or last):
             state = pack_state(self.algo)
-        return report(steps, returns, metrics, True, generation, state)
+        note, self.note = self.note, None
+        return report(steps, returns, metrics, True, generation, state, note=note)
 
     def close(self) -> None:
         if self.group is not None:
@@ -414,8 +420,9 @@ class AllReduceRunner(ParallelRunner):
         """Count a learner's item; learner 0's state becomes the coordinator's (and the published weights)."""
         self.counter.add(item.steps)
         self.count_returns(item.returns)
-        if item.trouble is not None:
-            self._report(f"learner {item.worker}: {item.trouble}")
+        for news in (item.trouble, item.note):
+            if news is not None:
+                self._report(f"learner {item.worker}: {news}")
         if item.generation is not None and item.updated and item.generation != self.generation:
             if self.generation is not None:
                 self._report(f"the learners' group re-formed (generation {item.generation})")
