@@ -39,6 +39,11 @@ Algorithms whose exploration noise has a state per env (Ornstein–Uhlenbeck noi
 the noise of the envs in the `[N]` bool mask `done` (their episode just ended) back at its start; the
 `Collector` calls it after every step in which an env finished. The noise state is part of `state_dict()`.
 
+Replay algorithms an `apex` actor runs (dqn, ddpg, td3): `priorities(batch) -> [B]` (the |TD errors| `update`
+would write back, computed without learning: an actor's initial priorities) and `fix_exploration(level, share)
+-> float` (act from then on with one rung of the exploration ladder: ε-greedy algorithms take ε = `level`,
+noise-driven ones scale their noise by `share`, the rung over the ladder's top; returns the ε or σ used).
+
 Box actions: `act` returns env-ready actions (rescaled to the bounds and clipped) and puts the policy's
 own, unclipped sample into `extras["raw_act"]`, from which the loss takes its log-probabilities.
 """

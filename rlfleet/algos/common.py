@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from rlfleet.data.batch import Batch
+from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.fields import bounded
 from rlfleet.nets.fast import gaussian_log_prob, log_softmax, sample_categorical, sample_gaussian
 from rlfleet.nets.recurrent import LSTMCore
@@ -53,6 +54,32 @@ class ReplayOptions:
     """Discount factor."""
     n_step: int = bounded(1, ge=1)
     """Steps of real reward before bootstrapping."""
+
+
+@dataclass
+class PriorityOptions:
+    """Prioritized replay's fields (dqn, ddpg, td3). The `apex` architecture's replay is always prioritized and
+    reads `alpha` and `beta` from here."""
+
+    prioritized: bool = False
+    """Prioritized replay (proportional, Schaul et al. 2016): transitions drawn in proportion to |TD error|^α,
+    the loss weighted by importance weights."""
+    alpha: float = bounded(0.6, ge=0)
+    """Priority exponent."""
+    beta: float = bounded(0.4, ge=0, le=1)
+    """Initial importance-sampling exponent, annealed to 1 over the run."""
+
+
+def make_replay_buffer(cfg, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
+    """The n-step replay of a `ReplayOptions` + `PriorityOptions` config: prioritized (β annealed to 1 over the
+    run's updates) when `cfg.prioritized`, uniform otherwise."""
+    common = dict(capacity=cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
+    if not cfg.prioritized:
+        return ReplayBuffer(**common)
+    updates = max(1, (total_steps - cfg.learning_starts) // (cfg.train_freq * n_envs))
+    return PrioritizedReplayBuffer(
+        **common, alpha=cfg.alpha, beta=cfg.beta, beta_final=1.0, beta_anneal_steps=updates * cfg.gradient_steps
+    )
 
 
 class UnsupportedSpaceError(ValueError):

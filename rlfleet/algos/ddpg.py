@@ -24,9 +24,11 @@ import torch
 
 from rlfleet.algos.common import (
     ActionBounds,
+    PriorityOptions,
     ReplayOptions,
     flat_obs_dim,
     make_optimizer,
+    make_replay_buffer,
     optimize,
     require_box,
     soft_update,
@@ -42,7 +44,7 @@ from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
 @dataclass
-class Config(NormOptions, ReplayOptions):
+class Config(PriorityOptions, NormOptions, ReplayOptions):
     """DDPG hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
     tau: float = bounded(0.01, gt=0, le=1)
@@ -123,8 +125,7 @@ class DDPG:
         self.updates = 0
 
     def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
-        cfg = self.cfg
-        return ReplayBuffer(cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
+        return make_replay_buffer(self.cfg, n_envs, total_steps, seed)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         if explore and self.env_steps < self.cfg.random_steps:
@@ -135,6 +136,14 @@ class DDPG:
                 raw = self.noise.perturb(raw, self.rng)
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
+
+    def fix_exploration(self, level: float, share: float) -> float:
+        """Act with a fixed exploration from now on (an Ape-X actor's rung of the ladder): Gaussian noise of
+        σ = share × `exploration_noise` (`share` in (0, 1]: the rung's ε over the ladder's top), of the
+        configured kind. Returns σ."""
+        cfg = self.cfg
+        self.noise = ActionNoise(cfg.action_noise, share * cfg.exploration_noise, cfg.ou_theta, cfg.ou_dt)
+        return self.noise.sigma
 
     def reset_noise(self, done: np.ndarray) -> None:
         """The exploration noise of the envs in `done` (their next observation begins an episode) back at its start."""
@@ -151,18 +160,34 @@ class DDPG:
 
     def update(self, batch: Batch) -> dict:
         """A critic step, then an actor step on the updated critic, then the soft target update (the paper's
-        Algorithm 1); metrics are 0-dim tensors."""
-        act = torch.from_numpy(self.bounds.normalize(batch.act))
-        b = batch.to_torch()
+        Algorithm 1); metrics are 0-dim tensors, and `priorities` the |TD errors| of the critic step."""
+        b, act = self._torch_batch(batch)
         y = self.td_target(b)
         q = self.critic(b.obs, act)[0]
-        critic_loss = (q - y).pow(2).mean()
+        td = q - y
+        critic_loss = (b.weight * td.pow(2)).mean()  # importance weights: ones unless the replay is prioritized
         optimize(self.optimizer, critic_loss, self.params, None)  # only the critic has gradients
         actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
         optimize(self.optimizer, actor_loss, self.params, None)  # only the actor has gradients
         soft_update(self._targets, self.params, self.cfg.tau)
         self.updates += 1
-        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q.detach().mean()}
+        return {
+            "critic_loss": critic_loss.detach(),
+            "actor_loss": actor_loss.detach(),
+            "q": q.detach().mean(),
+            "priorities": td.detach().abs().numpy(),
+        }
+
+    def _torch_batch(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
+        """The batch as tensors, and its actions in the policy's normalised space."""
+        return batch.to_torch(), torch.from_numpy(self.bounds.normalize(batch.act))
+
+    @torch.no_grad()
+    def priorities(self, batch: Batch) -> np.ndarray:
+        """|y − Q(s, a)| of each transition under the current networks: the priorities `update` writes back,
+        without learning (an Ape-X actor's initial priorities)."""
+        b, act = self._torch_batch(batch)
+        return (self.critic(b.obs, act)[0] - self.td_target(b)).abs().numpy()
 
     def state_dict(self) -> dict:
         return {

@@ -29,17 +29,19 @@ import torch
 import torch.nn.functional as F
 
 from rlfleet.algos.common import (
+    PriorityOptions,
     epsilon_greedy,
     hard_update,
     linear,
     make_optimizer,
+    make_replay_buffer,
     obs_tensor,
     optimize,
     q_values,
     require_discrete,
 )
 from rlfleet.data.batch import Batch
-from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
+from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
@@ -48,7 +50,7 @@ from rlfleet.nets.recurrent import LSTMCore
 
 
 @dataclass
-class Config(NormOptions):
+class Config(PriorityOptions, NormOptions):
     """DQN hyperparameters; the defaults (double + dueling + prioritized, 3-step) solve CartPole-v1."""
 
     n_envs: int = bounded(4, ge=1)
@@ -77,10 +79,6 @@ class Config(NormOptions):
     """Dueling value/advantage head."""
     prioritized: bool = True
     """Prioritized replay (proportional); feed-forward only: with `lstm` > 0 sequences are drawn uniformly."""
-    alpha: float = bounded(0.6, ge=0)
-    """Priority exponent."""
-    beta: float = bounded(0.4, ge=0, le=1)
-    """Initial importance-sampling exponent, annealed to 1 over the run."""
     eps_start: float = bounded(1.0, ge=0, le=1)
     """Initial exploration rate."""
     eps_final: float = bounded(0.05, ge=0, le=1)
@@ -160,6 +158,7 @@ class DQN:
         self.params = list(self.q.parameters())
         self.rng = np.random.default_rng(seed)
         self.eps = cfg.eps_start
+        self.fixed_eps: float | None = None  # set by `fix_exploration`
         self.updates = 0
 
     def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
@@ -171,18 +170,7 @@ class DQN:
                 state_size=self.cfg.lstm if self.cfg.stored_state else 0,
                 seed=seed,
             )
-        common = dict(capacity=self.cfg.buffer_size, n_envs=n_envs, n_step=self.cfg.n_step, gamma=self.cfg.gamma)
-        if not self.cfg.prioritized:
-            return ReplayBuffer(**common, seed=seed)
-        updates = max(1, (total_steps - self.cfg.learning_starts) // (self.cfg.train_freq * n_envs))
-        return PrioritizedReplayBuffer(
-            **common,
-            alpha=self.cfg.alpha,
-            beta=self.cfg.beta,
-            beta_final=1.0,
-            beta_anneal_steps=updates * self.cfg.gradient_steps,
-            seed=seed,
-        )
+        return make_replay_buffer(self.cfg, n_envs, total_steps, seed)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         eps = self.eps if explore else 0.0
@@ -196,7 +184,15 @@ class DQN:
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
         return LSTMCore.reset(state, done)
 
+    def fix_exploration(self, level: float, share: float) -> float:
+        """Act with a fixed exploration from now on (an Ape-X actor's rung of the ladder): ε-greedy with ε = `level`;
+        `schedule` leaves it alone. Returns ε."""
+        self.fixed_eps = self.eps = float(level)
+        return self.eps
+
     def schedule(self, env_steps: int, total_steps: int) -> None:
+        if self.fixed_eps is not None:
+            return
         self.eps = linear(self.cfg.eps_start, self.cfg.eps_final, self.cfg.eps_anneal_steps, env_steps)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:

@@ -26,9 +26,11 @@ import torch
 
 from rlfleet.algos.common import (
     ActionBounds,
+    PriorityOptions,
     ReplayOptions,
     flat_obs_dim,
     make_optimizer,
+    make_replay_buffer,
     optimize,
     require_box,
     soft_update,
@@ -44,7 +46,7 @@ from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
 @dataclass
-class Config(NormOptions, ReplayOptions):
+class Config(PriorityOptions, NormOptions, ReplayOptions):
     """TD3 hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
     tau: float = bounded(0.02, gt=0, le=1)
@@ -136,8 +138,7 @@ class TD3:
         self.policy_updates = 0
 
     def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
-        cfg = self.cfg
-        return ReplayBuffer(cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
+        return make_replay_buffer(self.cfg, n_envs, total_steps, seed)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         if explore and self.env_steps < self.cfg.random_steps:
@@ -148,6 +149,14 @@ class TD3:
                 raw = self.noise.perturb(raw, self.rng)
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
+
+    def fix_exploration(self, level: float, share: float) -> float:
+        """Act with a fixed exploration from now on (an Ape-X actor's rung of the ladder): Gaussian noise of
+        σ = share × `exploration_noise` (`share` in (0, 1]: the rung's ε over the ladder's top), of the
+        configured kind. Returns σ."""
+        cfg = self.cfg
+        self.noise = ActionNoise(cfg.action_noise, share * cfg.exploration_noise, cfg.ou_theta, cfg.ou_dt)
+        return self.noise.sigma
 
     def reset_noise(self, done: np.ndarray) -> None:
         """The exploration noise of the envs in `done` (their next observation begins an episode) back at its start."""
@@ -168,15 +177,15 @@ class TD3:
 
     def update(self, batch: Batch) -> dict:
         """One critic step; every `policy_delay`-th then an actor step on the updated critic and the soft
-        target update."""
-        act = torch.from_numpy(self.bounds.normalize(batch.act))
-        b = batch.to_torch()
+        target update. `priorities` are the critics' mean |TD errors| of the critic step."""
+        b, act = self._torch_batch(batch)
         y = self.td_target(b)
         q = self.critic(b.obs, act)  # [2, B]
-        critic_loss = (q - y).pow(2).mean(1).sum()
+        td = q - y
+        critic_loss = (b.weight * td.pow(2)).mean(1).sum()  # importance weights: ones unless prioritized
         optimize(self.optimizer, critic_loss, self.params, None)  # only the critics have gradients
         self.updates += 1
-        metrics = {"critic_loss": critic_loss.detach(), "q": q.detach()[0].mean()}
+        metrics = {"critic_loss": critic_loss.detach(), "q": q.detach()[0].mean(), "priorities": _td_abs(td)}
         if self.updates % self.cfg.policy_delay:
             return metrics
         actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
@@ -185,6 +194,17 @@ class TD3:
         self.policy_updates += 1
         metrics["actor_loss"] = actor_loss.detach()
         return metrics
+
+    def _torch_batch(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
+        """The batch as tensors, and its actions in the policy's normalised space."""
+        return batch.to_torch(), torch.from_numpy(self.bounds.normalize(batch.act))
+
+    @torch.no_grad()
+    def priorities(self, batch: Batch) -> np.ndarray:
+        """The twin critics' mean |y − Q_k(s, a)| of each transition under the current networks (y with its own
+        draw of smoothing noise): the priorities `update` writes back, without learning (an Ape-X actor's)."""
+        b, act = self._torch_batch(batch)
+        return _td_abs(self.critic(b.obs, act) - self.td_target(b))
 
     def state_dict(self) -> dict:
         return {
@@ -211,3 +231,8 @@ class TD3:
         self.env_steps = int(state["env_steps"])
         self.updates = int(state["updates"])
         self.policy_updates = int(state["policy_updates"])
+
+
+def _td_abs(td: torch.Tensor) -> np.ndarray:
+    """`[B]` priorities from the twin critics' `[2, B]` TD errors: the mean of their absolute values."""
+    return td.detach().abs().mean(0).numpy()

@@ -1,5 +1,5 @@
-"""`apex`: Ape-X DQN (Horgan et al. 2018, "Distributed Prioritized Experience Replay"): many actors with a ladder of
-exploration rates feed a sharded prioritized replay, one learner samples it.
+"""`apex`: Ape-X (Horgan et al. 2018, "Distributed Prioritized Experience Replay") for dqn, ddpg and td3: many
+actors with a ladder of exploration rates feed a sharded prioritized replay, one learner samples it.
 
 Who sends what to whom::
 
@@ -11,14 +11,18 @@ Who sends what to whom::
         │  └────────────────────────────────────────────────────────────────────────────────────────────┤
         └─────────────── published weights (+ version), read every K env steps ◀─────────────────────────┘
 
-- **Actors** (roles, `--workers N`): actor i has its own envs (the algorithm's `n_envs`) and DQN object and
-  acts ε-greedily with the fixed ε_i = ε^(1 + α·i/(N−1)) (`epsilon_ladder`; ε = 0.4, α = 7 as in the paper; one
-  actor: ε). It builds n-step transitions itself (`NStepBuilder`: the algorithm's `n_step` and `gamma`, cut at
-  episode ends as the replay buffer cuts them), computes their initial priorities with its current weights by
-  the algorithm's own TD computation (`DQN.priorities`, the |TD error| its `loss` returns), and sends blocks
-  of `--block` (B) transitions with their priorities and the weight version that acted to the replay shards in
-  turn. Every `--sync-every` (K) of its env steps it reads the newest published weights (target network
-  included). After each block it reports its steps and finished episodes to the learner.
+- **Actors** (roles, `--workers N`): actor i has its own envs (the algorithm's `n_envs`) and algorithm object
+  and a fixed rung of the ladder ε_i = ε^(1 + α·i/(N−1)) (`epsilon_ladder`; ε = 0.4, α = 7 as in the paper; one
+  actor: ε), set by the algorithm's `fix_exploration`: dqn acts ε-greedily with ε_i; ddpg and td3 add their
+  exploration noise (gaussian or ou) with σ_i = `exploration_noise` · ε_i / ε, so actor 0 explores as a
+  single-process run and the others ever less (the warm-up of uniform random actions, `random_steps`, counts
+  the run's env steps). It builds n-step transitions itself (`NStepBuilder`: the algorithm's `n_step` and
+  `gamma`, cut at episode ends as the replay buffer cuts them), computes their initial priorities with its
+  current weights by the algorithm's own TD computation (`priorities(batch)`: the |TD error| its `update`
+  writes back), and sends blocks of `--block` (B) transitions with their priorities and the weight version
+  that acted to the replay shards in turn. Every `--sync-every` (K) of its env steps it reads the newest
+  published weights (target networks included). After each block it reports its steps and finished episodes
+  to the learner.
 - **Replay shards** (backend services, `--replay-shards S`): each a ring of `buffer_size / S` transitions
   (`ReplayShard`) with a sum tree and a min tree over priority^α: `add` (a block; past capacity the oldest
   rows are overwritten, so the newest data stays), `sample` (proportional, stratified, with importance weights
@@ -26,20 +30,22 @@ Who sends what to whom::
   over the shard's incarnations; a priority update for a row that was overwritten (or lost with a dead shard)
   since it was sampled is dropped.
 - **Learner** (the coordinator): samples a batch from the shards in turn (the next one is asked for before the
-  current one is learned from, so the learner does not wait on a round trip), runs the unchanged `dqn`
-  `update` (double, dueling, n-step; the target copy inside it), writes the new priorities back to the shard
+  current one is learned from, so the learner does not wait on a round trip), runs the algorithm's unchanged
+  `update` (dqn: double, dueling, n-step, the target copy inside it; ddpg/td3: the critic loss weighted by the
+  importance weights, the actor step, the Polyak targets), writes the new priorities back to the shard
   the batch came from, and publishes the weights with a version (one per update). β anneals from the
   algorithm's `beta` to 1 over the run's steps.
 
 Pacing: the learner keeps the algorithm's replay ratio, `gradient_steps` updates per `train_freq × n_envs`
-env steps taken in once `learning_starts` transitions are stored (the sample efficiency of single-process
-DQN); an actor may run `AHEAD` blocks ahead of what the learner has caught up with, and then waits. The
-paper's learner is not paced (it learns as fast as it can while 360 actors fill the replay).
+env steps taken in once `learning_starts` transitions are stored (the sample efficiency of the
+single-process algorithm); an actor may run `AHEAD` blocks ahead of what the learner has caught up with, and
+then waits. The paper's learner is not paced (it learns as fast as it can while 360 actors fill the replay).
 
 Logged besides the usual: `charts/actor_sps` (env steps taken in per second), `charts/learner_ups` (updates
-per second), `charts/replay_size` (over all shards), `charts/sample_staleness` (mean, and `_max`: learner
-version minus the version that acted, over the transitions sampled since the last log line),
-`charts/epsilon_<i>` and `charts/episodic_return_<i>` (mean since the last log line) per actor.
+per second), `charts/replay_size` (over all shards), `charts/replay_add_rate` and `charts/replay_sample_rate`
+(transitions per second sent to the shards and sampled by the learner), `charts/sample_staleness` (mean, and
+`_max`: learner version minus the version that acted, over the transitions sampled since the last log line),
+`charts/exploration_<i>` (ε or σ) and `charts/episodic_return_<i>` (mean since the last log line) per actor.
 
 Checkpoints hold the learner (networks, optimizer, update count), the weight version and the counters; the
 replay is NOT saved: a resumed run starts with empty shards, its actors (new seeds) refill them, and learning
@@ -201,14 +207,16 @@ class ActorReport:
     incarnation: int
     steps: int
     returns: list[float]
-    epsilon: float
+    exploration: float
+    """The actor's fixed ε (dqn) or noise σ (ddpg, td3)."""
     shard: int
     size: int
     """Transitions that shard held after the block."""
 
 
 class Actor(Producer):
-    """One Ape-X actor: its own envs and DQN with a fixed ε; sends prioritized n-step blocks to the shards."""
+    """One Ape-X actor: its own envs and algorithm object with a fixed exploration (its rung of the ladder); sends
+    prioritized n-step blocks to the shards."""
 
     def __init__(
         self,
@@ -226,8 +234,9 @@ class Actor(Producer):
         self.shards = shards
         self.block = block
         self.sync_every = sync_every
-        self.epsilon = epsilons[worker_id]
-        self.algo.eps = self.epsilon  # fixed: the actor never runs the algorithm's ε schedule
+        # fixed: ε for dqn (its schedule no longer moves it), noise σ = exploration_noise · ε_i / ε for ddpg, td3
+        level, top = epsilons[worker_id], epsilons[0]
+        self.exploration = self.algo.fix_exploration(level, level / top if top > 0 else 0.0)
         cfg = spec.algo_cfg
         self.builder = NStepBuilder(cfg.n_envs, cfg.n_step, cfg.gamma)
         self.version: int | None = None
@@ -242,6 +251,7 @@ class Actor(Producer):
     def produce(self, global_steps: int, stop=None) -> ActorReport | None:
         c = self.collector
         before = c.env_steps
+        self.algo.schedule(global_steps, self.spec.total_steps)  # the run's warm-up of random actions (ddpg, td3)
         while len(self.builder) < self.block:
             if self.version is None or self.since_sync >= self.sync_every:
                 version = self.weights.read(self.copy.pull, stop)
@@ -255,7 +265,7 @@ class Actor(Producer):
         self.next_shard = (shard + 1) % len(self.shards)
         size = self.shards[shard].call("add", block, priorities, self.version)
         return ActorReport(
-            self.worker_id, self.incarnation, c.env_steps - before, c.pop_new_returns(), self.epsilon, shard, size
+            self.worker_id, self.incarnation, c.env_steps - before, c.pop_new_returns(), self.exploration, shard, size
         )
 
 
@@ -272,7 +282,7 @@ class ApexOptions(ParallelOptions):
     sync_every: int = bounded(400, ge=1)
     """K: env steps of an actor (over its envs) between reads of the newest published weights."""
     epsilon: float = bounded(0.4, ge=0, le=1)
-    """ε of the exploration ladder ε_i = ε^(1 + α·i/(N−1))."""
+    """ε of the exploration ladder ε_i = ε^(1 + α·i/(N−1)) (dqn's ε_i; ddpg and td3 scale their noise by ε_i / ε)."""
     epsilon_alpha: float = bounded(7.0, ge=0)
     """α of the exploration ladder (0: every actor explores with ε)."""
 
@@ -287,9 +297,12 @@ class ApexRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
-        if not hasattr(self.algo, "priorities") or self.algo.data != "replay":
-            raise ConfigError(f"the apex architecture runs dqn (this cut); {self.cfg.algo} is not supported")
-        if self.algo_cfg.lstm > 0:
+        if self.algo.data != "replay" or not hasattr(self.algo, "priorities"):
+            raise ConfigError(
+                f"the apex architecture runs the replay algorithms that compute priorities (dqn, ddpg, td3); "
+                f"{self.cfg.algo} is not one of them"
+            )
+        if getattr(self.algo_cfg, "lstm", 0) > 0:
             raise ConfigError("apex replays single transitions: recurrent dqn (lstm > 0) is not supported; "
                               "use --arch single or data_parallel for it")  # fmt: skip
         if not BACKENDS[self.opts.backend].has_services:
@@ -325,7 +338,10 @@ class ApexRunner(ParallelRunner):
         self.writes: list[list[Pending]] = [[] for _ in range(self.opts.replay_shards)]
         self.staleness: list[float] = []
         self.actor_returns: list[list[float]] = [[] for _ in range(self.opts.workers)]  # since the last log line
-        self.last_rates = (time.perf_counter(), 0, 0)
+        self.exploration: dict[int, float] = {}  # each actor's ε or σ, as it reported it
+        self.added = 0  # transitions sent to the shards
+        self.sampled = 0  # transitions the learner sampled
+        self.last_rates = (time.perf_counter(), 0, 0, 0, 0)
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -400,6 +416,8 @@ class ApexRunner(ParallelRunner):
         self.count_returns(report.returns)
         self.sizes[report.shard] = report.size
         self.actor_returns[report.worker] += report.returns
+        self.exploration[report.worker] = report.exploration
+        self.added += self.opts.block
         self.held.append(report)
 
     def due(self) -> int:
@@ -423,12 +441,13 @@ class ApexRunner(ParallelRunner):
             with self.weights.writing():
                 out = self.algo.update(Batch(sampled.data))
             priorities = out.pop("priorities")
-            out.pop("epsilon", None)  # the learner does not act: the actors' ε are logged apart
+            out.pop("epsilon", None)  # the learner does not act: the actors' exploration is logged apart
             handle = self.services.handles[sampled.shard]
             self.writes[sampled.shard].append(handle.submit("update_priorities", sampled.ids, priorities))
             self.staleness.extend((self.weights.version - 1 - sampled.versions).tolist())
             metrics = out
             done += 1
+            self.sampled += len(sampled.ids)
         self.learned += done
         return metrics, done
 
@@ -484,13 +503,15 @@ class ApexRunner(ParallelRunner):
         reason = super().monitor_step(logger, start, new_returns, metrics, stop_requested, updates)
         if self.state["next_log"] != next_log:
             now = time.perf_counter()
-            last_time, last_steps, last_updates = self.last_rates
+            last_time, last_steps, last_updates, last_added, last_sampled = self.last_rates
             elapsed = max(now - last_time, 1e-9)
             row = {
                 "charts/actor_sps": (self.env_steps - last_steps) / elapsed,
                 "charts/learner_ups": (self.state["updates"] - last_updates) / elapsed,
+                "charts/replay_add_rate": (self.added - last_added) / elapsed,
+                "charts/replay_sample_rate": (self.sampled - last_sampled) / elapsed,
                 "charts/replay_size": float(sum(self.sizes)),
-                **{f"charts/epsilon_{i}": eps for i, eps in enumerate(self.epsilons)},
+                **{f"charts/exploration_{i}": x for i, x in sorted(self.exploration.items())},
             }
             for i, returns in enumerate(self.actor_returns):
                 if returns:
@@ -501,7 +522,7 @@ class ApexRunner(ParallelRunner):
                 row["charts/sample_staleness_max"] = float(max(self.staleness))
                 self.staleness = []
             logger.log(self.env_steps, row)
-            self.last_rates = (now, self.env_steps, self.state["updates"])
+            self.last_rates = (now, self.env_steps, self.state["updates"], self.added, self.sampled)
         return reason
 
     def restart_crashed(self, pool, logger, how: str) -> None:

@@ -498,6 +498,9 @@ class RayServices(ServiceGroup):
         self.ray, self.backend = backend.ray, backend
         self.make_service, self.n, self.max_restarts = make_service, n, max_restarts
         self.pids_file, self.name = pids_file, name
+        # where each service runs, `{index: {pid, node, ip}}` (as `actors.json` for the workers): `shards.json`'s
+        # is `shards_actors.json`
+        self.places_file = None if pids_file is None else pids_file.with_name(f"{pids_file.stem}_actors.json")
         self.namespace = self.ray.get_runtime_context().namespace
         self.prefix = f"rlfleet-{uuid.uuid4().hex[:12]}-{name}"
         self.incarnations = [0] * n
@@ -525,14 +528,16 @@ class RayServices(ServiceGroup):
             return
         refs = [actor.where.remote() for actor in self.actors]
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=STARTUP_GRACE_S)
-        pids = {}
+        places = {}
         for index, ref in enumerate(refs):
             if ref in ready:
                 with contextlib.suppress(Exception):  # a dead actor: check() reports it
-                    pids[str(index)] = self.ray.get(ref)["pid"]
-        tmp = self.pids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(pids))
-        os.replace(tmp, self.pids_file)
+                    places[str(index)] = self.ray.get(ref)
+        pids = {index: place["pid"] for index, place in places.items()}
+        for path, data in ((self.pids_file, pids), (self.places_file, places)):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
 
     def check(self) -> list[Crash]:
         """Each service answers a ping in turn (queued behind its calls); one whose actor died is restarted."""

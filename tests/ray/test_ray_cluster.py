@@ -1,6 +1,7 @@
 """A simulated 2-node Ray cluster (`ray.cluster_utils.Cluster`, both nodes on 127.0.0.1, token authentication
 on): workers placed on both nodes by custom resources solve CartPole-v1, in this process and from a separate
-`rlfleet train --address` that joins the cluster as a second driver."""
+`rlfleet train --address` that joins the cluster as a second driver; Ape-X DQN with its actors and replay shards
+on both nodes solves it too."""
 
 from __future__ import annotations
 
@@ -43,6 +44,15 @@ def test_workers_placed_on_both_nodes_solve_cartpole(cluster, run_opts):
                    steps=100_000, seed=0, eval_every=5_000, **run_opts)  # fmt: skip
     assert result["solved"], result.result
     assert len(nodes_used(result.run_dir)) == 2
+
+
+def test_apex_with_actors_and_replay_shards_on_both_nodes_solves_cartpole(cluster, run_opts):
+    result = train("dqn", "CartPole-v1", arch="apex", workers=3, replay_shards=2, backend="ray",
+                   placement="node0,node1", steps=100_000, seed=0, eval_every=5_000, **run_opts)  # fmt: skip
+    assert result["solved"], result.result
+    assert len(nodes_used(result.run_dir)) == 2  # the actors
+    shards = json.loads((result.run_dir / "shards_actors.json").read_text())
+    assert len({place["node"] for place in shards.values()}) == 2
 
 
 def test_a_cli_run_joins_the_cluster_through_address(cluster, tmp_path):

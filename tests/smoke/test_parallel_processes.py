@@ -210,13 +210,13 @@ def wait_for_apex_learning(proc: subprocess.Popen, run: Path, timeout: float = 1
         time.sleep(0.2)
 
 
-def test_apex_sigkilled_replay_shard_and_actor_are_restarted_and_the_run_goes_on(tmp_path):
+def test_apex_sigkilled_replay_shard_and_actor_are_restarted_and_the_run_solves(tmp_path):
     """Replay shard 1 is killed once the learner has learned from the shards, actor 0 once the shard's death is
-    reported: each is reported and restarted (the shard empty, its data lost), and the learner goes on learning
-    through the whole budget at the algorithm's replay ratio (16 updates per 64 env steps)."""
-    steps = 30_000
+    reported: each is reported and restarted (the shard empty, its data lost), and the run goes on to solve
+    CartPole-v1 (475 over 10 greedy episodes; undisturbed runs solve at 30k-45k env steps)."""
+    steps = 150_000
     proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--workers", "2", "--replay-shards", "2",
-                 "--steps", str(steps), "--stop-return", "1e9", "--eval-every", "50000")  # fmt: skip
+                 "--steps", str(steps), "--eval-every", "5000")  # fmt: skip
     sid, run = proc.pid, tmp_path / "r"
     try:
         wait_for_apex_learning(proc, run)
@@ -240,8 +240,7 @@ def test_apex_sigkilled_replay_shard_and_actor_are_restarted_and_the_run_goes_on
     )
     assert "worker 0 died (killed by SIGKILL)\nrestarting it with the learner's newest weights" in log
     result = json.loads((run / "result.json").read_text())
-    assert result["stopped_by"] == "steps" and result["env_steps"] >= steps
-    assert result["updates"] >= 0.95 * (steps - 1_000) * 16 / 64  # learned on after the kills
+    assert result["solved"] and result["eval_return_mean"] >= 475, result
     assert not (run / "workers.json").exists() and not (run / "shards.json").exists()  # every process gone
 
 

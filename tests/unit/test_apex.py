@@ -14,6 +14,7 @@ from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import share_algo
 from rlfleet.backends.serial import SerialHandle
 from rlfleet.backends.shared_memory import WeightVersion
+from rlfleet.data.batch import Batch
 from rlfleet.data.returns import NStepBuilder
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
@@ -70,7 +71,7 @@ def test_actors_act_with_their_rung_of_the_ladder(tmp_path):
     try:
         for i, actor in enumerate(actors):
             report = actor.produce(global_steps=9_000)  # late in the run: the ε schedule would say eps_final
-            assert actor.algo.eps == pytest.approx(ladder[i]) and report.epsilon == pytest.approx(ladder[i])
+            assert actor.algo.eps == pytest.approx(ladder[i]) and report.exploration == pytest.approx(ladder[i])
     finally:
         for actor in actors:
             actor.close()
@@ -132,6 +133,43 @@ def test_initial_priorities_are_the_absolute_n_step_td_errors_under_the_actors_w
         )
     np.testing.assert_allclose(priorities, (y - q).abs().numpy(), rtol=1e-5, atol=1e-6)
     assert (priorities > 0).all()
+
+
+def test_continuous_actors_scale_their_noise_by_their_rung_and_send_the_critics_td_errors():
+    """td3 actors: σ_i = exploration_noise · ε_i / ε; uniform random actions during the run's warm-up, then
+    μ(s) plus their own noise; initial priorities are the twin critics' mean |TD error| under their weights."""
+    spaces = (gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
+    cfg, _ = build_algo_config("td3", None, {"target_noise": 0.0, "random_steps": 1_000, "n_step": 2})
+    learner = resolve("td3")[0](cfg, *spaces, seed=0)
+    spec = WorkerSpec("td3", cfg, "Pendulum-v1", *spaces, seed=0, total_steps=10_000)
+    ladder = epsilon_ladder(3)
+    shards = [Recorder() for _ in range(3)]
+    actors = [
+        Actor(spec, share_algo(learner), WeightVersion(CTX), [SerialHandle(0, shards[i])], ladder, 40, 400, i)
+        for i in range(3)
+    ]
+    try:
+        for i, actor in enumerate(actors):
+            report = actor.produce(global_steps=5_000 if i else 0)  # actor 0 in the warm-up, the others after it
+            assert report.exploration == pytest.approx(cfg.exploration_noise * ladder[i] / ladder[0])
+            assert actor.algo.noise.sigma == pytest.approx(report.exploration)
+    finally:
+        for actor in actors:
+            actor.close()
+    for i, shard in enumerate(shards):
+        (block, priorities, _), = shard.calls  # fmt: skip
+        greedy = learner.bounds(learner.actor.numpy_act(block["obs"]))
+        off = np.abs(block["act"] - greedy).max()
+        sigma = 2.0 * cfg.exploration_noise * ladder[i] / ladder[0]  # in env units: the half-range is 2
+        assert off > 0.5 if i == 0 else 0 < off < 5 * sigma  # actor 0: uniform over [-2, 2] (the warm-up)
+        batch = Batch({**block, "weight": np.ones(40, np.float32)})
+        b = batch.to_torch()
+        with torch.no_grad():
+            act = torch.from_numpy(learner.bounds.normalize(block["act"]))
+            nxt = learner.critic_target(b.next_obs, learner.actor_target(b.next_obs)).min(0).values
+            y = b.rew + b.discount * (1 - b.terminated) * nxt
+            want = (learner.critic(b.obs, act) - y).abs().mean(0).numpy()
+        np.testing.assert_allclose(priorities, want, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------- shards
@@ -248,15 +286,16 @@ def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_pat
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"algo": "a2c"}, "apex architecture runs dqn"),
+        ({"algo": "a2c"}, r"compute priorities \(dqn, ddpg, td3\); a2c is not"),
+        ({"algo": "sac", "env": "Pendulum-v1"}, "sac is not one of them"),
         ({"replay_shards": 1_000, "overrides": {"buffer_size": 1_000}}, "--replay-shards 1000 leaves 1"),
         ({"overrides": {"lstm": 8}}, "recurrent dqn"),
     ],
 )
 def test_bad_apex_options_are_clear_errors(options, message, tmp_path):
-    options = {"algo": "dqn", **options}
+    options = {"algo": "dqn", "env": "CartPole-v1", **options}
     with pytest.raises(ConfigError, match=message):
-        train(options.pop("algo"), "CartPole-v1", arch="apex", backend="serial", logdir=str(tmp_path),
+        train(options.pop("algo"), options.pop("env"), arch="apex", backend="serial", logdir=str(tmp_path),
               progress=False, **options)  # fmt: skip
 
 
@@ -301,7 +340,7 @@ def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_pa
         runner.eval_envs.close()
 
 
-def test_actors_act_with_ever_newer_weight_versions_and_their_returns_are_logged(tmp_path):
+def test_actors_act_with_ever_newer_weight_versions_and_their_returns_exploration_and_rates_are_logged(tmp_path, monkeypatch):
     cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
                     options={"backend": "serial", "workers": 3, "sync_every": 100},
                     overrides={"learning_starts": 300})  # fmt: skip
@@ -321,6 +360,7 @@ def test_actors_act_with_ever_newer_weight_versions_and_their_returns_are_logged
     finally:
         runner.stop_roles(stop, pool, runner.services)
         runner.eval_envs.close()
+    monkeypatch.setattr(ApexRunner, "log_every", 300)  # log lines after learning starts (at 1,000 steps)
     result = train("dqn", "CartPole-v1", arch="apex", workers=3, backend="serial", steps=1_500, stop_return=1e9,
                    eval_every=1_500, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
     with open(result.run_dir / "metrics.csv") as f:
@@ -328,3 +368,10 @@ def test_actors_act_with_ever_newer_weight_versions_and_their_returns_are_logged
     for i in range(3):
         returns = [float(r[-1]) for r in rows if r[2] == f"charts/episodic_return_{i}"]
         assert returns and min(returns) >= 8  # CartPole's shortest episodes last 8 steps
+    ladder = epsilon_ladder(3)
+    for i in range(3):
+        logged = [float(r[-1]) for r in rows if r[2] == f"charts/exploration_{i}"]
+        assert logged and all(x == pytest.approx(ladder[i], rel=1e-4) for x in logged)
+    for rate in ("charts/replay_add_rate", "charts/replay_sample_rate", "charts/actor_sps", "charts/learner_ups"):
+        values = [float(r[-1]) for r in rows if r[2] == rate]
+        assert values and max(values) > 0, rate

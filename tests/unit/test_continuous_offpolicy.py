@@ -392,3 +392,62 @@ def test_checkpoint_then_eval(name, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["algo"] == name and out["env"] == "Pendulum-v1" and len(out["returns"]) == 2
     assert all(-2_000 < r <= 0 for r in out["returns"])  # 200 steps of rewards in [−16.3, 0]
+
+
+# ------------------------------------------------------------------------------ priorities (prioritized replay)
+def critic_td_by_hand(algo, batch: Batch) -> torch.Tensor:
+    """`[K, B]` TD errors Q_k(s, a) − y of the K critics, with y = r + γ^n (1 − terminated) min_k Q'_k(s', μ'(s'))."""
+    b = batch.to_torch()
+    act = torch.from_numpy(algo.bounds.normalize(batch.act))
+    with torch.no_grad():
+        next_q = algo.critic_target(b.next_obs, algo.actor_target(b.next_obs)).min(0).values
+        y = b.rew + b.discount * (1 - b.terminated) * next_q
+        return algo.critic(b.obs, act) - y
+
+
+@pytest.mark.parametrize("name", ["ddpg", "td3"])
+def test_priorities_are_the_critics_absolute_td_errors_and_update_writes_the_same(name):
+    algo = make(name, target_noise=0.0) if name == "td3" else make(name)
+    with torch.no_grad():
+        for p in algo.critic_target.parameters():
+            p.mul_(-1.5)  # the target differs from the online critic: the bootstrap is visible
+    batch = filled_buffer(algo).sample(32)
+    want = critic_td_by_hand(algo, batch).abs().mean(0).numpy()  # td3: the mean over its twins
+    np.testing.assert_allclose(algo.priorities(batch), want, rtol=1e-5, atol=1e-6)
+    out = algo.update(batch)  # the priorities of its critic step: the networks before it
+    np.testing.assert_allclose(out["priorities"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ddpg", "td3"])
+def test_importance_weights_scale_each_transitions_critic_loss(name):
+    algo = make(name, target_noise=0.0) if name == "td3" else make(name)
+    batch = filled_buffer(algo).sample(16)
+    weight = np.random.default_rng(1).uniform(0, 1, 16).astype(np.float32)
+    batch["weight"] = weight
+    td = critic_td_by_hand(algo, batch)
+    want = (torch.from_numpy(weight) * td.pow(2)).mean(1).sum()  # per critic, summed over td3's twins
+    assert float(algo.update(batch)["critic_loss"]) == pytest.approx(float(want), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ddpg", "td3"])
+def test_prioritized_replay_is_an_option_and_runs(name, tmp_path):
+    from rlfleet.data.buffer import PrioritizedReplayBuffer
+
+    assert type(make(name).make_buffer(1, 1_000)) is ReplayBuffer  # off by default
+    algo = make(name, prioritized=True, target_noise=0.0) if name == "td3" else make(name, prioritized=True)
+    buffer = filled_buffer(algo)
+    assert isinstance(buffer, PrioritizedReplayBuffer)
+    batch = buffer.sample(32)
+    td = algo.update(batch)["priorities"]
+    buffer.update_priorities(batch.index, td)
+    np.testing.assert_allclose(buffer._sum_tree[batch.index], (td + buffer.eps) ** buffer.alpha, rtol=1e-6)
+    overrides = {"prioritized": True, "learning_starts": 100, "random_steps": 100}
+    result = train(name, "Pendulum-v1", steps=400, logdir=str(tmp_path), progress=False, overrides=overrides)
+    assert result["updates"] >= 300 and result["env_steps"] == 400
+
+
+@pytest.mark.parametrize("name", ["ddpg", "td3"])
+def test_fixed_exploration_scales_the_noise_and_keeps_its_kind(name):
+    algo = make(name, action_noise="ou", exploration_noise=0.3, ou_theta=0.5)
+    assert algo.fix_exploration(0.016, share=0.04) == pytest.approx(0.012)
+    assert algo.noise.kind == "ou" and algo.noise.sigma == pytest.approx(0.012) and algo.noise.theta == 0.5
