@@ -387,7 +387,7 @@ class GossipLearner(WorkerActor):
             if now - self.since >= self.spec.gossip_timeout_s:
                 waited, self.since = now - self.since, None
                 peers = "; ".join(f"learner {j} {what}" for j, what in missing)
-                return self.report(trouble=f"learner {self.worker_id} waited {waited:.0f} s in round {self.round} "
+                return self.report(trouble=f"learner {self.worker_id} waited {waited:.1f} s in round {self.round} "
                                            f"for {peers}")  # fmt: skip
             if stop is not None and stop.is_set():
                 return None
