@@ -1,9 +1,11 @@
-"""`delay_env:DelayedCartPole-v0`: CartPole whose steps sleep at random, for tests of what must hold whatever the
-timing (gossip's round ordering): about one step in twenty sleeps 0-20 ms, seeded by the process, so learner
-processes fall behind and run ahead of each other at random."""
+"""CartPoles with timing trouble, for gossip's tests. `delay_env:DelayedCartPole-v0`: steps sleep at random, for
+what must hold whatever the timing (the round ordering): about one step in twenty sleeps 0-20 ms, seeded by the
+process, so learner processes fall behind and run ahead of each other at random. `delay_env:HangingCartPole-v0`:
+worker 2 hangs (a missing peer that is alive)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import time
@@ -29,3 +31,21 @@ gym.register(
     max_episode_steps=500,
     reward_threshold=475.0,
 )
+
+
+class HangingCartPole(CartPoleEnv):
+    """CartPole that hangs (sleeps for an hour) at its 200th step in the worker process `rlfleet-worker-2`: a
+    learner that is alive but never posts again. Plain CartPole in any other process."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 200 and multiprocessing.current_process().name == "rlfleet-worker-2":
+            time.sleep(3600)
+        return super().step(action)
+
+
+gym.register("HangingCartPole-v0", entry_point="delay_env:HangingCartPole", max_episode_steps=500)
