@@ -40,9 +40,10 @@ backend, where learners take turns), so it beats and sees the stop flag.
 
 A learner that dies is reported and restarted (the backend's restart). Its next incarnation finds in the
 mailboxes the last round it posted (w): it reads what is left of round w (its in-neighbours wait for that),
-then takes the average of its in-neighbours' round w+1 messages as its parameters (with a fresh optimizer),
-posts them as its own round w+1, and goes on from round w+2: its neighbours never wait for a round that
-will not come.
+takes as its parameters the average of what its in-neighbours' slots hold now (`Mailboxes.peek`, with a fresh
+optimizer), and goes on as any learner from round w+1: posts them, gathers, learns. It never waits for a
+message its neighbours could not send, so neighbours restarted together cannot wait for each other, and its
+neighbours never wait for a round that will not come.
 
 Learners send their flat parameters and their state (networks and optimizer) every `state_every` rounds. The
 coordinator averages each round that all K learners sent (the averaged model x̄, which it evaluates and
@@ -284,7 +285,7 @@ class GossipReport:
 
 class GossipLearner(WorkerActor):
     """One learner: its own envs, algorithm and optimizer; after every update a round of gossip (see the module
-    docstring). `produce` runs its phases (learn, post, gather; after a restart: drain, adopt, post) until a
+    docstring). `produce` runs its phases (learn, post, gather; after a restart: drain, post, gather) until a
     round completes or it has waited one slice."""
 
     def __init__(self, spec: GossipSpec, mailboxes: Mailboxes, worker_id: int, incarnation: int = 0):
@@ -302,7 +303,7 @@ class GossipLearner(WorkerActor):
         self.note: str | None = None  # sent with the next completed round
         if incarnation == 0:
             self.round, self.phase = spec.start_round, "learn"
-        else:  # the last round the dead incarnation posted: read what is left of it, then adopt the next
+        else:  # the last round the dead incarnation posted: read what is left of it, then rejoin at the next
             self.round, self.phase = mailboxes.written(worker_id), "drain"
 
     def flatten(self) -> torch.Tensor:
@@ -324,7 +325,7 @@ class GossipLearner(WorkerActor):
             return [(o, f"to read round {t - 1}") for o in topo.out_peers(me, t - 1) if mb.read(o, me) < t - 1]
         if self.phase == "drain":
             return [(j, f"to post round {t}") for j in topo.in_peers(me, t) if mb.read(me, j) < t and mb.written(j) < t]
-        return [(j, f"to post round {t}") for j in topo.in_peers(me, t) if mb.written(j) < t]  # gather, adopt
+        return [(j, f"to post round {t}") for j in topo.in_peers(me, t) if mb.written(j) < t]  # gather
 
     def learn(self, global_steps: int) -> None:
         start = time.perf_counter()
@@ -344,7 +345,7 @@ class GossipLearner(WorkerActor):
         done = False
         if self.phase == "post":
             mb.post(me, t, self.flat, topo.out_peers(me, t))
-            self.phase, done = ("learn", True) if self.adopted else ("gather", False)
+            self.phase = "gather"
         elif self.phase == "gather":
             row = torch.as_tensor(topo.matrix(t)[me], dtype=torch.float32)
             mixed = row[me] * self.flat
@@ -356,19 +357,26 @@ class GossipLearner(WorkerActor):
             for j in topo.in_peers(me, t):
                 if mb.read(me, j) < t:
                     mb.take(me, j, t)  # its round-t message: the dead incarnation's parameters are gone anyway
-            self.round, self.phase = t + 1, "adopt"
-        elif self.phase == "adopt":
-            row, peers = topo.matrix(t)[me], topo.in_peers(me, t)
-            if peers:
-                weights = torch.as_tensor(row[peers] / row[peers].sum(), dtype=torch.float32)
-                self.load_flat(sum(w * mb.take(me, j, t) for w, j in zip(weights, peers, strict=True)))
-                self.note = f"restarted from the average of learners {', '.join(map(str, peers))} (round {t})"
-            else:
-                self.note = f"restarted from the run's initial parameters (round {t}: no in-neighbours)"
-            self.adopted = True
-            self.phase = "post"
+            self.adopt(t + 1)
+            self.round, self.phase = t + 1, "post"
         self.timings["average_s"] += time.perf_counter() - start
         return done
+
+    def adopt(self, round_: int) -> None:
+        """A restarted learner's parameters: the average (by its row of the mixing matrix) of what its in-neighbours
+        of `round_` hold now (`peek`: read as they are, not taken), then posted as its own round `round_`, which it
+        gathers like any other. It never waits for a peer's future message, so two restarted neighbours cannot wait
+        for each other. With no in-neighbour posted yet, it keeps the state the run started it with."""
+        row = self.topology.matrix(round_)[self.worker_id]
+        held = {j: self.mailboxes.peek(j) for j in self.topology.in_peers(self.worker_id, round_)}
+        held = {j: m for j, m in held.items() if m is not None}
+        if held:
+            weights = torch.as_tensor(row[list(held)] / row[list(held)].sum(), dtype=torch.float32)
+            self.load_flat(sum(w * m for w, m in zip(weights, held.values(), strict=True)))
+            self.note = f"restarted from the average of learners {', '.join(map(str, held))} (round {round_})"
+        else:
+            self.note = f"restarted from the run's initial state (round {round_}: no in-neighbour has posted)"
+        self.adopted = True
 
     def produce(self, global_steps: int, stop=None) -> GossipReport | None:
         slice_end = time.monotonic() + self.spec.wait_slice_s

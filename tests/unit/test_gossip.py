@@ -265,3 +265,39 @@ def expected_rounds_from(topology: Topology, x: np.ndarray, start: int, n_rounds
         x = topology.matrix(t) @ x
         out.append(x)
     return out
+
+
+def test_two_neighbours_restarted_together_rejoin_without_waiting_for_each_other():
+    """Both learners of a 2-learner ring died after posting round 3, before reading it. Their next incarnations
+    (taking turns in this process) read what is left of round 3, start from what their in-neighbour's slot holds,
+    and complete round 4 together: neither waits for a message only the other's rejoining could send."""
+    spec = make_spec(2, gossip_timeout_s=2.0, wait_slice_s=0.0)
+    size = sum(p.numel() for p in trainable_params(algo_modules(A2C(spec.algo_cfg, spec.observation_space,
+                                                                         spec.action_space))))  # fmt: skip
+    mailboxes = SharedMailboxes(SPAWN, 2, size, 0)
+    posted = {i: torch.randn(size) for i in range(2)}
+    for r in range(4):
+        for i in range(2):
+            mailboxes.post(i, r, posted[i] + r, [1 - i])
+        if r < 3:
+            for i in range(2):
+                mailboxes.take(i, 1 - i, r)
+    learners = [GossipLearner(spec, mailboxes, worker_id=i, incarnation=1) for i in range(2)]
+    done: dict[int, object] = {}
+    start = time.monotonic()
+    while len(done) < 2:
+        for i, learner in enumerate(learners):
+            if i not in done:
+                item = learner.produce(0)
+                assert item.trouble is None, item.trouble
+                if item.round is not None:
+                    done[i] = item
+        assert time.monotonic() - start < 10, "the restarted learners wait for each other"
+    for learner in learners:
+        learner.close()
+    both = ((posted[0] + 3 + posted[1] + 3) / 2).numpy()  # each took the other's round 3, then they averaged
+    for i in range(2):
+        assert done[i].round == 4 and done[i].note == f"restarted from the average of learners {1 - i} (round 4)"
+        np.testing.assert_allclose(done[i].params, both, atol=1e-6)
+        assert done[i].metrics == {}  # nothing learned in the round it rejoined
+    assert mailboxes.read(0, 1) == mailboxes.read(1, 0) == 4
