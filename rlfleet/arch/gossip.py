@@ -29,8 +29,9 @@ from a file (a [T, K, K] `.npy` array: T matrices used in turn).
 The order the papers need for convergence is kept exactly: a learner averages round t only once every
 in-neighbour has posted round t, and posts round t only once its out-neighbours of round t−1 have read round
 t−1 (so a slot holds one round's message until all its readers have it). The mailboxes (`Mailboxes`, from
-the backend: shared memory for the `local` and `serial` backends) hold one slot per learner and the rounds
-read; a learner that has to wait sleeps on its doorbell (a semaphore its peers ring), never in a busy spin.
+the backend: shared memory for the `local` and `serial` backends, GALA; a mailbox actor and the object store
+for `ray`, PALA) hold one slot per learner and the rounds read; a learner that has to wait sleeps on its
+doorbell (a semaphore, or an asyncio event, its peers ring), never in a busy spin.
 A learner that waits `--gossip-timeout-s` for one round reports the peers it waits for, by number, and the
 run ends with that error (`GossipTimeout`) instead of hanging.
 
