@@ -12,6 +12,8 @@ An architecture runs any compatible algorithm through the algorithm contract (`r
   shards from them (`rlfleet.arch.param_server`);
 - `allreduce`: synchronous all-reduce learners, DD-PPO's decentralised form: each learner runs the algorithm's own
   update, its gradients averaged with the others' in every optimizer step (`rlfleet.arch.allreduce`);
+- `gossip`: K learners, each a complete agent, average their parameters with their neighbours' in a graph after
+  every update (GALA on the `local` backend, PALA on `ray`; `rlfleet.arch.gossip`);
 - `apex`: Ape-X, actors with a ladder of exploration rates send prioritized n-step transitions to replay shards,
   one learner samples them (`rlfleet.arch.apex`);
 - `offline`: an imitation algorithm learns from a dataset of demonstrations, DAgger with an expert
@@ -34,6 +36,7 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "async_grad": ("rlfleet.arch.async_grad", "AsyncGradRunner", "each worker's gradient applied as it arrives"),
     "param_server": ("rlfleet.arch.param_server", "ParamServerRunner", "workers push gradient shards to S servers"),
     "allreduce": ("rlfleet.arch.allreduce", "AllReduceRunner", "learners average gradients by all-reduce (DD-PPO)"),
+    "gossip": ("rlfleet.arch.gossip", "GossipRunner", "learners average parameters with graph neighbours (GALA/PALA)"),
     "apex": ("rlfleet.arch.apex", "ApexRunner", "actors with an ε ladder feed sharded prioritized replay (Ape-X)"),
     "offline": ("rlfleet.arch.offline", "OfflineRunner", "learns from demonstrations (bc; DAgger with --expert)"),
 }

@@ -65,11 +65,17 @@ class WorkerSpec:
 
 
 @dataclass
-class ParallelOptions:
-    """The options every multi-process architecture has."""
+class WorkerCount:
+    """How many roles an architecture starts, as most architectures name it (`gossip` calls its roles learners)."""
 
     workers: int = bounded(2, ge=1)
     """Worker processes."""
+
+
+@dataclass
+class RoleOptions:
+    """The options of the backend that runs an architecture's roles (every multi-process architecture has them)."""
+
     max_restarts: int = bounded(10, ge=0)
     """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
     heartbeat_s: float = bounded(120.0, gt=0)
@@ -88,6 +94,11 @@ class ParallelOptions:
     placement: str = ""
     """ray: custom resources that place the workers (and services), comma-separated: worker i goes to a node
     offering names[i mod n] (nodes started with --resources '{"name": 8}')."""
+
+
+@dataclass
+class ParallelOptions(RoleOptions, WorkerCount):
+    """The options every multi-process architecture has: its worker count first, then the backend's options."""
 
 
 @dataclass
@@ -200,7 +211,7 @@ class ParallelRunner(RunBase):
         opts = self.opts
         BACKENDS[opts.backend].check_options(opts)
         if opts.backend != "ray":
-            defaults = ParallelOptions()
+            defaults = RoleOptions()
             for name in ("address", "cpus_per_role", "gpus_per_role", "placement"):
                 if getattr(opts, name) != getattr(defaults, name):
                     flag = "--" + name.replace("_", "-")

@@ -49,6 +49,7 @@ from typing import Any
 
 from torch import nn
 
+from rlfleet.backends.mailboxes import Mailboxes, SharedMailboxes
 from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -205,6 +206,11 @@ class Backend(ABC):
     def weight_version(self) -> WeightVersion:
         """The version of the published weights (`version`, `set`, `writing()`, `read(copy, stop)`)."""
         return WeightVersion(SPAWN)
+
+    def mailboxes(self, n: int, size: int, start_round: int = 0) -> Mailboxes:
+        """Gossip mailboxes of `n` learners for flat parameter vectors of `size` floats, every learner having
+        posted and read round `start_round - 1`; on one machine, shared memory with a semaphore per learner."""
+        return SharedMailboxes(SPAWN, n, size, start_round)
 
     @abstractmethod
     def start(

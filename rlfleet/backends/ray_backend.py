@@ -36,6 +36,7 @@ with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import ipaddress
@@ -70,6 +71,7 @@ from rlfleet.backends.base import (
     ServiceUnavailable,
     WorkerFailure,
 )
+from rlfleet.backends.mailboxes import Mailboxes
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, WeightVersion
 from rlfleet.fields import ConfigError
 
@@ -584,6 +586,91 @@ class RayServices(ServiceGroup):
                 self.pids_file.unlink()
 
 
+# --------------------------------------------------------------------------------------------------- mailboxes
+class MailboxActor:
+    """Gossip mailboxes in one asyncio actor (PALA's data proxy): the slots hold the learners' parameter
+    messages (NumPy arrays, which reach and leave it through the object store), the counters the rounds posted
+    and read; each learner's doorbell is an `asyncio.Event` that `wait` awaits."""
+
+    def __init__(self, n: int, start_round: int):
+        self.start = start_round
+        self.slots: list[Any] = [None] * n
+        self.written_rounds = [start_round - 1] * n
+        self.read_rounds = [[start_round - 1] * n for _ in range(n)]
+        self.bells = [asyncio.Event() for _ in range(n)]
+
+    async def counters(self) -> tuple[list[int], list[list[int]]]:
+        return self.written_rounds, self.read_rounds
+
+    async def post(self, sender: int, round_: int, params: np.ndarray, readers: list[int]) -> None:
+        self.slots[sender] = params
+        self.written_rounds[sender] = round_
+        for reader in readers:
+            self.bells[reader].set()
+
+    async def take(self, reader: int, sender: int, round_: int) -> np.ndarray:
+        self.read_rounds[reader][sender] = round_
+        self.bells[sender].set()
+        return self.slots[sender]
+
+    async def peek(self, sender: int) -> np.ndarray | None:
+        return self.slots[sender] if self.written_rounds[sender] >= self.start else None
+
+    async def wait(self, me: int, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.bells[me].wait(), timeout=max(0.0, timeout))
+        self.bells[me].clear()  # no await since the wake: a ring after this is seen by the caller's next look
+
+
+class RayMailboxes(Mailboxes):
+    """`Mailboxes` behind a `MailboxActor`: each call one actor call; the counters are fetched once per look and
+    kept until the next `post`, `take` or `wait` (a look at several peers is one call). Picklable to the roles."""
+
+    def __init__(self, actor, n: int, size: int):
+        self.actor, self.n, self.size = actor, n, size
+        self._counters: tuple[list[int], list[list[int]]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"actor": self.actor, "n": self.n, "size": self.size, "_counters": None}
+
+    def _look(self) -> tuple[list[int], list[list[int]]]:
+        import ray
+
+        if self._counters is None:
+            self._counters = ray.get(self.actor.counters.remote())
+        return self._counters
+
+    def written(self, sender: int) -> int:
+        return self._look()[0][sender]
+
+    def read(self, reader: int, sender: int) -> int:
+        return self._look()[1][reader][sender]
+
+    def post(self, sender: int, round_: int, params: torch.Tensor, readers: list[int]) -> None:
+        import ray
+
+        self._counters = None
+        ray.get(self.actor.post.remote(sender, round_, params.numpy(), readers))
+
+    def take(self, reader: int, sender: int, round_: int) -> torch.Tensor:
+        import ray
+
+        self._counters = None
+        return torch.tensor(ray.get(self.actor.take.remote(reader, sender, round_)))  # a copy: the store's is read-only
+
+    def peek(self, sender: int) -> torch.Tensor | None:
+        import ray
+
+        message = ray.get(self.actor.peek.remote(sender))
+        return None if message is None else torch.tensor(message)
+
+    def wait(self, me: int, timeout: float) -> None:
+        import ray
+
+        self._counters = None
+        ray.get(self.actor.wait.remote(me, timeout))
+
+
 class RayBackend(Backend):
     """Roles as Ray actors; weights through the object store, tagged with their version."""
 
@@ -621,6 +708,7 @@ class RayBackend(Backend):
         self.modules: dict[str, nn.Module] = {}
         self.weights: Any = None
         self._published: tuple[int, Any] | None = None
+        self._mailbox_actors: list[Any] = []
 
     def _connect(self, address: str) -> None:
         if address:
@@ -674,6 +762,16 @@ class RayBackend(Backend):
             self._published = (version, self.ray.put(module_state(self.modules)))
         return version, self._published[1]
 
+    def mailboxes(self, n: int, size: int, start_round: int = 0) -> Mailboxes:
+        """Gossip mailboxes in one asyncio actor next to the driver (no CPU reserved), gone with `close()`."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
+        with _sigint_ignored():
+            actor = self.ray.remote(MailboxActor).options(num_cpus=0, scheduling_strategy=here).remote(n, start_round)
+        self._mailbox_actors.append(actor)
+        return RayMailboxes(actor, n, size)
+
     def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None,
               heartbeat_s=None):  # fmt: skip
         return RayGroup(self, make_role, n_workers, counter, stop, total_steps, credits, max_restarts, pids_file,
@@ -681,6 +779,10 @@ class RayBackend(Backend):
 
     def close(self) -> None:
         self._published = None
+        for actor in self._mailbox_actors:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+        self._mailbox_actors = []
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
         self.started = False

@@ -68,3 +68,12 @@ def test_a_cli_run_joins_the_cluster_through_address(cluster, tmp_path):
     assert result["solved"], result
     assert len(nodes_used(tmp_path / "joined")) == 2
     assert len(cluster.list_all_nodes()) == 2  # the cluster is left running for whoever started it
+
+
+def test_pala_learners_on_both_nodes_solve_cartpole(cluster, run_opts):
+    """PALA-A2C: 4 gossip learners, two on each node, exchanging parameters through the mailbox actor on the
+    driver's node and the object store."""
+    result = train("a2c", "CartPole-v1", arch="gossip", learners=4, backend="ray", placement="node0,node1",
+                   steps=100_000, seed=0, eval_every=4_000, **run_opts)  # fmt: skip
+    assert result["solved"], result.result
+    assert len(nodes_used(result.run_dir)) == 2

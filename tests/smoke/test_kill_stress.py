@@ -26,7 +26,9 @@ RUNS = {  # architecture: algorithm
     "grad_parallel": "a2c",
     "param_server": "a2c",
     "allreduce": "a2c",
+    "gossip": "a2c",
 }
+COUNT_OPTION = {"gossip": "--learners"}  # how an architecture names its worker count (default --workers)
 RESTART_WATCHDOG_S = 60.0  # a restart slower than this means the coordinator is stuck
 
 
@@ -56,8 +58,9 @@ def kill_workers_repeatedly(tmp_path: Path, arch: str, kills: int, seed: int) ->
     rng = random.Random(seed)
     out, err = open(tmp_path / "out.txt", "w"), open(tmp_path / "err.txt", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
-        [*RLFLEET, "train", RUNS[arch], "--env", "CartPole-v1", "--arch", arch, "--workers", "2",
-         "--steps", "100000000", "--stop-return", "1e9", "--eval-every", "100000000", "--max-restarts", str(kills),
+        [*RLFLEET, "train", RUNS[arch], "--env", "CartPole-v1", "--arch", arch,
+         COUNT_OPTION.get(arch, "--workers"), "2", "--steps", "100000000", "--stop-return", "1e9",
+         "--eval-every", "100000000", "--max-restarts", str(kills),
          "--logdir", str(tmp_path), "--name", "r", "--no-progress"],
         cwd=tmp_path, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
     )  # fmt: skip

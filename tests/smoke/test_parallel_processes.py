@@ -1,5 +1,6 @@
-"""data_parallel, grad_parallel, param_server and apex with real worker processes: a SIGKILLed worker (or parameter
-server, or replay shard) is restarted and the run finishes; Ctrl-C leaves a checkpoint and no process behind."""
+"""data_parallel, grad_parallel, param_server, allreduce, gossip and apex with real worker processes: a SIGKILLed
+worker (or parameter server, or replay shard) is restarted and the run finishes; Ctrl-C leaves a checkpoint and no
+process behind; a hung gossip learner is named in the error that ends the run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from procs import RLFLEET, kill_session, session_processes, wait_until_gone
 
+from rlfleet.arch.gossip import GossipTimeout
+from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
 
 
@@ -275,3 +278,51 @@ def test_apex_actors_and_shards_leave_with_the_learner(tmp_path, how):
     if how == "ctrl_c":
         saved = load_checkpoint(run)
         assert saved["run_config"]["arch"] == "apex" and saved["apex"]["version"] == saved["algo"]["updates"] > 0
+
+
+def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_the_run_solves(tmp_path):
+    """Learner 1 of four on the ring is SIGKILLed once rounds complete. Its neighbours wait for it (learner 2 for
+    its messages, learner 0 for its reads), so the run goes on only if the restarted learner rejoins the ring: it
+    takes the average of its in-neighbour (learner 0) and the run solves CartPole."""
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "gossip", "--learners", "4", "--steps", "200000",
+                 "--eval-every", "5000", "--state-every", "1")  # fmt: skip
+    sid, run = proc.pid, tmp_path / "r"
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.csv").exists() and "gossip/consensus_distance" in (run / "metrics.csv").read_text()):
+            assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no round completed"
+            time.sleep(0.2)
+        pids = json.loads((run / "workers.json").read_text())
+        os.kill(pids["1"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    log = (run / "workers.log").read_text()
+    assert "worker 1 died (killed by SIGKILL)" in log and "from the average of its in-neighbours" in log, log
+    rejoined = re.search(r"learner 1: restarted from the average of learners 0 \(round (\d+)\)", log)
+    assert rejoined, log
+    result = json.loads((run / "result.json").read_text())
+    assert result["solved"] and result["stopped_by"] == "solved", result
+    rows = [line.split(",") for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+    last_round = max(float(v) for _, _, key, v in rows if key == "gossip/round")
+    assert last_round > int(rejoined[1])  # rounds that all four learners completed after the restart
+    saved = load_checkpoint(run / "checkpoints" / "latest.pt")["gossip"]
+    assert len(saved["learners"]) == 4 and all(s is not None for s in saved["learners"])
+
+
+def test_a_hung_gossip_learner_ends_the_run_with_an_error_naming_it(run_opts):
+    """Learner 2 hangs in an env step (alive, so not restarted before the heartbeat): its out-neighbour waits
+    for its round, gives up after --gossip-timeout-s and the run ends with an error naming learner 2, and no
+    worker is left behind."""
+    start_time = time.monotonic()
+    with pytest.raises(GossipTimeout, match=r"learner 3 waited \d+\.\d s in round \d+ for learner 2 to post round"):
+        train("a2c", "delay_env:HangingCartPole-v0", arch="gossip", learners=4, gossip_timeout_s=3.0,
+              steps=10**6, **run_opts)  # fmt: skip
+    assert time.monotonic() - start_time < 90
+    assert not list(Path(run_opts["logdir"]).glob("*/workers.json"))  # every learner stopped

@@ -1,0 +1,621 @@
+"""`gossip`: K learners that average their parameters with their neighbours' (GALA on one machine, PALA across
+machines; Assran et al. 2019, Sun et al. 2023).
+
+Every learner is a complete on-policy agent: its own vector env, its own algorithm object and the algorithm's
+own optimizer (RMSProp for A2C, as in the papers), its own update. After every update, learner i posts its
+parameters x_i to its out-neighbours and averages with what its in-neighbours posted in the same round:
+x_i ← P_ii x_i + Σ_j P_ij m_j, which for the graphs here is x_i ← (x_i + Σ_j m_j) / (1 + |in_i|). Who sends
+what to whom (the directed ring, `--peers 1`)::
+
+       ┌──────────────┐  x_0   ┌──────────────┐  x_1   ┌──────────────┐  x_2   ┌──────────────┐
+    ┌─▶│  learner 0   │───────▶│  learner 1   │───────▶│  learner 2   │───────▶│  learner 3   │──┐
+    │  │ envs, A2C,   │        │ envs, A2C,   │        │ envs, A2C,   │        │ envs, A2C,   │  │
+    │  │ RMSProp      │        │ RMSProp      │        │ RMSProp      │        │ RMSProp      │  │
+    │  └──────┬───────┘        └──────┬───────┘        └──────┬───────┘        └──────┬───────┘  │
+    │         └───── steps, returns, metrics, timings; every `state_every` rounds ────┘          │
+    │                 its parameters and optimizer state ▼                                       │
+    │  ┌───────────────────────────────────────────────────────────────────────────────────────┐ │
+    │  │ coordinator: counts steps, logs per learner, consensus distance of each complete round,│ │
+    │  │ evaluates the averaged model x̄, checkpoints every learner; restarts a dead one         │ │
+    │  └───────────────────────────────────────────────────────────────────────────────────────┘ │
+    └────────────────────────────────────────────── x_3 ─────────────────────────────────────────┘
+
+The graph comes from a mixing matrix P (row-stochastic, its graph strongly connected, each learner keeping a
+share of its own parameters; `check_mixing`): the directed ring (learner i sends to i+1, ..., i+peers),
+GALA's time-varying exponential graph (in round t learner i sends to i + 2^e for `peers` exponents e taken in
+turn from 0, ..., ⌈log2 K⌉ − 1: with K a power of two, log2 K rounds of it average exactly), or a K×K matrix
+from a file (a [T, K, K] `.npy` array: T matrices used in turn).
+
+The order the papers need for convergence is kept exactly: a learner averages round t only once every
+in-neighbour has posted round t, and posts round t only once its out-neighbours of round t−1 have read round
+t−1 (so a slot holds one round's message until all its readers have it). The mailboxes (`Mailboxes`, from
+the backend: shared memory for the `local` and `serial` backends, GALA; a mailbox actor and the object store
+for `ray`, PALA) hold one slot per learner and the rounds read; a learner that has to wait sleeps on its
+doorbell (a semaphore, or an asyncio event, its peers ring), never in a busy spin.
+A learner that waits `--gossip-timeout-s` for one round reports the peers it waits for, by number, and the
+run ends with that error (`GossipTimeout`) instead of hanging.
+
+A learner's `produce` is a small state machine (learn, post, gather) that returns after a completed round, or
+after waiting one slice (`WAIT_SLICE_S`; none where roles run in the coordinator's process, the `serial`
+backend, where learners take turns), so it beats and sees the stop flag.
+
+A learner that dies is reported and restarted (the backend's restart). Its next incarnation finds in the
+mailboxes the last round it posted (w): it reads what is left of round w (its in-neighbours wait for that),
+takes as its parameters the average of what its in-neighbours' slots hold now (`Mailboxes.peek`, with a fresh
+optimizer), and goes on as any learner from round w+1: posts them, gathers, learns. It never waits for a
+message its neighbours could not send, so neighbours restarted together cannot wait for each other, and its
+neighbours never wait for a round that will not come.
+
+Learners send their flat parameters and their state (networks and optimizer) every `state_every` rounds. The
+coordinator averages each round that all K learners sent (the averaged model x̄, which it evaluates and
+publishes), logs its consensus distance (1/K) Σ_i ‖x_i − x̄‖, and keeps every learner's latest state for the
+checkpoint, from which `--resume` restarts every learner as it was.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfleet.arch.allreduce import load_state, pack_state
+from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, WorkerActor, WorkerSpec
+from rlfleet.arch.shared import algo_modules, trainable_params
+from rlfleet.backends import BACKENDS, RoleGroup
+from rlfleet.backends.mailboxes import Mailboxes
+from rlfleet.fields import bounded
+from rlfleet.run.config import ConfigError
+
+AHEAD = 2  # items a learner may have sent beyond those the coordinator has taken in
+WAIT_SLICE_S = 1.0  # the longest a learner waits for its peers in one produce call (then an empty item)
+TOPOLOGIES = ("ring", "exp")
+
+
+class GossipTimeout(RuntimeError):
+    """A learner waited longer than --gossip-timeout-s for a peer: the peer is missing."""
+
+
+# --------------------------------------------------------------------------------------------------- topology
+def ring_matrix(n: int, peers: int = 1) -> np.ndarray:
+    """The directed k-peer ring: learner i sends to i+1, ..., i+peers (mod n) and averages itself with what
+    i-1, ..., i-peers sent, all with the weight 1/(1 + peers)."""
+    p = np.eye(n)
+    for i in range(n):
+        for d in range(1, peers + 1):
+            p[i, (i - d) % n] = 1.0
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def exponential_matrices(n: int, peers: int = 1) -> list[np.ndarray]:
+    """GALA's time-varying directed exponential graph: hops 1, 2, 4, ... below n; in round t learner i sends to
+    i + hop for `peers` hops taken in turn (t·peers, ..., t·peers + peers − 1, mod the number of hops). One matrix
+    per round of the period."""
+    hops = [2**e for e in range(math.ceil(math.log2(n)))] if n > 1 else []
+    if not hops:
+        return [np.eye(n)]
+    period = len(hops) // math.gcd(len(hops), peers)
+    matrices = []
+    for t in range(period):
+        p = np.eye(n)
+        for j in range(peers):
+            hop = hops[(t * peers + j) % len(hops)]
+            for i in range(n):
+                p[i, (i - hop) % n] = 1.0
+        matrices.append(p / p.sum(axis=1, keepdims=True))
+    return matrices
+
+
+def check_mixing(matrices: list[np.ndarray], n: int, where: str = "the mixing matrix") -> None:
+    """A one-line `ConfigError` unless every matrix is n×n, finite, non-negative and row-stochastic (each row sums
+    to 1) with a positive diagonal (each learner keeps a share of its own parameters), and the graph of the
+    period (j → i where some P_ij > 0) is strongly connected (every learner's parameters reach every other)."""
+    for t, p in enumerate(matrices):
+        label = where if len(matrices) == 1 else f"{where} (round {t} of {len(matrices)})"
+        if p.shape != (n, n):
+            raise ConfigError(f"{label} is {'×'.join(map(str, p.shape))}; it must be {n}×{n} (one row per learner)")
+        if not np.all(np.isfinite(p)) or (p < 0).any():
+            raise ConfigError(f"{label} has a negative or non-finite entry; mixing weights must be >= 0")
+        sums = p.sum(axis=1)
+        bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-6)
+        if bad.size:
+            i = int(bad[0])
+            raise ConfigError(f"{label}: row {i} sums to {sums[i]:g}; every row must sum to 1 (row-stochastic)")
+        zero = np.flatnonzero(np.diag(p) <= 0)
+        if zero.size:
+            i = int(zero[0])
+            raise ConfigError(f"{label}: entry [{i}, {i}] is 0; every learner must keep a share of its own parameters")
+    edges = sum((p > 0).astype(int) for p in matrices)
+    for start, graph, how in ((0, edges, "reach"), (0, edges.T, "hear from")):
+        seen, todo = {start}, [start]
+        while todo:  # graph[i, j] > 0: i hears from j; from learner 0 along "is heard by" (reach) or "hears from"
+            j = todo.pop()
+            for i in np.flatnonzero(graph[:, j] > 0):
+                if int(i) not in seen:
+                    seen.add(int(i))
+                    todo.append(int(i))
+        if len(seen) < n:
+            other = min(set(range(n)) - seen)
+            pair = f"learner 0's parameters never reach learner {other}" if how == "reach" else (
+                f"learner 0 never hears from learner {other}")  # fmt: skip
+            raise ConfigError(f"{where}: the graph is not strongly connected ({pair}, not even through others)")
+
+
+def load_matrices(path: str) -> list[np.ndarray]:
+    """Mixing matrices from a file: `.npy` ([K, K] or [T, K, K]) or text (one row per line, spaces or commas)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--topology {path!r} is neither {' nor '.join(TOPOLOGIES)} nor a mixing-matrix file")
+    try:
+        if path.endswith(".npy"):
+            data = np.load(path)
+        else:
+            with open(path) as f:
+                text = f.read()
+            data = np.loadtxt(io.StringIO(text), delimiter="," if "," in text else None, ndmin=2)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"cannot read the mixing matrix in {path}: {exc}") from None
+    data = np.asarray(data, dtype=np.float64)
+    if data.ndim == 2:
+        return [data]
+    if data.ndim == 3:
+        return list(data)
+    raise ConfigError(f"the mixing matrix in {path} has {data.ndim} dimensions; it must be [K, K] or [T, K, K]")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The mixing matrices of a run, used in turn (round t uses matrices[t mod period])."""
+
+    matrices: tuple[np.ndarray, ...]
+
+    @classmethod
+    def make(cls, name: str, n: int, peers: int = 1) -> Topology:
+        """`ring` or `exp` with `peers` peers per round, or the matrices in the file `name`; checked."""
+        if name == "ring":
+            if n > 1 and peers > n - 1:
+                raise ConfigError(f"--peers {peers} needs at least {peers + 1} learners in a ring; got --learners {n}")
+            matrices = [ring_matrix(n, min(peers, n - 1))]
+            where = f"the {peers}-peer ring's mixing matrix"
+        elif name == "exp":
+            hops = math.ceil(math.log2(n)) if n > 1 else 0
+            if n > 1 and peers > hops:
+                raise ConfigError(f"--peers {peers} is more than the exponential graph of {n} learners has ({hops} "
+                                  f"hops: 1, 2, ..., {2 ** (hops - 1)}); use --peers 1 to {hops}")  # fmt: skip
+            matrices = exponential_matrices(n, peers)
+            where = "the exponential graph's mixing matrix"
+        else:
+            if peers != 1:
+                raise ConfigError(f"--peers is an option of --topology {' and '.join(TOPOLOGIES)}, not of a file")
+            matrices = load_matrices(name)
+            where = f"the mixing matrix in {name}"
+        check_mixing(matrices, n, where)
+        return cls(tuple(matrices))
+
+    @property
+    def n(self) -> int:
+        return self.matrices[0].shape[0]
+
+    def matrix(self, round_: int) -> np.ndarray:
+        return self.matrices[round_ % len(self.matrices)]
+
+    def in_peers(self, i: int, round_: int) -> list[int]:
+        """The learners whose round-`round_` messages learner i averages with."""
+        row = self.matrix(round_)[i]
+        return [j for j in range(self.n) if j != i and row[j] > 0]
+
+    def out_peers(self, i: int, round_: int) -> list[int]:
+        """The learners that read learner i's round-`round_` message."""
+        col = self.matrix(round_)[:, i]
+        return [j for j in range(self.n) if j != i and col[j] > 0]
+
+    def rate(self) -> float:
+        """The rate per round at which gossip alone (no learning) shrinks the distance to consensus: the
+        second-largest eigenvalue modulus of one period's product, to the power 1/period."""
+        if self.n == 1:
+            return 0.0
+        product = np.eye(self.n)
+        for p in self.matrices:
+            product = p @ product
+        moduli = np.sort(np.abs(np.linalg.eigvals(product)))[::-1]
+        return float(moduli[1]) ** (1.0 / len(self.matrices))
+
+
+def consensus_distance(params: np.ndarray) -> float:
+    """(1/K) Σ_i ‖x_i − x̄‖ of K flat parameter vectors [K, n]."""
+    return float(np.linalg.norm(params - params.mean(axis=0), axis=1).mean())
+
+
+# --------------------------------------------------------------------------------------------------- learners
+def pack(state: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> dict:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+@dataclass
+class GossipSpec(WorkerSpec):
+    """A learner's `WorkerSpec`, and what it gossips with."""
+
+    topology: Topology | None = field(default=None, kw_only=True)
+    initial_states: list[bytes] = field(default_factory=list, kw_only=True)
+    """Each learner's `pack_state` (networks and optimizer) to start from."""
+    start_round: int = field(default=0, kw_only=True)
+    """The first round (a resumed run goes on from where it stopped)."""
+    gossip_timeout_s: float = field(default=60.0, kw_only=True)
+    state_every: int = field(default=10, kw_only=True)
+    wait_slice_s: float = field(default=WAIT_SLICE_S, kw_only=True)
+    """The longest one produce call waits for peers (0 where roles run in the coordinator's process)."""
+
+
+@dataclass
+class GossipReport:
+    """A learner's item: the steps and episodes since its last item and, after a completed round, its metrics."""
+
+    worker: int
+    incarnation: int
+    steps: int
+    returns: list[float]
+    compute_s: float
+    """Seconds spent collecting and updating since the last item."""
+    wait_s: float
+    """Seconds spent waiting for peers."""
+    average_s: float
+    """Seconds spent posting, taking and averaging parameters."""
+    round: int | None = None
+    """The round completed with this item (None: still waiting for peers)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    params: np.ndarray | None = None
+    """The flat parameters after the round's averaging (every `state_every` rounds)."""
+    state: bytes | None = None
+    """`pack_state` of the learner after the round (with `params`)."""
+    note: str | None = None
+    trouble: str | None = None
+    """Why the learner gave up waiting (`GossipTimeout`)."""
+
+
+class GossipLearner(WorkerActor):
+    """One learner: its own envs, algorithm and optimizer; after every update a round of gossip (see the module
+    docstring). `produce` runs its phases (learn, post, gather; after a restart: drain, post, gather) until a
+    round completes or it has waited one slice."""
+
+    def __init__(self, spec: GossipSpec, mailboxes: Mailboxes, worker_id: int, incarnation: int = 0):
+        super().__init__(spec, None, worker_id, incarnation)
+        load_state(self.algo, spec.initial_states[worker_id])
+        self.mailboxes = mailboxes
+        self.topology = spec.topology
+        self.params = trainable_params(algo_modules(self.algo))
+        self.flat = self.flatten()
+        self.since: float | None = None  # when the current wait began
+        self.timings = {"compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0}
+        self.steps, self.returns = 0, []
+        self.metrics: dict[str, float] = {}
+        self.adopted = False  # this incarnation's first round: taken from the in-neighbours, not learned
+        self.note: str | None = None  # sent with the next completed round
+        if incarnation == 0:
+            self.round, self.phase = spec.start_round, "learn"
+        else:  # the last round the dead incarnation posted: read what is left of it, then rejoin at the next
+            self.round, self.phase = mailboxes.written(worker_id), "drain"
+
+    def flatten(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    @torch.no_grad()
+    def load_flat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.flat = flat
+
+    # ----------------------------------------------------------------------------------------- phases
+    def missing(self) -> list[tuple[int, str]]:
+        """The peers the current phase waits for, with what it waits for."""
+        me, t, mb, topo = self.worker_id, self.round, self.mailboxes, self.topology
+        if self.phase == "post":
+            return [(o, f"to read round {t - 1}") for o in topo.out_peers(me, t - 1) if mb.read(o, me) < t - 1]
+        if self.phase == "drain":
+            return [(j, f"to post round {t}") for j in topo.in_peers(me, t) if mb.read(me, j) < t and mb.written(j) < t]
+        return [(j, f"to post round {t}") for j in topo.in_peers(me, t) if mb.written(j) < t]  # gather
+
+    def learn(self, global_steps: int) -> None:
+        start = time.perf_counter()
+        self.algo.schedule(global_steps, self.spec.total_steps)
+        before = self.collector.env_steps
+        segment = self.collector.collect_rollout(self.storage)
+        self.steps += self.collector.env_steps - before
+        self.returns += self.collector.pop_new_returns()
+        self.metrics = self.algo.update(segment)
+        self.flat = self.flatten()
+        self.timings["compute_s"] += time.perf_counter() - start
+
+    def advance(self) -> bool:
+        """The current phase's action, its peers being ready; True when it completed a round."""
+        start = time.perf_counter()
+        me, t, mb, topo = self.worker_id, self.round, self.mailboxes, self.topology
+        done = False
+        if self.phase == "post":
+            mb.post(me, t, self.flat, topo.out_peers(me, t))
+            self.phase = "gather"
+        elif self.phase == "gather":
+            row = torch.as_tensor(topo.matrix(t)[me], dtype=torch.float32)
+            mixed = row[me] * self.flat
+            for j in topo.in_peers(me, t):
+                mixed += row[j] * mb.take(me, j, t)
+            self.load_flat(mixed)
+            self.phase, done = "learn", True
+        elif self.phase == "drain":
+            for j in topo.in_peers(me, t):
+                if mb.read(me, j) < t:
+                    mb.take(me, j, t)  # its round-t message: the dead incarnation's parameters are gone anyway
+            self.adopt(t + 1)
+            self.round, self.phase = t + 1, "post"
+        self.timings["average_s"] += time.perf_counter() - start
+        return done
+
+    def adopt(self, round_: int) -> None:
+        """A restarted learner's parameters: the average (by its row of the mixing matrix) of what its in-neighbours
+        of `round_` hold now (`peek`: read as they are, not taken), then posted as its own round `round_`, which it
+        gathers like any other. It never waits for a peer's future message, so two restarted neighbours cannot wait
+        for each other. With no in-neighbour posted yet, it keeps the state the run started it with."""
+        row = self.topology.matrix(round_)[self.worker_id]
+        held = {j: self.mailboxes.peek(j) for j in self.topology.in_peers(self.worker_id, round_)}
+        held = {j: m for j, m in held.items() if m is not None}
+        if held:
+            weights = torch.as_tensor(row[list(held)] / row[list(held)].sum(), dtype=torch.float32)
+            self.load_flat(sum(w * m for w, m in zip(weights, held.values(), strict=True)))
+            self.note = f"restarted from the average of learners {', '.join(map(str, held))} (round {round_})"
+        else:
+            self.note = f"restarted from the run's initial state (round {round_}: no in-neighbour has posted)"
+        self.adopted = True
+
+    def produce(self, global_steps: int, stop=None) -> GossipReport | None:
+        slice_end = time.monotonic() + self.spec.wait_slice_s
+        while True:
+            if self.phase == "learn":
+                self.learn(global_steps)
+                self.phase = "post"
+            missing = self.missing()
+            if not missing:
+                self.since = None
+                if self.advance():
+                    return self.report(completed=True)
+                continue
+            now = time.monotonic()
+            self.since = self.since if self.since is not None else now
+            if now - self.since >= self.spec.gossip_timeout_s:
+                waited, self.since = now - self.since, None
+                peers = "; ".join(f"learner {j} {what}" for j, what in missing)
+                return self.report(trouble=f"learner {self.worker_id} waited {waited:.1f} s in round {self.round} "
+                                           f"for {peers}")  # fmt: skip
+            if stop is not None and stop.is_set():
+                return None
+            if now >= slice_end:
+                return self.report()
+            start = time.perf_counter()
+            self.mailboxes.wait(self.worker_id, min(slice_end, self.since + self.spec.gossip_timeout_s) - now)
+            self.timings["wait_s"] += time.perf_counter() - start
+
+    def report(self, completed: bool = False, trouble: str | None = None) -> GossipReport:
+        """What happened since the last item; after a completed round its metrics (and every `state_every` rounds,
+        or after this incarnation's first, its parameters and state), and the round moves on."""
+        item = GossipReport(self.worker_id, self.incarnation, self.steps, self.returns, trouble=trouble,
+                            **self.timings)  # fmt: skip
+        self.steps, self.returns = 0, []
+        self.timings = dict.fromkeys(self.timings, 0.0)
+        if completed:
+            item.round = self.round
+            item.metrics, self.metrics = ({} if self.adopted else self.metrics), {}
+            if self.round % self.spec.state_every == 0 or self.adopted:
+                item.params = self.flat.numpy().copy()
+                item.state = pack_state(self.algo)
+            item.note, self.note = self.note, None
+            self.adopted = False
+            self.round += 1
+        return item
+
+
+# --------------------------------------------------------------------------------------------------- runner
+@dataclass
+class GossipOptions(RoleOptions):
+    """gossip's options."""
+
+    learners: int = bounded(4, ge=1)
+    """Learners (K), each a complete agent with its own envs (the algorithm's n_envs) and optimizer."""
+    topology: str = "ring"
+    """Who averages with whom: ring (learner i sends to i+1, ..., i+peers), exp (GALA's time-varying
+    exponential graph: in round t to i + 2^e, `peers` exponents e taken in turn), or a file with a K×K
+    row-stochastic mixing matrix (text, or .npy of [K, K] or [T, K, K] used in turn)."""
+    peers: int = bounded(1, ge=1)
+    """Out-neighbours of each learner per round (ring, exp)."""
+    gossip_timeout_s: float = bounded(60.0, gt=0)
+    """Seconds a learner waits for a peer in one round before the run ends with an error naming that peer (less
+    than --heartbeat-s)."""
+    state_every: int = bounded(10, ge=1)
+    """Rounds between the parameters and states the learners send the coordinator: the rounds whose averaged
+    model is evaluated and consensus distance logged, and the states a checkpoint holds."""
+    distinct_init: bool = False
+    """Each learner starts from its own random initialisation (seeded per learner) instead of one shared."""
+
+    @property
+    def workers(self) -> int:
+        """The backend's name for the roles it starts: the learners."""
+        return self.learners
+
+
+class GossipRunner(ParallelRunner):
+    """The coordinator of a `gossip` run (see the module docstring): no learning of its own."""
+
+    arch = "gossip"
+    Options = GossipOptions
+    waiting_for = "completed round from the learners"
+    restart_how = "(from the average of its in-neighbours' parameters)"
+
+    def check_config(self) -> None:
+        self.check_parallel(on_policy_only=False, uses_optimizer=False)
+        algo, opts = self.cfg.algo, self.opts
+        if self.algo.data != "rollout":
+            instead = "offline" if self.algo.data == "dataset" else "data_parallel or single"
+            raise ConfigError(
+                f"{algo} learns from {self.algo.data} data; the gossip architecture runs on-policy algorithms "
+                f"(a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
+            )
+        if opts.gossip_timeout_s >= opts.heartbeat_s:
+            raise ConfigError(
+                f"--gossip-timeout-s {opts.gossip_timeout_s:g} must be less than --heartbeat-s {opts.heartbeat_s:g}: "
+                "a learner waiting that long for a peer would be taken for hung itself"
+            )
+        self.topology = Topology.make(opts.topology, opts.learners, opts.peers)
+
+    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        opts = self.opts
+        in_process = BACKENDS[opts.backend].in_process
+        self.spec = self.worker_spec(
+            GossipSpec,
+            topology=self.topology,
+            gossip_timeout_s=opts.gossip_timeout_s,
+            state_every=opts.state_every,
+            wait_slice_s=0.0 if in_process else WAIT_SLICE_S,
+        )
+        self.start_backend()
+        self.params = trainable_params(algo_modules(self.algo))
+        self.size = sum(p.numel() for p in self.params)
+        self.states: list[bytes | None] = [None] * opts.learners  # each learner's latest state
+        self.state_rounds = [-1] * opts.learners
+        self.pending: dict[int, dict[int, np.ndarray]] = {}  # round -> {learner: flat parameters}
+        self.round = -1  # the latest round all learners sent
+        self.consensus: deque[tuple[int, float]] = deque(maxlen=10_000)  # (round, consensus distance)
+        self.stats = [self._fresh_stats() for _ in range(opts.learners)]
+        if resume_from is not None:
+            self._restore(resume_from)
+        else:
+            self.spec.initial_states = self.initial_states()
+        self.eval_envs = self.make_eval_envs()
+        self._write_config({"learners": opts.learners, "ahead": AHEAD, "rate": self.topology.rate(),
+                            "mixing": [p.tolist() for p in self.topology.matrices]})  # fmt: skip
+
+    @staticmethod
+    def _fresh_stats() -> dict[str, Any]:
+        return {"steps": 0, "returns": [], "compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0}
+
+    def initial_states(self) -> list[bytes]:
+        """The coordinator's networks and optimizer for every learner, or (`distinct_init`) each learner's own."""
+        if not self.opts.distinct_init:
+            return [pack_state(self.algo)] * self.opts.learners
+        return [pack_state(self.build_algo(self.spec.worker_seed(i, 0))) for i in range(self.opts.learners)]
+
+    # ----------------------------------------------------------------------------------------- state
+    def _extra_state(self) -> dict[str, Any]:
+        states = [unpack(s) if s is not None else None for s in self.states]
+        return {"learners": states, "learner_rounds": list(self.state_rounds), "round": self.round}
+
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
+        learners = saved.get("learners") or []
+        own = pack_state(self.algo)  # the averaged model, for a learner whose state never reached a checkpoint
+        self.spec.initial_states = [pack(s) if s is not None else own for s in learners] or [own] * self.opts.learners
+        self.states = [pack(s) if s is not None else None for s in learners] or self.states
+        self.state_rounds = list(saved.get("learner_rounds", self.state_rounds))
+        self.round = int(saved.get("round", -1))
+        self.spec.start_round = max([self.round, *self.state_rounds]) + 1
+
+    # ----------------------------------------------------------------------------------------- learning
+    @torch.no_grad()
+    def average_round(self, round_: int, params: np.ndarray) -> None:
+        """A round that every learner sent: its consensus distance, and its average is the coordinator's model."""
+        self.round = round_
+        self.consensus.append((round_, consensus_distance(params)))
+        mean = torch.as_tensor(params.mean(axis=0))
+        offset = 0
+        with self.weights.writing():
+            for p in self.params:
+                p.copy_(mean[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def take(self, item: GossipReport) -> tuple[dict[str, float], int]:
+        """Count a learner's item; keep its state, and average the rounds every learner has sent."""
+        self.counter.add(item.steps)
+        self.count_returns(item.returns)
+        stats = self.stats[item.worker]
+        stats["steps"] += item.steps
+        stats["returns"] += item.returns
+        for key in ("compute_s", "wait_s", "average_s"):
+            stats[key] += getattr(item, key)
+        if item.note is not None:
+            self._report(f"learner {item.worker}: {item.note}")
+        if item.trouble is not None:
+            raise GossipTimeout(item.trouble)
+        if item.state is not None:
+            self.states[item.worker], self.state_rounds[item.worker] = item.state, item.round
+        if item.params is not None and item.round > self.round:
+            sent = self.pending.setdefault(item.round, {})
+            sent[item.worker] = item.params
+            if len(sent) == self.opts.learners:
+                self.average_round(item.round, np.stack([sent[i] for i in range(self.opts.learners)]))
+                self.pending = {r: s for r, s in self.pending.items() if r > item.round}
+        if item.round is None or not item.metrics:
+            return {}, 0
+        return item.metrics, 1
+
+    def monitor_step(self, logger, start, new_returns, metrics, stop_requested, updates):
+        """`ParallelRunner.monitor_step`, and with every log row each learner's returns, steps per second and
+        shares of time, the totals, and the latest consensus distance."""
+        next_log = self.state["next_log"]
+        reason = super().monitor_step(logger, start, new_returns, metrics, stop_requested, updates)
+        if self.state["next_log"] != next_log:
+            self.log_gossip(logger)
+        return reason
+
+    def log_gossip(self, logger) -> None:
+        now = time.perf_counter()
+        wall = max(now - getattr(self, "_last_gossip_log", self._invocation_start), 1e-9)
+        self._last_gossip_log = now
+        row: dict[str, float] = {}
+        total = self._fresh_stats()
+        for i, stats in enumerate(self.stats):
+            busy = stats["compute_s"] + stats["wait_s"] + stats["average_s"]
+            row[f"learner{i}/SPS"] = stats["steps"] / wall
+            if stats["returns"]:
+                row[f"learner{i}/episodic_return"] = float(np.mean(stats["returns"]))
+            if busy > 0:
+                row[f"learner{i}/wait_share"] = stats["wait_s"] / busy
+                row[f"learner{i}/average_share"] = stats["average_s"] / busy
+            for key in ("compute_s", "wait_s", "average_s"):
+                total[key] += stats[key]
+        busy = total["compute_s"] + total["wait_s"] + total["average_s"]
+        if busy > 0:
+            for key in ("compute", "wait", "average"):
+                row[f"gossip/{key}_share"] = total[f"{key}_s"] / busy
+        if self.consensus:
+            row["gossip/round"], row["gossip/consensus_distance"] = self.consensus[-1]
+        logger.log(self.env_steps, row)
+        self.stats = [self._fresh_stats() for _ in self.stats]
+
+    # ----------------------------------------------------------------------------------------- loop
+    def start_workers(self, stop_flag, logger) -> RoleGroup:
+        """The mailboxes first (every learner having posted and read the round before the first), then the
+        learners."""
+        self.mailboxes = self.backend.mailboxes(self.opts.learners, self.size, self.spec.start_round)
+        learner = partial(GossipLearner, self.spec, self.mailboxes)
+        return self.start_roles(learner, stop_flag, AHEAD)
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """The next item of any learner, taken in (`take`); None unless it completed a round."""
+        item = pool.get_any(WAIT_S)
+        if item is None:
+            return None
+        metrics, updates = self.take(item)
+        pool.release(item.worker, item.incarnation)
+        if item.round is None and not item.returns:
+            return None
+        return Taken(item.returns, metrics, updates)

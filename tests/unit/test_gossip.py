@@ -1,0 +1,303 @@
+"""gossip: the mixing matrices and their checks; with the learning rate 0, gossip rounds are exactly X ← P X (the
+serial backend, and learner processes with random delays), drive every learner to the average of their initial
+parameters at the rate P's second-largest eigenvalue modulus predicts; a missing peer is named within the
+timeout; a resumed run goes on from every learner's state."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.algos.a2c import A2C
+from rlfleet.algos.a2c import Config as A2CConfig
+from rlfleet.arch.allreduce import load_state, pack_state
+from rlfleet.arch.gossip import (
+    GossipLearner,
+    GossipRunner,
+    GossipSpec,
+    GossipTimeout,
+    Topology,
+    check_mixing,
+    consensus_distance,
+    exponential_matrices,
+    ring_matrix,
+)
+from rlfleet.arch.shared import algo_modules, trainable_params
+from rlfleet.backends.base import SPAWN
+from rlfleet.backends.mailboxes import SharedMailboxes
+from rlfleet.backends.shared_memory import StepCounter
+from rlfleet.launch import train
+from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import ConfigError
+
+TINY = {"n_envs": 2, "rollout_len": 4}  # 8 env steps per learner and round
+STILL = {**TINY, "lr": 0.0}  # updates that leave the parameters as they are: gossip alone
+
+
+# --------------------------------------------------------------------------------------------------- topology
+def test_ring_matrix_is_the_directed_k_peer_ring():
+    assert np.allclose(ring_matrix(4, 1), [[0.5, 0, 0, 0.5], [0.5, 0.5, 0, 0], [0, 0.5, 0.5, 0], [0, 0, 0.5, 0.5]])
+    p = ring_matrix(5, 2)  # learner i averages itself with i-1 and i-2
+    assert np.allclose(p[0], [1 / 3, 0, 0, 1 / 3, 1 / 3]) and np.allclose(p.sum(axis=0), 1)  # doubly stochastic
+    topology = Topology.make("ring", 5, 2)
+    assert topology.in_peers(0, 7) == [3, 4] and topology.out_peers(0, 7) == [1, 2]
+
+
+def test_exponential_graph_cycles_through_the_hops_and_averages_exactly_with_a_power_of_two():
+    matrices = exponential_matrices(8, 1)
+    assert len(matrices) == 3
+    topology = Topology(tuple(matrices))
+    assert [topology.out_peers(0, t) for t in range(4)] == [[1], [2], [4], [1]]
+    product = matrices[2] @ matrices[1] @ matrices[0]
+    assert np.allclose(product, np.full((8, 8), 1 / 8))  # log2 K rounds: every learner holds the exact average
+    assert topology.rate() == pytest.approx(0.0, abs=1e-4)  # a defective eigenvalue 0: numerically ~1e-6
+    assert [Topology.make("exp", 8, 2).out_peers(3, t) for t in range(3)] == [[4, 5], [4, 7], [5, 7]]
+
+
+def test_rate_is_the_second_largest_eigenvalue_modulus():
+    assert Topology.make("ring", 4, 1).rate() == pytest.approx(math.cos(math.pi / 4))  # |(1 + e^{iπ/2}) / 2|
+    assert Topology.make("ring", 8, 1).rate() == pytest.approx(math.cos(math.pi / 8))
+
+
+@pytest.mark.parametrize(
+    ("matrix", "message"),
+    [
+        (np.array([[0.5, 0.5], [0.2, 0.7]]), "row 1 sums to 0.9; every row must sum to 1 (row-stochastic)"),
+        (np.array([[0.0, 1.0], [1.0, 0.0]]), "entry [0, 0] is 0; every learner must keep a share of its own"),
+        (np.array([[1.5, -0.5], [0.5, 0.5]]), "has a negative or non-finite entry"),
+        (np.eye(3), "is 3×3; it must be 2×2"),
+        (np.eye(2), "not strongly connected (learner 0's parameters never reach learner 1"),
+        (np.array([[1.0, 0.0], [0.5, 0.5]]), "not strongly connected (learner 0 never hears from learner 1"),
+    ],
+)
+def test_check_mixing_names_what_is_wrong(matrix, message):
+    with pytest.raises(ConfigError, match=re_escape(message)):
+        check_mixing([matrix], 2)
+
+
+def re_escape(text: str) -> str:
+    return re.escape(text)
+
+
+def test_two_separate_rings_are_refused_and_a_valid_file_is_read(tmp_path, run_opts):
+    ring = ring_matrix(2, 1)
+    two_rings = np.block([[ring, np.zeros((2, 2))], [np.zeros((2, 2)), ring]])
+    np.savetxt(tmp_path / "split.txt", two_rings)
+    with pytest.raises(ConfigError, match="is not strongly connected"):
+        train("a2c", "CartPole-v1", arch="gossip", learners=4, topology=str(tmp_path / "split.txt"), **run_opts)
+    np.savetxt(tmp_path / "ring.csv", ring_matrix(4, 1), delimiter=",")
+    topology = Topology.make(str(tmp_path / "ring.csv"), 4)
+    assert np.allclose(topology.matrix(0), ring_matrix(4, 1))
+    with pytest.raises(ConfigError, match=r"must be 3×3 \(one row per learner\)"):
+        Topology.make(str(tmp_path / "ring.csv"), 3)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"learners": 3, "peers": 3}, "--peers 3 needs at least 4 learners in a ring; got --learners 3"),
+        ({"learners": 4, "topology": "exp", "peers": 3}, "--peers 3 is more than the exponential graph of 4"),
+        ({"topology": "star"}, "--topology 'star' is neither ring nor exp nor a mixing-matrix file"),
+        ({"workers": 4}, "--workers is an option of"),
+        ({"gossip_timeout_s": 200.0}, "--gossip-timeout-s 200 must be less than --heartbeat-s 120"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line(options, message, run_opts):
+    with pytest.raises(ConfigError, match=re_escape(message)):
+        train("a2c", "CartPole-v1", arch="gossip", **options, **run_opts)
+
+
+def test_a_replay_algorithm_is_refused(run_opts):
+    with pytest.raises(ConfigError, match="dqn learns from replay data; the gossip architecture runs on-policy"):
+        train("dqn", "CartPole-v1", arch="gossip", **run_opts)
+
+
+# --------------------------------------------------------------------------------------------------- lr = 0
+def flat_params(runner: GossipRunner, state: bytes) -> np.ndarray:
+    algo = runner.build_algo(0)
+    load_state(algo, state)
+    return torch.cat([p.detach().reshape(-1) for p in trainable_params(algo_modules(algo))]).numpy()
+
+
+@pytest.fixture
+def rounds(monkeypatch):
+    """Every round the coordinator averages, {round: [K, n] parameters}, and the learners' initial parameters
+    under the key "initial"."""
+    seen: dict = {}
+    average_round, initial_states = GossipRunner.average_round, GossipRunner.initial_states
+
+    def record_round(self, round_, params):
+        seen[round_] = params.copy()
+        average_round(self, round_, params)
+
+    def record_initial(self):
+        states = initial_states(self)
+        seen["initial"] = np.stack([flat_params(self, s) for s in states])
+        return states
+
+    monkeypatch.setattr(GossipRunner, "average_round", record_round)
+    monkeypatch.setattr(GossipRunner, "initial_states", record_initial)
+    return seen
+
+
+def expected_rounds(topology: Topology, initial: np.ndarray, n_rounds: int) -> list[np.ndarray]:
+    """X after each round of gossip alone: X_{t+1} = P_t X_t, in float64."""
+    x, out = initial.astype(np.float64), []
+    for t in range(n_rounds):
+        x = topology.matrix(t) @ x
+        out.append(x)
+    return out
+
+
+def gossip_alone(algo: str, topology: str, learners: int, rounds_: int, run_opts, **options):
+    return train(algo, "CartPole-v1", arch="gossip", learners=learners, topology=topology, distinct_init=True,
+                 state_every=1, steps=learners * 8 * rounds_, overrides=STILL, stop_return=float("inf"),
+                 eval_every=10**9, **options, **run_opts)  # fmt: skip
+
+
+@pytest.mark.parametrize(("algo", "topology", "learners"), [("a2c", "ring", 4), ("ppo", "ring", 5), ("a2c", "exp", 6)])
+def test_with_lr_zero_rounds_are_exactly_x_from_p_x_and_reach_the_average(algo, topology, learners, rounds, run_opts):
+    """Serial learners (taking turns) with updates that change nothing: every round the coordinator sees is the
+    mixing matrix applied once more to the initial parameters, so the learners end at their initial average, and
+    the consensus distance shrinks by the second-largest eigenvalue modulus of the matrix per round."""
+    result = gossip_alone(algo, topology, learners, 40, run_opts, backend="serial")
+    top = Topology.make(topology, learners)
+    initial = rounds["initial"]
+    assert consensus_distance(initial) > 0.1  # the learners start apart
+    done = sorted(r for r in rounds if r != "initial")
+    assert done == list(range(len(done))) and len(done) >= 39
+    for t, expected in enumerate(expected_rounds(top, initial, len(done))):
+        np.testing.assert_allclose(rounds[t], expected, atol=2e-6, err_msg=f"round {t}")
+    distances = [consensus_distance(rounds[t]) for t in done]
+    for t in done:  # these graphs' matrices are doubly stochastic: every round keeps the initial average ...
+        np.testing.assert_allclose(rounds[t].mean(axis=0), initial.mean(axis=0), atol=1e-6, err_msg=f"round {t}")
+    assert distances[-1] < 1e-3 * consensus_distance(initial)  # ... and the learners converge to it
+    if top.rate() > 0.1:
+        measured = (distances[30] / distances[10]) ** (1 / 20)
+        assert measured == pytest.approx(top.rate(), rel=0.05), distances
+    averaged = torch.cat([p.detach().reshape(-1) for p in trainable_params(algo_modules(result.algo))]).numpy()
+    np.testing.assert_allclose(averaged, initial.mean(axis=0), atol=1e-5)  # the coordinator's model: the average
+
+
+def test_ordering_holds_under_random_delays_in_learner_processes(rounds, run_opts):
+    """Four learner processes whose env steps sleep at random (any of them may run ahead or fall behind) on a
+    time-varying graph with two peers per round: still every round is exactly P_t X_t. A learner that averaged
+    before an in-neighbour posted the round, or posted over a message not yet read, would mix two rounds."""
+    learners, n_rounds = 4, 30
+    train("a2c", "delay_env:DelayedCartPole-v0", arch="gossip", learners=learners, topology="ring", peers=2,
+          distinct_init=True, state_every=1, steps=learners * 8 * n_rounds, overrides=STILL,
+          stop_return=float("inf"), eval_every=10**9, **run_opts)  # fmt: skip
+    initial = rounds.pop("initial")
+    done = sorted(rounds)
+    assert done == list(range(len(done))) and len(done) >= n_rounds - 2
+    for t, expected in enumerate(expected_rounds(Topology.make("ring", learners, 2), initial, len(done))):
+        np.testing.assert_allclose(rounds[t], expected, atol=2e-6, err_msg=f"round {t}")
+
+
+def make_spec(learners: int, **options) -> GossipSpec:
+    env = gym.make("CartPole-v1")
+    cfg = A2CConfig(**TINY)
+    algo = A2C(cfg, env.observation_space, env.action_space)
+    return GossipSpec("a2c", cfg, "CartPole-v1", env.observation_space, env.action_space, seed=0,
+                      total_steps=10**6, topology=Topology.make("ring", learners),
+                      initial_states=[pack_state(algo)] * learners, **options)  # fmt: skip
+
+
+def test_a_missing_peer_is_named_within_the_timeout():
+    """Learner 1 of a 2-learner ring waits for learner 0, which never posts: after the timeout it says which
+    learner it waits for and for what (no hang), and the coordinator ends the run with that error."""
+    spec = make_spec(2, gossip_timeout_s=0.5, wait_slice_s=0.2)
+    size = sum(p.numel() for p in trainable_params(algo_modules(A2C(spec.algo_cfg, spec.observation_space,
+                                                                         spec.action_space))))  # fmt: skip
+    learner = GossipLearner(spec, SharedMailboxes(SPAWN, 2, size, 0), worker_id=1)
+    start = time.monotonic()
+    items = [learner.produce(0)]
+    while items[-1].trouble is None:
+        assert time.monotonic() - start < 5, "no timeout"
+        items.append(learner.produce(0))
+    took = time.monotonic() - start
+    learner.close()
+    assert re.fullmatch(r"learner 1 waited 0\.[5-9] s in round 0 for learner 0 to post round 0", items[-1].trouble)
+    assert 0.5 <= took < 2.5
+    assert len(items) >= 3  # it returned after each slice of waiting (so its process beats and sees the stop flag)
+    assert sum(i.wait_s for i in items) > 0.4  # and it slept while it waited
+    runner = GossipRunner.__new__(GossipRunner)  # its `take` only: counting, then the error
+    runner.counter, runner._episodes, runner.returns = StepCounter(SPAWN), 0, []
+    runner.stats = [GossipRunner._fresh_stats() for _ in range(2)]
+    with pytest.raises(GossipTimeout, match="for learner 0 to post round 0"):
+        runner.take(items[-1])
+
+
+def test_resume_restarts_every_learner_from_its_checkpointed_state(rounds, run_opts, tmp_path):
+    """The checkpoint holds every learner's state; the resumed learners start from them (not from the averaged
+    model, nor afresh) and the rounds go on: the first resumed round is P applied to the saved parameters."""
+    first = gossip_alone("a2c", "ring", 4, 10, {**run_opts, "name": "r"}, backend="serial")
+    saved = load_checkpoint(first.run_dir)["gossip"]
+    assert len(saved["learners"]) == 4 and all(s is not None for s in saved["learners"])
+    assert saved["round"] >= 8
+    x_saved = np.stack([flat_of(first.algo, s) for s in saved["learners"]])
+    rounds.clear()
+    train(resume=first.run_dir, steps=4 * 8 * 20)
+    resumed = sorted(rounds)
+    start = max([saved["round"], *saved["learner_rounds"]]) + 1
+    assert resumed[0] == start and len(resumed) >= 8
+    topology = Topology.make("ring", 4)
+    for t, expected in zip(resumed, expected_rounds_from(topology, x_saved, start, len(resumed)), strict=True):
+        np.testing.assert_allclose(rounds[t], expected, atol=2e-6, err_msg=f"round {t}")
+
+
+def flat_of(algo, state: dict) -> np.ndarray:
+    """The flat trainable parameters of a learner state (as the checkpoint holds it), loaded into `algo`."""
+    for name, module in algo_modules(algo).items():
+        module.load_state_dict(state["modules"][name])
+    return torch.cat([p.detach().reshape(-1) for p in trainable_params(algo_modules(algo))]).numpy()
+
+
+def expected_rounds_from(topology: Topology, x: np.ndarray, start: int, n_rounds: int) -> list[np.ndarray]:
+    x, out = x.astype(np.float64), []
+    for t in range(start, start + n_rounds):
+        x = topology.matrix(t) @ x
+        out.append(x)
+    return out
+
+
+def test_two_neighbours_restarted_together_rejoin_without_waiting_for_each_other():
+    """Both learners of a 2-learner ring died after posting round 3, before reading it. Their next incarnations
+    (taking turns in this process) read what is left of round 3, start from what their in-neighbour's slot holds,
+    and complete round 4 together: neither waits for a message only the other's rejoining could send."""
+    spec = make_spec(2, gossip_timeout_s=2.0, wait_slice_s=0.0)
+    size = sum(p.numel() for p in trainable_params(algo_modules(A2C(spec.algo_cfg, spec.observation_space,
+                                                                         spec.action_space))))  # fmt: skip
+    mailboxes = SharedMailboxes(SPAWN, 2, size, 0)
+    posted = {i: torch.randn(size) for i in range(2)}
+    for r in range(4):
+        for i in range(2):
+            mailboxes.post(i, r, posted[i] + r, [1 - i])
+        if r < 3:
+            for i in range(2):
+                mailboxes.take(i, 1 - i, r)
+    learners = [GossipLearner(spec, mailboxes, worker_id=i, incarnation=1) for i in range(2)]
+    done: dict[int, object] = {}
+    start = time.monotonic()
+    while len(done) < 2:
+        for i, learner in enumerate(learners):
+            if i not in done:
+                item = learner.produce(0)
+                assert item.trouble is None, item.trouble
+                if item.round is not None:
+                    done[i] = item
+        assert time.monotonic() - start < 10, "the restarted learners wait for each other"
+    for learner in learners:
+        learner.close()
+    both = ((posted[0] + 3 + posted[1] + 3) / 2).numpy()  # each took the other's round 3, then they averaged
+    for i in range(2):
+        assert done[i].round == 4 and done[i].note == f"restarted from the average of learners {1 - i} (round 4)"
+        np.testing.assert_allclose(done[i].params, both, atol=1e-6)
+        assert done[i].metrics == {}  # nothing learned in the round it rejoined
+    assert mailboxes.read(0, 1) == mailboxes.read(1, 0) == 4
