@@ -340,7 +340,7 @@ def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_pa
         runner.eval_envs.close()
 
 
-def test_actors_act_with_ever_newer_weight_versions_and_their_returns_exploration_and_rates_are_logged(tmp_path, monkeypatch):
+def test_actors_act_with_ever_newer_weights_and_their_returns_exploration_and_rates_are_logged(tmp_path, monkeypatch):
     cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
                     options={"backend": "serial", "workers": 3, "sync_every": 100},
                     overrides={"learning_starts": 300})  # fmt: skip
