@@ -1,6 +1,6 @@
 """Ape-X (`--arch apex`) benchmarks: throughput by number of actors, replay shard operations, and a memory soak.
 
-  throughput  `rlfleet train dqn --env CartPole-v1 --arch apex --workers N` for N in --actors, each run for
+  throughput  `rlfleet train dqn --env CartPole-v1 --arch apex --actors N` for N in --actors, each run for
               --seconds of wall time, --repeats times (interleaved: N = 1, 2, 4, 8, 1, 2, ...), beside
               single-process DQN on the same env: total actor env steps/s and learner updates/s over the run
               (result.json's env_steps and updates over its wall time; learning starts after 1,000 steps).
@@ -8,6 +8,9 @@
               operation: `add` (a block of 50 with priorities), `sample` (64 with importance weights),
               `update_priorities` (64): in the calling process (serial), and as a service of the local and ray
               backends (each operation a round trip from the coordinator, as the actors and the learner call it).
+  model       the costs of a scaling estimate, in one process: an actor's time per env step (acting, n-step
+              building, initial priorities, sending blocks), the learner's time per update (sample, update,
+              priorities back), and the actors one learner keeps up with at DQN's replay ratio.
   soak        one Ape-X DQN run on CartPole-v1 (--actors, --replay-shards, --backend) for --minutes with
               logging of resident memory (the run's processes: coordinator, actors, shards; and on ray, Ray's own
               processes) and, on ray, the object store's use (plasma MiB and objects) every --every seconds.
@@ -18,6 +21,7 @@ Results go to --out (JSON); one benchmark at a time (never two timed runs side b
 
     python benchmarks/apex.py throughput --out benchmarks/results/apex_throughput.json
     python benchmarks/apex.py replay --out benchmarks/results/apex_replay.json
+    python benchmarks/apex.py model --out benchmarks/results/apex_model.json
     python benchmarks/apex.py soak --minutes 30 --out benchmarks/results/apex_soak.json
 """
 
@@ -57,7 +61,7 @@ def save(out: Path, document: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ throughput
 def timed_run(workers: int | None, seconds: float, logdir: Path, name: str) -> dict[str, float]:
     """One CartPole-v1 DQN run for `seconds` (apex with `workers` actors, or single-process with None)."""
-    arch = [] if workers is None else ["--arch", "apex", "--workers", str(workers)]
+    arch = [] if workers is None else ["--arch", "apex", "--actors", str(workers)]
     command = [*RLFLEET, "train", "dqn", "--env", "CartPole-v1", *arch, "--steps", "100000000",
                "--time-limit", f"{seconds:g}", "--stop-return", "1e9", "--eval-every", "100000000",
                "--eval-episodes", "1", "--logdir", str(logdir), "--name", name, "--no-progress"]  # fmt: skip
@@ -154,6 +158,59 @@ def replay(args: argparse.Namespace) -> None:
         print(f"| {name} | {r['add']:,.0f} | {r['sample']:,.0f} | {r['update_priorities']:,.0f} |")
 
 
+# ------------------------------------------------------------------------------------------------ model
+def model(args: argparse.Namespace) -> None:
+    """The costs the scaling estimate is made of, in this process (no transport): an actor's time per env step
+    (acting ε-greedily, n-step building, initial priorities, one block sent to an in-process shard; CartPole-v1,
+    the default n_envs), the learner's time per update (sample a batch from a full shard, `DQN.update`, write the
+    priorities back), and from them how many actors one learner keeps up with at DQN's replay ratio."""
+    import gymnasium as gym
+    import torch
+
+    from rlfleet.algos import resolve
+    from rlfleet.arch.apex import Actor, ReplayShard, epsilon_ladder
+    from rlfleet.arch.parallel import WorkerSpec
+    from rlfleet.arch.shared import share_algo
+    from rlfleet.backends.shared_memory import IN_PROCESS, WeightVersion
+    from rlfleet.data.batch import Batch
+    from rlfleet.run.config import build_algo_config
+
+    torch.set_num_threads(1)
+    cfg, _ = build_algo_config("dqn", None, {})
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    learner = resolve("dqn")[0](cfg, *spaces, seed=0)
+    shard = ReplayShard(0, 0, args.capacity, cfg.alpha)
+    spec = WorkerSpec("dqn", cfg, "CartPole-v1", *spaces, seed=0, total_steps=10**9)
+    weights = WeightVersion(IN_PROCESS)
+    actor = Actor(spec, share_algo(learner), weights, [Direct(shard)], epsilon_ladder(3), BLOCK, 400, 1)
+    try:
+        while len(shard) < args.capacity:  # fill the shard (and warm up)
+            actor.produce(global_steps=0)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < args.seconds:
+            steps += actor.produce(global_steps=0).steps
+        actor_step_s = (time.perf_counter() - start) / steps
+    finally:
+        actor.close()
+    updates, start = 0, time.perf_counter()
+    while time.perf_counter() - start < args.seconds:
+        sampled = shard.sample(cfg.batch_size, 0.4)
+        out = learner.update(Batch(sampled.data))
+        shard.update_priorities(sampled.ids, out["priorities"])
+        updates += 1
+    update_s = (time.perf_counter() - start) / updates
+    ratio = cfg.gradient_steps / (cfg.train_freq * cfg.n_envs)  # updates per env step
+    actors_per_learner = (1 / update_s) / (ratio / actor_step_s)
+    document = {"machine": machine(), "actor_step_ms": actor_step_s * 1e3, "actor_env_steps_per_s": 1 / actor_step_s,
+                "learner_update_ms": update_s * 1e3, "learner_updates_per_s": 1 / update_s,
+                "updates_per_env_step": ratio, "actors_per_learner": actors_per_learner}  # fmt: skip
+    save(args.out, document)
+    for key, value in document.items():
+        if key != "machine":
+            print(f"{key}: {value:,.3f}")
+
+
 # ------------------------------------------------------------------------------------------------ soak
 def descendants(root: int) -> dict[int, str]:
     """{pid: name} of every live process below `root` (children, their children, ...)."""
@@ -164,7 +221,7 @@ def descendants(root: int) -> dict[int, str]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
@@ -196,8 +253,8 @@ def kind_of(cmd: str) -> str:
         return "actors"
     if cmd.startswith("ray::ServiceActor"):
         return "shards"
-    if cmd.startswith("ray::") or "/ray/" in cmd:
-        return "ray"
+    if cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
+        return "ray"  # Ray's servers, raylet, agents and Python helpers (dashboard, monitors)
     return "workers"  # local backend: actor and shard processes
 
 
@@ -239,7 +296,7 @@ def soak(args: argparse.Namespace) -> None:
     thread.start()
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            result = train("dqn", "CartPole-v1", arch="apex", workers=args.actors, replay_shards=args.replay_shards,
+            result = train("dqn", "CartPole-v1", arch="apex", actors=args.actors, replay_shards=args.replay_shards,
                            backend=args.backend, steps=10**9, time_limit=args.minutes * 60, stop_return=1e9,
                            eval_every=10**9, eval_episodes=1, logdir=tmp, name="soak", progress=False)  # fmt: skip
         finally:
@@ -275,6 +332,10 @@ def main() -> None:
     r.add_argument("--capacity", type=int, default=100_000)
     r.add_argument("--seconds", type=float, default=3.0)
     r.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_replay.json"))
+    m = sub.add_parser("model")
+    m.add_argument("--capacity", type=int, default=100_000)
+    m.add_argument("--seconds", type=float, default=10.0)
+    m.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_model.json"))
     s = sub.add_parser("soak")
     s.add_argument("--minutes", type=float, default=30.0)
     s.add_argument("--actors", type=int, default=3)
@@ -283,7 +344,7 @@ def main() -> None:
     s.add_argument("--every", type=float, default=15.0, help="seconds between memory samples")
     s.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_soak.json"))
     args = parser.parse_args()
-    {"throughput": throughput, "replay": replay, "soak": soak}[args.what](args)
+    {"throughput": throughput, "replay": replay, "model": model, "soak": soak}[args.what](args)
 
 
 if __name__ == "__main__":

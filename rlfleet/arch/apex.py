@@ -11,7 +11,7 @@ Who sends what to whom::
         │  └────────────────────────────────────────────────────────────────────────────────────────────┤
         └─────────────── published weights (+ version), read every K env steps ◀─────────────────────────┘
 
-- **Actors** (roles, `--workers N`): actor i has its own envs (the algorithm's `n_envs`) and algorithm object
+- **Actors** (roles, `--actors N`): actor i has its own envs (the algorithm's `n_envs`) and algorithm object
   and a fixed rung of the ladder ε_i = ε^(1 + α·i/(N−1)) (`epsilon_ladder`; ε = 0.4, α = 7 as in the paper; one
   actor: ε), set by the algorithm's `fix_exploration`: dqn acts ε-greedily with ε_i; ddpg and td3 add their
   exploration noise (gaussian or ou) with σ_i = `exploration_noise` · ε_i / ε, so actor 0 explores as a
@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
+from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, RoleOptions, Taken, WorkerSpec
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.batch import Batch
@@ -270,10 +270,12 @@ class Actor(Producer):
 
 
 @dataclass
-class ApexOptions(ParallelOptions):
-    """apex's options. `--workers` (2 by default, as for every multi-process architecture) is the number of actors,
-    each a role with its own envs (the algorithm's `n_envs`) and its own ε of the ladder."""
+class ApexOptions(RoleOptions):
+    """apex's options: the actors, each a role with its own envs (the algorithm's `n_envs`) and its own rung of
+    the exploration ladder, the replay shards, and the backend's options."""
 
+    actors: int = bounded(2, ge=1)
+    """N: actors, each a role with its own envs and its own rung of the exploration ladder."""
     replay_shards: int = bounded(1, ge=1)
     """Replay shards (services), each holding buffer_size / replay_shards transitions; actors send them blocks
     in turn, the learner samples them in turn."""
@@ -285,6 +287,11 @@ class ApexOptions(ParallelOptions):
     """ε of the exploration ladder ε_i = ε^(1 + α·i/(N−1)) (dqn's ε_i; ddpg and td3 scale their noise by ε_i / ε)."""
     epsilon_alpha: float = bounded(7.0, ge=0)
     """α of the exploration ladder (0: every actor explores with ε)."""
+
+    @property
+    def workers(self) -> int:
+        """The backend's name for the roles it starts: the actors."""
+        return self.actors
 
 
 class ApexRunner(ParallelRunner):
@@ -323,7 +330,7 @@ class ApexRunner(ParallelRunner):
         self.spec = self.worker_spec()
         self.start_backend()  # the counter: env steps of the blocks taken in
         acfg = self.algo_cfg
-        self.epsilons = epsilon_ladder(self.opts.workers, self.opts.epsilon, self.opts.epsilon_alpha)
+        self.epsilons = epsilon_ladder(self.opts.actors, self.opts.epsilon, self.opts.epsilon_alpha)
         self.ratio = acfg.gradient_steps / (acfg.train_freq * acfg.n_envs)  # updates per env step
         self.shard_maker = ShardMaker(acfg.buffer_size // self.opts.replay_shards, acfg.alpha, cfg.seed)
         self.services = None
@@ -337,7 +344,7 @@ class ApexRunner(ParallelRunner):
         self.next_shard = 0
         self.writes: list[list[Pending]] = [[] for _ in range(self.opts.replay_shards)]
         self.staleness: list[float] = []
-        self.actor_returns: list[list[float]] = [[] for _ in range(self.opts.workers)]  # since the last log line
+        self.actor_returns: list[list[float]] = [[] for _ in range(self.opts.actors)]  # since the last log line
         self.exploration: dict[int, float] = {}  # each actor's ε or σ, as it reported it
         self.added = 0  # transitions sent to the shards
         self.sampled = 0  # transitions the learner sampled
@@ -347,7 +354,7 @@ class ApexRunner(ParallelRunner):
         self.eval_envs = self.make_eval_envs()
         self._write_config(
             {
-                "workers": self.opts.workers,
+                "actors": self.opts.actors,
                 "replay_shards": self.opts.replay_shards,
                 "epsilons": self.epsilons,
                 "ahead": AHEAD,
@@ -481,7 +488,7 @@ class ApexRunner(ParallelRunner):
         returns: list[float] = []
         taken = 0
         caught_up = self.due() <= 0 or self.starved
-        limit = self.opts.workers * AHEAD if caught_up else 0  # behind: learn first (the blocks wait for it)
+        limit = self.opts.actors * AHEAD if caught_up else 0  # behind: learn first (the blocks wait for it)
         while taken < limit:
             report = pool.get_any(WAIT_S if taken == 0 else 0.001)
             if report is None:

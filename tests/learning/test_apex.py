@@ -20,12 +20,12 @@ pytestmark = pytest.mark.learning
 
 
 def test_apex_dqn_with_three_actors_solves_cartpole(run_opts):
-    result = train("dqn", "CartPole-v1", arch="apex", workers=3, steps=100_000, seed=0, eval_every=5_000, **run_opts)
+    result = train("dqn", "CartPole-v1", arch="apex", actors=3, steps=100_000, seed=0, eval_every=5_000, **run_opts)
     assert result["solved"], f"apex dqn: {result.result}"
     assert result["eval_return_mean"] >= 475  # over 10 greedy episodes (eval_episodes' default)
 
 
 def test_apex_td3_with_three_actors_solves_pendulum(run_opts):
-    result = train("td3", "Pendulum-v1", arch="apex", workers=3, steps=12_000, seed=0, eval_every=2_000, **run_opts)
+    result = train("td3", "Pendulum-v1", arch="apex", actors=3, steps=12_000, seed=0, eval_every=2_000, **run_opts)
     assert result["solved"], f"apex td3: {result.result}"
     assert result["eval_return_mean"] >= -250  # Pendulum-v1's solved return, over 10 greedy episodes

@@ -246,7 +246,7 @@ def test_ppo_solves_cartpole_on_two_allreduce_learners_as_ray_actors(run_opts):
 @pytest.mark.learning
 def test_apex_dqn_with_three_ray_actors_solves_cartpole(run_opts):
     """Ape-X: actors and replay shards as Ray actors (the shards are named services), the learner in the driver."""
-    result = train("dqn", "CartPole-v1", arch="apex", workers=3, backend="ray", steps=100_000, seed=0,
+    result = train("dqn", "CartPole-v1", arch="apex", actors=3, backend="ray", steps=100_000, seed=0,
                    eval_every=5_000, **run_opts)  # fmt: skip
     assert result["solved"], f"apex dqn with ray: {result.result}"
     assert result["eval_return_mean"] >= 475

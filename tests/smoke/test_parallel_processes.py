@@ -218,7 +218,7 @@ def test_apex_sigkilled_replay_shard_and_actor_are_restarted_and_the_run_solves(
     reported: each is reported and restarted (the shard empty, its data lost), and the run goes on to solve
     CartPole-v1 (475 over 10 greedy episodes; undisturbed runs solve at 30k-45k env steps)."""
     steps = 150_000
-    proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--workers", "2", "--replay-shards", "2",
+    proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--actors", "2", "--replay-shards", "2",
                  "--steps", str(steps), "--eval-every", "5000")  # fmt: skip
     sid, run = proc.pid, tmp_path / "r"
     try:
@@ -251,7 +251,7 @@ def test_apex_sigkilled_replay_shard_and_actor_are_restarted_and_the_run_solves(
 def test_apex_actors_and_shards_leave_with_the_learner(tmp_path, how):
     """Ctrl-C: the learner stops the actors and shards and saves a checkpoint; SIGKILL of the learner: they notice
     and exit by themselves."""
-    proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--workers", "2", "--replay-shards", "2",
+    proc = start(tmp_path, "dqn", "--env", "CartPole-v1", "--arch", "apex", "--actors", "2", "--replay-shards", "2",
                  "--steps", "10000000", "--stop-return", "1e9")  # fmt: skip
     sid, run = proc.pid, tmp_path / "r"
     try:

@@ -218,7 +218,7 @@ def test_priority_updates_skip_rows_overwritten_since_they_were_sampled():
 
 def test_learner_writes_priorities_back_to_the_rows_and_shard_the_batch_came_from(tmp_path, monkeypatch):
     cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
-                    options={"backend": "serial", "replay_shards": 2, "workers": 1},
+                    options={"backend": "serial", "replay_shards": 2, "actors": 1},
                     overrides={"batch_size": 8, "alpha": 1.0})  # fmt: skip
     runner = ApexRunner(cfg)
     try:
@@ -262,7 +262,7 @@ def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_pat
             "dqn",
             "CartPole-v1",
             arch="apex",
-            workers=3,
+            actors=3,
             replay_shards=2,
             backend="serial",
             steps=2_500,
@@ -302,7 +302,7 @@ def test_bad_apex_options_are_clear_errors(options, message, tmp_path):
 def test_a_resumed_run_keeps_the_learner_and_refills_the_replay_before_learning_again(tmp_path):
     """The replay is not saved: a resumed run learns again only once its actors have stored learning_starts
     transitions anew, from the saved learner (networks, optimizer, update count) and weight version."""
-    first = train("dqn", "CartPole-v1", arch="apex", workers=2, backend="serial", steps=2_000, stop_return=1e9,
+    first = train("dqn", "CartPole-v1", arch="apex", actors=2, backend="serial", steps=2_000, stop_return=1e9,
                   eval_every=2_000, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
     saved = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
     assert saved["apex"]["version"] == saved["algo"]["updates"] == first["updates"] > 0
@@ -319,7 +319,7 @@ def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_pa
     """With one shard restarted empty the learner owes updates it cannot make: the actors must still be let to
     send blocks (here: serial, so the learner must ask for them), else the run stalls for good."""
     cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
-                    options={"backend": "serial", "workers": 2}, overrides={"learning_starts": 300})  # fmt: skip
+                    options={"backend": "serial", "actors": 2}, overrides={"learning_starts": 300})  # fmt: skip
     runner = ApexRunner(cfg)
     stop = runner.backend.stop_flag()
     pool = runner.start_workers(stop, None)
@@ -342,7 +342,7 @@ def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_pa
 
 def test_actors_act_with_ever_newer_weights_and_their_returns_exploration_and_rates_are_logged(tmp_path, monkeypatch):
     cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False,
-                    options={"backend": "serial", "workers": 3, "sync_every": 100},
+                    options={"backend": "serial", "actors": 3, "sync_every": 100},
                     overrides={"learning_starts": 300})  # fmt: skip
     runner = ApexRunner(cfg)
     stop = runner.backend.stop_flag()
@@ -361,7 +361,7 @@ def test_actors_act_with_ever_newer_weights_and_their_returns_exploration_and_ra
         runner.stop_roles(stop, pool, runner.services)
         runner.eval_envs.close()
     monkeypatch.setattr(ApexRunner, "log_every", 300)  # log lines after learning starts (at 1,000 steps)
-    result = train("dqn", "CartPole-v1", arch="apex", workers=3, backend="serial", steps=1_500, stop_return=1e9,
+    result = train("dqn", "CartPole-v1", arch="apex", actors=3, backend="serial", steps=1_500, stop_return=1e9,
                    eval_every=1_500, eval_episodes=1, name="r", logdir=str(tmp_path), progress=False)  # fmt: skip
     with open(result.run_dir / "metrics.csv") as f:
         rows = [line.split(",") for line in f.read().splitlines()[1:]]
