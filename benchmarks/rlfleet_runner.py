@@ -47,7 +47,8 @@ from peers.common import (
     parse_run_args,
 )
 
-# a3c: hogwild with the CLI's default 2 worker processes
+# a3c: hogwild with the CLI's default 2 worker processes; apex-X: X on the apex architecture with 3 actors
+APEX_ACTORS = 3
 SUPPORTED = {(algo, env) for env, algos in ALGOS_BY_ENV.items() for algo in algos}
 ALGOS = sorted({algo for algo, _ in SUPPORTED})
 
@@ -72,8 +73,11 @@ def train(algo: str, env_id: str, seed: int, time_limit: float, steps: int | Non
                     "--time-limit", f"{time_limit:g}"]  # fmt: skip
     else:
         protocol = ["--steps", str(steps), "--eval-every", str(steps), "--stop-return", "1e9"]
+    arch = []
+    if algo.startswith("apex-"):
+        algo, arch = algo.removeprefix("apex-"), ["--arch", "apex", "--actors", str(APEX_ACTORS)]
     command = [
-        rlfleet_executable(), "train", algo,
+        rlfleet_executable(), "train", algo, *arch,
         "--env", env_id,
         "--seed", str(seed),
         *protocol,

@@ -54,6 +54,10 @@ UNSUPPORTED = {
     ("sb3", "pg", ENV_ID),  # SB3 has no vanilla policy gradient
     ("sb3", "a3c", ENV_ID),  # a3c (hogwild A2C) is rlfleet's only
     ("tianshou", "a3c", ENV_ID),
+    ("sb3", "apex-dqn", ENV_ID),  # Ape-X: rlfleet's only (RLlib dropped it)
+    ("tianshou", "apex-dqn", ENV_ID),
+    ("sb3", "apex-td3", CONTINUOUS_ENV_ID),
+    ("tianshou", "apex-td3", CONTINUOUS_ENV_ID),
     ("sb3", "a2c", CONTINUOUS_ENV_ID),  # no Pendulum-v1 settings in the peer runners
     ("sb3", "a3c", CONTINUOUS_ENV_ID),
     ("tianshou", "a2c", CONTINUOUS_ENV_ID),

@@ -29,7 +29,7 @@ separate envs (as rlfleet's evaluator does), batching the policy's forward passe
 SOLVED_RETURN = 475.0
 CONTINUOUS_ENV_ID = "Pendulum-v1"
 """Where the algorithms for Box actions only (ddpg, td3, sac) are timed: CartPole's actions are discrete."""
-CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
+CONTINUOUS_ALGOS = ("ddpg", "td3", "sac", "apex-td3")
 SPARSE_ENV_ID = "MountainCarContinuous-v0"
 """Where exploration is timed: +100 at a flag behind a run-up, −0.1 a² per step (rlfleet's per-env presets,
 rl-zoo3's entries for the same env)."""
@@ -42,12 +42,13 @@ MUJOCO_ENV_IDS = ("Hopper-v5", "HalfCheetah-v5")
 MUJOCO_ALGOS = ("sac", "ppo")
 RUNNER_ENV_IDS = (*ENV_IDS, *MUJOCO_ENV_IDS)
 ALGOS_BY_ENV = {
-    ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c"),
-    CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo", "a2c", "a3c"),
+    ENV_ID: ("ppo", "a2c", "dqn", "pg", "a3c", "apex-dqn"),
+    CONTINUOUS_ENV_ID: ("sac", "td3", "ddpg", "ppo", "a2c", "a3c", "apex-td3"),
     SPARSE_ENV_ID: ("td3", "sac", "ppo"),
     **{env: MUJOCO_ALGOS for env in MUJOCO_ENV_IDS},
 }
-"""The algorithms that can be run on each env (by rlfleet; the peers' runners cover subsets)."""
+"""The algorithms that can be run on each env (by rlfleet; the peers' runners cover subsets). ``apex-X``: algorithm X
+on rlfleet's Ape-X architecture with 3 actor processes (``--arch apex --actors 3``)."""
 DEFAULT_BUDGET_STEPS = 100_000
 """The fixed budget of the final-return benchmark, in env steps (counted over all parallel training envs)."""
 
