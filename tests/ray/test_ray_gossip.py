@@ -1,8 +1,14 @@
 """PALA: gossip learners as Ray actors, their parameters through a mailbox actor and the object store. With the
 learning rate 0 every round is exactly X ← P X (the round order holds through the mailbox actor); PALA-A2C with 4
-learners solves CartPole-v1."""
+learners solves CartPole-v1, also with one learner's actor SIGKILLed mid-run."""
 
 from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -40,3 +46,42 @@ def test_pala_a2c_with_four_ray_actor_learners_solves_cartpole(run_opts):
                    eval_every=4_000, **run_opts)  # fmt: skip
     assert result["solved"], f"a2c on gossip with ray: {result.result}"
     assert result["eval_return_mean"] >= 475
+
+
+def test_a_sigkilled_pala_learner_is_restarted_and_rejoins_from_its_in_neighbours(monkeypatch, run_opts, tmp_path):
+    """Learner 1 of four on the ring is SIGKILLed after five complete rounds. Its neighbours wait for it (learner 2
+    for its messages, learner 0 for its reads), so rounds go on only if its actor is restarted and rejoins the ring:
+    it takes the average of its in-neighbour (learner 0) from the mailbox actor, and rounds that all four learners
+    sent follow; the run solves CartPole or reaches its budget."""
+    rounds: list[int] = []
+    five_rounds = threading.Event()
+    average_round = GossipRunner.average_round
+
+    def record(self, round_, params):
+        rounds.append(round_)
+        if len(rounds) >= 5:
+            five_rounds.set()
+        average_round(self, round_, params)
+
+    monkeypatch.setattr(GossipRunner, "average_round", record)
+    run, killed = tmp_path / "killed", []
+
+    def kill_learner_1() -> None:
+        if five_rounds.wait(timeout=60):
+            pid = json.loads((run / "workers.json").read_text())["1"]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    killer = threading.Thread(target=kill_learner_1, daemon=True)
+    killer.start()
+    result = train("a2c", "CartPole-v1", arch="gossip", learners=4, backend="ray", steps=20_000, seed=0,
+                   state_every=1, eval_every=20_000, gossip_timeout_s=20.0, name="killed", **run_opts)  # fmt: skip
+    killer.join(timeout=1)
+    assert killed, f"no learner was killed (rounds averaged: {len(rounds)})"
+    log = (run / "workers.log").read_text()
+    assert "worker 1 died" in log and "restarting it (from the average of its in-neighbours" in log, log
+    rejoined = re.search(r"learner 1: restarted from the average of learners 0 \(round (\d+)\)", log)
+    assert rejoined, log
+    after = [r for r in rounds if r > int(rejoined[1])]
+    assert len(after) >= 5, f"rounds all four learners sent after the rejoin: {after}"
+    assert result["solved"] or result["stopped_by"] == "steps", result.result
