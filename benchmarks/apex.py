@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import cpu_model
+from harness import RESULTS, cpu_model
 
 RLFLEET = [sys.executable, "-m", "rlfleet.cli"]
 BLOCK, BATCH = 50, 64
@@ -68,7 +68,10 @@ def timed_run(workers: int | None, seconds: float, logdir: Path, name: str) -> d
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = json.loads((logdir / name / "result.json").read_text())
     wall = float(result["wall_time_s"])
-    return {"env_steps_per_s": result["env_steps"] / wall, "updates_per_s": result["updates"] / wall, "wall_s": wall}
+    updates = result["updates"]
+    if workers is None:  # a single-process run counts training phases, each `gradient_steps` updates
+        updates *= json.loads((logdir / name / "config.json").read_text())["algo"]["gradient_steps"]
+    return {"env_steps_per_s": result["env_steps"] / wall, "updates_per_s": updates / wall, "wall_s": wall}
 
 
 def throughput(args: argparse.Namespace) -> None:
@@ -327,22 +330,22 @@ def main() -> None:
     t.add_argument("--actors", default="1,2,4,8")
     t.add_argument("--seconds", type=float, default=40.0)
     t.add_argument("--repeats", type=int, default=3)
-    t.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_throughput.json"))
+    t.add_argument("--out", type=Path, default=RESULTS / "apex_throughput.json")
     r = sub.add_parser("replay")
     r.add_argument("--capacity", type=int, default=100_000)
     r.add_argument("--seconds", type=float, default=3.0)
-    r.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_replay.json"))
+    r.add_argument("--out", type=Path, default=RESULTS / "apex_replay.json")
     m = sub.add_parser("model")
     m.add_argument("--capacity", type=int, default=100_000)
     m.add_argument("--seconds", type=float, default=10.0)
-    m.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_model.json"))
+    m.add_argument("--out", type=Path, default=RESULTS / "apex_model.json")
     s = sub.add_parser("soak")
     s.add_argument("--minutes", type=float, default=30.0)
     s.add_argument("--actors", type=int, default=3)
     s.add_argument("--replay-shards", type=int, default=2)
     s.add_argument("--backend", default="ray", choices=("local", "ray"))
     s.add_argument("--every", type=float, default=15.0, help="seconds between memory samples")
-    s.add_argument("--out", type=Path, default=Path("benchmarks/results/apex_soak.json"))
+    s.add_argument("--out", type=Path, default=RESULTS / "apex_soak.json")
     args = parser.parse_args()
     {"throughput": throughput, "replay": replay, "model": model, "soak": soak}[args.what](args)
 

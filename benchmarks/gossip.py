@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import cpu_model
+from harness import RESULTS, cpu_model
 
 RLFLEET = [sys.executable, "-m", "rlfleet.cli"]
 SHARES = ("compute", "wait", "average")
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=4_000)
     parser.add_argument("--time-limit", type=float, default=180.0, help="wall-clock s per run")
     parser.add_argument("--no-pala", action="store_true", help="skip the Ray runs")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gossip.json"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "gossip.json")
     args = parser.parse_args()
     ks = [int(k) for k in args.learners.split(",")]
     configs = ["a2c", "a3c", *(f"gala-{k}" for k in ks), *([] if args.no_pala else [f"pala-{k}" for k in ks])]
