@@ -240,7 +240,7 @@ def test_algo_modules_are_the_networks():
         ({"algo": "a3c", "workers": 0}, "--workers"),
         ({"algo": "a3c", "optimizer": "adagrad"}, "unknown optimizer"),
         ({"algo": "a3c", "optimizer": "sgd"}, "'sgd' is now 'momentum_sgd'.*10x the learning rate"),  # renamed
-        ({"algo": "a3c", "arch": "gossip"}, "unknown architecture"),
+        ({"algo": "a3c", "arch": "impala"}, "unknown architecture .impala.; choose one of.*gossip"),
         ({"algo": "ppo", "arch": "hogwild"}, "ppo's update takes 10 epoch.*one gradient per segment.*data_parallel"),
     ],
 )
