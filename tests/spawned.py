@@ -150,7 +150,8 @@ def allreduce_learner(rank, rendezvous, cases, out):
     from functools import partial
 
     from rlfleet.algos.common import minibatch_epochs, optimize, set_gradient_hook
-    from rlfleet.arch.allreduce import LearnerGroup, load_state, pack_state
+    from rlfleet.arch.allreduce import LearnerGroup
+    from rlfleet.arch.shared import load_state, pack_state
 
     torch.set_num_threads(1)
     group = LearnerGroup(rendezvous, rank)

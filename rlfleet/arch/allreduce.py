@@ -45,7 +45,6 @@ item a pass (`coordinate`), and lets the store go when the run ends (`shut_down`
 
 from __future__ import annotations
 
-import io
 import ipaddress
 import os
 import re
@@ -62,7 +61,7 @@ import torch.distributed as dist
 
 from rlfleet.algos.common import set_gradient_hook
 from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
-from rlfleet.arch.shared import algo_modules
+from rlfleet.arch.shared import load_state, pack_state
 from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.fields import bounded
 from rlfleet.run.config import ConfigError
@@ -75,23 +74,6 @@ JOIN_WAIT_S = 1.0  # the longest a learner's produce call waits for its group (t
 
 class GroupBroken(RuntimeError):
     """A collective of the learners' group failed, or the group did not form: a peer died or hung."""
-
-
-def pack_state(algo) -> bytes:
-    """What makes learners identical: every network's state (parameters and buffers: targets, clocks) and the
-    optimizer's, serialised by `torch.save` (read back with `weights_only=True`)."""
-    buffer = io.BytesIO()
-    modules = {name: module.state_dict() for name, module in algo_modules(algo).items()}
-    torch.save({"modules": modules, "optimizer": algo.optimizer.state_dict()}, buffer)
-    return buffer.getvalue()
-
-
-def load_state(algo, data: bytes) -> None:
-    """Load what `pack_state` wrote into `algo` (in place: shared networks stay shared)."""
-    state = torch.load(io.BytesIO(data), weights_only=True)
-    for name, module in algo_modules(algo).items():
-        module.load_state_dict(state["modules"][name])
-    algo.optimizer.load_state_dict(state["optimizer"])
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.arch.allreduce import load_state, pack_state
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, WorkerActor, WorkerSpec
-from rlfleet.arch.shared import algo_modules, trainable_params
+from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.backends.mailboxes import Mailboxes
 from rlfleet.fields import bounded
@@ -233,16 +232,6 @@ def consensus_distance(params: np.ndarray) -> float:
 
 
 # --------------------------------------------------------------------------------------------------- learners
-def pack(state: dict) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-def unpack(data: bytes) -> dict:
-    return torch.load(io.BytesIO(data), weights_only=True)
-
-
 @dataclass
 class GossipSpec(WorkerSpec):
     """A learner's `WorkerSpec`, and what it gossips with."""
@@ -517,14 +506,16 @@ class GossipRunner(ParallelRunner):
 
     # ----------------------------------------------------------------------------------------- state
     def _extra_state(self) -> dict[str, Any]:
-        states = [unpack(s) if s is not None else None for s in self.states]
+        states = [from_bytes(s) if s is not None else None for s in self.states]
         return {"learners": states, "learner_rounds": list(self.state_rounds), "round": self.round}
 
     def _restore_extra(self, saved: dict[str, Any]) -> None:
         learners = saved.get("learners") or []
         own = pack_state(self.algo)  # the averaged model, for a learner whose state never reached a checkpoint
-        self.spec.initial_states = [pack(s) if s is not None else own for s in learners] or [own] * self.opts.learners
-        self.states = [pack(s) if s is not None else None for s in learners] or self.states
+        self.spec.initial_states = [to_bytes(s) if s is not None else own for s in learners] or [
+            own
+        ] * self.opts.learners
+        self.states = [to_bytes(s) if s is not None else None for s in learners] or self.states
         self.state_rounds = list(saved.get("learner_rounds", self.state_rounds))
         self.round = int(saved.get("round", -1))
         self.spec.start_round = max([self.round, *self.state_rounds]) + 1

@@ -10,6 +10,8 @@ writer may change them.
 
 from __future__ import annotations
 
+import io
+
 import torch
 from torch import nn
 
@@ -83,3 +85,29 @@ class LocalCopy:
         """Point each shared parameter's `.grad` at the local gradient (no copy; this process only)."""
         for lp, sp in self.pairs:
             sp.grad = lp.grad
+
+
+def to_bytes(state: dict) -> bytes:
+    """A state dict serialised by `torch.save` (read back with `from_bytes`, `weights_only=True`)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> dict:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def pack_state(algo) -> bytes:
+    """What makes learners identical: every network's state (parameters and buffers: targets, clocks) and the
+    optimizer's, serialised (`to_bytes`)."""
+    modules = {name: module.state_dict() for name, module in algo_modules(algo).items()}
+    return to_bytes({"modules": modules, "optimizer": algo.optimizer.state_dict()})
+
+
+def load_state(algo, data: bytes) -> None:
+    """Load what `pack_state` wrote into `algo` (in place: shared networks stay shared)."""
+    state = from_bytes(data)
+    for name, module in algo_modules(algo).items():
+        module.load_state_dict(state["modules"][name])
+    algo.optimizer.load_state_dict(state["optimizer"])

@@ -16,7 +16,6 @@ import torch
 
 from rlfleet.algos.a2c import A2C
 from rlfleet.algos.a2c import Config as A2CConfig
-from rlfleet.arch.allreduce import load_state, pack_state
 from rlfleet.arch.gossip import (
     GossipLearner,
     GossipRunner,
@@ -28,7 +27,7 @@ from rlfleet.arch.gossip import (
     exponential_matrices,
     ring_matrix,
 )
-from rlfleet.arch.shared import algo_modules, trainable_params
+from rlfleet.arch.shared import algo_modules, load_state, pack_state, trainable_params
 from rlfleet.backends.base import SPAWN
 from rlfleet.backends.mailboxes import SharedMailboxes
 from rlfleet.backends.shared_memory import StepCounter
