@@ -512,9 +512,8 @@ class GossipRunner(ParallelRunner):
     def _restore_extra(self, saved: dict[str, Any]) -> None:
         learners = saved.get("learners") or []
         own = pack_state(self.algo)  # the averaged model, for a learner whose state never reached a checkpoint
-        self.spec.initial_states = [to_bytes(s) if s is not None else own for s in learners] or [
-            own
-        ] * self.opts.learners
+        initial = [to_bytes(s) if s is not None else own for s in learners]
+        self.spec.initial_states = initial or [own] * self.opts.learners
         self.states = [to_bytes(s) if s is not None else None for s in learners] or self.states
         self.state_rounds = list(saved.get("learner_rounds", self.state_rounds))
         self.round = int(saved.get("round", -1))
