@@ -25,15 +25,16 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    POLICY_ACTIONS,
     SDEOptions,
     action_bounds,
+    check_action_space,
     clip_norm,
     current_lr,
     make_optimizer,
     optimize,
     policy_actions,
     policy_step,
-    require_discrete_or_box,
     sequence_batch,
     set_lr,
     state_values,
@@ -41,11 +42,12 @@ from rlfleet.algos.common import (
     unroll_sequences,
 )
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
+from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
@@ -182,11 +184,12 @@ class A2C:
     """Advantage actor-critic with a categorical or Gaussian policy and an optional LSTM core."""
 
     data = "rollout"
+    action_spaces = POLICY_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        action_space = require_discrete_or_box(action_space, "a2c")
+        action_space = check_action_space(action_space, "a2c", self.action_spaces)
         self.cfg = cfg
-        image = len(obs_space.shape or ()) == 3
+        image = has_image(obs_space)
         self.model = ActorCritic(
             obs_space,
             action_space,
@@ -208,7 +211,7 @@ class A2C:
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         draws = None
         if explore and self.model.sde:  # gSDE: this step's noise matrices, one per env
-            draws = self.sde_matrices.next(self.model.policy.noise, len(obs), self.rng)
+            draws = self.sde_matrices.next(self.model.policy.noise, obs_len(obs), self.rng)
         action, _, value, state = policy_step(self.model, obs, explore, self.rng, state, draws)
         extras = {"value": value}
         return to_env_actions(action, extras, self.bounds), extras, state

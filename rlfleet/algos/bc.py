@@ -20,11 +20,11 @@ import torch
 
 from rlfleet.algos.common import (
     action_bounds,
+    check_action_space,
     linear,
     make_optimizer,
     optimize,
     policy_step,
-    require_discrete_or_box,
     set_lr,
     to_env_actions,
 )
@@ -70,9 +70,10 @@ class BC:
     """Behaviour cloning: a classifier (Discrete) or regressor in [-1, 1] (Box) of the demonstrated actions."""
 
     data = "dataset"
+    action_spaces = ("Discrete", "Box")
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        action_space = require_discrete_or_box(action_space, "bc")
+        action_space = check_action_space(action_space, "bc", self.action_spaces)
         self.cfg = cfg
         self.model = ActorCritic(obs_space, action_space, cfg.encoder, cfg.hidden, cfg.activation, critic=False)
         self.bounds = action_bounds(action_space)

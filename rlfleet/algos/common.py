@@ -12,10 +12,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.fields import bounded
-from rlfleet.nets.fast import gaussian_log_prob, log_softmax, sample_categorical, sample_gaussian
+from rlfleet.nets.fast import (
+    discrete_actions,
+    gaussian_log_prob,
+    sample_gaussian,
+)
 from rlfleet.nets.recurrent import LSTMCore
 
 
@@ -86,50 +90,42 @@ class UnsupportedSpaceError(ValueError):
     """An algorithm was given an action or observation space it cannot handle."""
 
 
-def require_discrete(action_space: gym.Space, algo: str) -> int:
-    """Number of actions of a Discrete space, or a clear error naming the algorithm and the space."""
-    if not isinstance(action_space, gym.spaces.Discrete):
+DISCRETE_ACTIONS = ("Discrete",)
+BOX_ACTIONS = ("Box",)
+POLICY_ACTIONS = ("Discrete", "MultiDiscrete", "MultiBinary", "Box")
+"""The action spaces the policy-gradient family takes (pg, a2c, a3c, ppo): categorical, factorised categorical,
+Bernoulli and Gaussian policies."""
+OBSERVATION_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
+"""The observation spaces every algorithm takes (`rlfleet.nets.encoders`)."""
+_ACTION_WORDS = {DISCRETE_ACTIONS: "discrete (Discrete)", BOX_ACTIONS: "continuous (1-D Box)"}
+
+
+def check_action_space(action_space: gym.Space, algo: str, kinds: Sequence[str]) -> gym.Space:
+    """The space itself if it is one of `kinds` (names of Gymnasium spaces; `MultiDiscrete`, `MultiBinary` and `Box`
+    1-D, a `Box` of floats); otherwise an `UnsupportedSpaceError` naming the algorithm, the space and the
+    algorithms that take it."""
+    kind = type(action_space).__name__
+    if kind not in kinds:
+        words = _ACTION_WORDS.get(tuple(kinds), ", ".join(kinds[:-1]) + f" or 1-D {kinds[-1]}")
+        takers = algorithms_taking(kind)
+        hint = f"algorithms for {kind} actions: {', '.join(takers)}" if takers else "no algorithm takes it"
         raise UnsupportedSpaceError(
-            f"algorithm {algo!r} needs a discrete action space, but the env has {action_space}; "
-            "use an algorithm for continuous actions or a discrete env"
+            f"algorithm {algo!r} takes {words} actions, but the env has {action_space}; {hint} (see `rlfleet spaces`)"
         )
-    return int(action_space.n)
-
-
-def require_discrete_or_box(action_space: gym.Space, algo: str) -> gym.Space:
-    """The space itself if it is Discrete or a 1-D float Box with finite bounds; otherwise a clear error."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return action_space
-    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        if not np.issubdtype(action_space.dtype, np.floating):
-            raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
-        return action_space
-    raise UnsupportedSpaceError(
-        f"algorithm {algo!r} handles Discrete or 1-D Box action spaces, but the env has {action_space}; "
-        "flatten the action space or use another env"
-    )
-
-
-def require_box(action_space: gym.Space, algo: str) -> int:
-    """Number of action dimensions of a 1-D float Box space, or a clear error naming the algorithm and the space."""
-    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        raise UnsupportedSpaceError(
-            f"algorithm {algo!r} needs a continuous (1-D Box) action space, but the env has {action_space}; "
-            "use an algorithm for discrete actions (dqn, ppo, ...) or a continuous env"
-        )
-    if not np.issubdtype(action_space.dtype, np.floating):
+    if kind != "Discrete" and len(action_space.shape) != 1:
+        raise UnsupportedSpaceError(f"algorithm {algo!r} takes 1-D {kind} actions, but the env has {action_space}")
+    if kind == "Box" and not np.issubdtype(action_space.dtype, np.floating):
         raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
-    return int(action_space.shape[0])
+    if np.any(getattr(action_space, "start", 0) != 0):
+        raise UnsupportedSpaceError(f"algorithm {algo!r} takes actions that start at 0, but the env has {action_space}")
+    return action_space
 
 
-def flat_obs_dim(obs_space: gym.Space, algo: str) -> int:
-    """Size of a Box observation flattened (what an MLP on [s, a] takes), or a clear error for other spaces."""
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise UnsupportedSpaceError(
-            f"algorithm {algo!r} needs Box observations, but the env has {obs_space}; "
-            "flatten it with gymnasium.wrappers.FlattenObservation"
-        )
-    return int(np.prod(obs_space.shape))
+def algorithms_taking(kind: str) -> list[str]:
+    """The registered algorithms whose `action_spaces` hold the space named `kind`."""
+    from rlfleet.algos import REGISTRY, resolve
+
+    return [name for name in sorted(REGISTRY) if kind in resolve(name)[0].action_spaces]
 
 
 class ActionBounds:
@@ -297,7 +293,8 @@ def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator,
     Feed-forward MLP policies run in NumPy (see `rlfleet.nets.fast`); CNN and LSTM ones in PyTorch
     (an LSTM one step from `state`, None meaning zeros; feed-forward models pass `state` through).
     Exploring samples the policy with `rng`; otherwise a categorical policy takes its most probable action
-    and a Gaussian its mean. Gaussian actions are float32 `[B, A]` in the policy's normalised space. A gSDE
+    (each factor of a factorised one its own, each bit of a Bernoulli one its likelier value) and a Gaussian
+    its mean. Gaussian actions are float32 `[B, A]` in the policy's normalised space. A gSDE
     policy (`model.sde`) explores with the noise θᵀ z(s) of the noise matrices whose standard normal draws
     are `sde_draws` `[B, F, A]` (see `StateDependentNoise`).
     """
@@ -324,22 +321,20 @@ def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator,
             return (*sample_gaussian(mean, log_std, rng), value, state)
         mean = mean.astype(np.float32)
         return mean, gaussian_log_prob(mean, mean, log_std), value, state
-    if explore:
-        return (*sample_categorical(params, rng), value, state)
-    actions = params.argmax(-1)
-    return actions, log_softmax(params)[np.arange(len(actions)), actions], value, state
+    sizes = model.policy.sizes if model.action_kind == "multi_categorical" else None
+    return (*discrete_actions(model.action_kind, params, explore, rng, sizes), value, state)
 
 
 def state_values(model, obs: np.ndarray, state=None) -> np.ndarray:
     """V(obs) of an ActorCritic as a NumPy array (zeros without a critic); an LSTM one continues from `state`."""
     if model.core is not None:
         if model.value_head is None:
-            return np.zeros(len(obs), dtype=np.float32)
+            return np.zeros(obs_len(obs), dtype=np.float32)
         with torch.inference_mode():
             return model.unroll(obs_tensor(obs), state)[1].numpy()
     fast = model.numpy_forward(obs)
     if fast is not None:
-        return fast[1] if fast[1] is not None else np.zeros(len(obs), dtype=np.float32)
+        return fast[1] if fast[1] is not None else np.zeros(obs_len(obs), dtype=np.float32)
     with torch.inference_mode():
         return model.value(obs_tensor(obs)).numpy()
 
@@ -369,7 +364,7 @@ def unroll_sequences(model, b: Batch):
     def time_major(x: torch.Tensor) -> torch.Tensor:
         return x.transpose(0, 1)
 
-    dist, value, _ = model.unroll(time_major(b.obs), (b.h0, b.c0), time_major(b.starts))
+    dist, value, _ = model.unroll(map_obs(time_major, b.obs), (b.h0, b.c0), time_major(b.starts))
     rest = Batch({k: v for k, v in b.items() if k not in ("obs", "starts", "h0", "c0")})
     steps = rest.apply(lambda x: time_major(x).reshape(-1, *x.shape[2:]))
     return dist, value, steps
@@ -418,7 +413,12 @@ def soft_update(target: Sequence[torch.Tensor], source: Sequence[torch.Tensor], 
         torch._foreach_lerp_(list(target), list(source), tau)
 
 
-def obs_tensor(obs: np.ndarray) -> torch.Tensor:
-    """Zero-copy view of a NumPy observation batch (floats as float32, images stay uint8)."""
-    t = torch.as_tensor(obs)
-    return t.float() if t.dtype == torch.float64 else t
+def obs_tensor(obs: np.ndarray | dict[str, np.ndarray]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Zero-copy view of a NumPy observation batch (floats as float32, images stay uint8); a dict of them for a
+    dict one."""
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        t = torch.as_tensor(x)
+        return t.float() if t.dtype == torch.float64 else t
+
+    return map_obs(tensor, obs)

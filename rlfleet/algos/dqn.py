@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from rlfleet.algos.common import (
+    DISCRETE_ACTIONS,
     PriorityOptions,
+    check_action_space,
     epsilon_greedy,
     hard_update,
     linear,
@@ -38,9 +40,8 @@ from rlfleet.algos.common import (
     obs_tensor,
     optimize,
     q_values,
-    require_discrete,
 )
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, cat_obs, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs.normalize import NormOptions
@@ -142,9 +143,10 @@ class DQN:
     """Deep Q-network over a replay buffer."""
 
     data = "replay"
+    action_spaces = DISCRETE_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        require_discrete(action_space, "dqn")
+        check_action_space(action_space, "dqn", self.action_spaces)
         if cfg.target_update_every < 1 or cfg.batch_size < 1:
             raise ValueError("target_update_every and batch_size must be >= 1")
         if cfg.lstm < 0 or cfg.burn_in < 0 or cfg.train_len < 1:
@@ -201,7 +203,7 @@ class DQN:
         b = batch.to_torch()
         n = len(b.act)
         if self.cfg.double:  # one pass of the online net over s and s' (it picks the next action)
-            q_all = self.q(torch.cat([b.obs, b.next_obs]))
+            q_all = self.q(cat_obs(b.obs, b.next_obs))
             q_next_online = q_all[n:].detach()
         else:
             q_all = self.q(b.obs)
@@ -225,7 +227,8 @@ class DQN:
             batch.rew[:, burn:], batch.terminated[:, burn:], batch.truncated[:, burn:], self.cfg.n_step, self.cfg.gamma
         )
         b = batch.to_torch()
-        obs, next_obs, starts = (x.transpose(0, 1) for x in (b.obs, b.next_obs, b.starts))  # time-major
+        obs, next_obs = (map_obs(lambda x: x.transpose(0, 1), o) for o in (b.obs, b.next_obs))  # time-major
+        starts = b.starts.transpose(0, 1)
         state = (b.h0, b.c0) if "h0" in b else None
         with torch.no_grad():
             _, (th, tc) = self.q_target.unroll(obs, state, starts)
@@ -236,7 +239,7 @@ class DQN:
         q = q_all.gather(2, b.act[:, burn:].T.long().unsqueeze(2)).squeeze(2).T  # [B, train_len]
         with torch.no_grad():
             # Q at each step's next observation, one step on from the state after that step
-            nxt = next_obs[burn:].flatten(0, 1)
+            nxt = map_obs(lambda x: x.flatten(0, 1), next_obs[burn:])
             next_q_target = self.q_target.unroll(nxt, (th[burn:].flatten(0, 1), tc[burn:].flatten(0, 1)))[0]
             if self.cfg.double:
                 next_q_online = self.q.unroll(nxt, (h.flatten(0, 1), c.flatten(0, 1)))[0]

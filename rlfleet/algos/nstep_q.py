@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    DISCRETE_ACTIONS,
     SyncClock,
+    check_action_space,
     clip_norm,
     current_lr,
     epsilon_greedy,
@@ -38,11 +40,10 @@ from rlfleet.algos.common import (
     make_optimizer,
     optimize,
     q_values,
-    require_discrete,
     sample_final_epsilons,
     set_lr,
 )
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
@@ -116,11 +117,12 @@ class NStepQ:
     """Segment-based Q-learning / Sarsa with a target network and per-env ε."""
 
     data = "rollout"
+    action_spaces = DISCRETE_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
         if cfg.target not in TARGETS:
             raise ValueError(f"unknown target {cfg.target!r}; choose one of {TARGETS}")
-        require_discrete(action_space, cfg.target)
+        check_action_space(action_space, cfg.target, self.action_spaces)
         self.cfg = cfg
         self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
@@ -161,7 +163,7 @@ class NStepQ:
         if c.target == "nstep_q":
             y = discounted_returns(d.rew, d.terminated, d.truncated, segment.last_value, c.gamma, d.bootstrap)
         else:
-            flat_obs = d.obs.reshape(-1, *d.obs.shape[2:])
+            flat_obs = map_obs(lambda x: x.reshape(-1, *x.shape[2:]), d.obs)
             actions = d.act.reshape(-1) if c.target == "sarsa" else None
             values = self._target_values(flat_obs, actions).reshape(d.rew.shape)
             y = td_targets(d.rew, values, d.terminated, d.truncated, segment.last_value, c.gamma, d.bootstrap)

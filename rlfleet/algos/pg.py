@@ -18,14 +18,15 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    POLICY_ACTIONS,
     action_bounds,
+    check_action_space,
     clip_norm,
     current_lr,
     make_optimizer,
     minibatch_epochs,
     policy_actions,
     policy_step,
-    require_discrete_or_box,
     state_values,
     to_env_actions,
 )
@@ -34,6 +35,7 @@ from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
+from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 
 
@@ -82,11 +84,12 @@ class PG:
     """Policy gradient with Monte-Carlo returns."""
 
     data = "rollout"
+    action_spaces = POLICY_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        action_space = require_discrete_or_box(action_space, "pg")
+        action_space = check_action_space(action_space, "pg", self.action_spaces)
         self.cfg = cfg
-        image = len(obs_space.shape or ()) == 3
+        image = has_image(obs_space)
         self.model = ActorCritic(
             obs_space,
             action_space,

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    POLICY_ACTIONS,
     SDEOptions,
     action_bounds,
+    check_action_space,
     clip_norm,
     current_lr,
     linear,
@@ -29,7 +31,6 @@ from rlfleet.algos.common import (
     minibatch_epochs,
     policy_actions,
     policy_step,
-    require_discrete_or_box,
     sequence_batch,
     set_lr,
     state_values,
@@ -37,11 +38,12 @@ from rlfleet.algos.common import (
     unroll_sequences,
 )
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
+from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
 
@@ -158,13 +160,14 @@ class PPO:
     """Clipped-surrogate PPO with a categorical or Gaussian policy and an optional LSTM core."""
 
     data = "rollout"
+    action_spaces = POLICY_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        action_space = require_discrete_or_box(action_space, "ppo")
+        action_space = check_action_space(action_space, "ppo", self.action_spaces)
         if cfg.minibatch_size < 1 or cfg.epochs < 1:
             raise ValueError("minibatch_size and epochs must be >= 1")
         self.cfg = cfg
-        image = len(obs_space.shape or ()) == 3
+        image = has_image(obs_space)
         self.model = ActorCritic(
             obs_space,
             action_space,
@@ -187,7 +190,7 @@ class PPO:
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         draws = None
         if explore and self.model.sde:  # gSDE: this step's noise matrices, one per env
-            draws = self.sde_matrices.next(self.model.policy.noise, len(obs), self.rng)
+            draws = self.sde_matrices.next(self.model.policy.noise, obs_len(obs), self.rng)
         action, logp, value, state = policy_step(self.model, obs, explore, self.rng, state, draws)
         extras = {"value": value, "logp": logp.astype(np.float32)}
         return to_env_actions(action, extras, self.bounds), extras, state

@@ -31,18 +31,18 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import (
+    BOX_ACTIONS,
     ActionBounds,
     ReplayOptions,
-    flat_obs_dim,
+    check_action_space,
     make_optimizer,
     optimize,
-    require_box,
     soft_update,
     to_env_actions,
     uniform_actions,
 )
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, cat_obs, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
@@ -115,10 +115,11 @@ class SAC:
     """Squashed Gaussian policy, twin Q(s, a) critics with Polyak targets and a tuned temperature, over replay."""
 
     data = "replay"
+    action_spaces = BOX_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        self.act_dim = require_box(action_space, "sac")
-        obs_dim = flat_obs_dim(obs_space, "sac")
+        self.act_dim = int(check_action_space(action_space, "sac", self.action_spaces).shape[0])
+        obs_dim = obs_space  # any space: the networks take it through a FlatInput
         if cfg.batch_size < 1 or not 0.0 < cfg.tau <= 1.0 or cfg.alpha <= 0:
             raise ValueError("batch_size must be >= 1, tau in (0, 1] and alpha > 0")
         self.cfg = cfg
@@ -152,11 +153,11 @@ class SAC:
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         if explore and self.env_steps < self.cfg.random_steps:
-            raw = uniform_actions(len(obs), self.act_dim, self.rng)
+            raw = uniform_actions(obs_len(obs), self.act_dim, self.rng)
         else:
             draws = None
             if explore and self.actor.noise is not None:  # gSDE: this step's noise matrices, one per env
-                draws = self.sde_matrices.next(self.actor.noise, len(obs), self.rng)
+                draws = self.sde_matrices.next(self.actor.noise, obs_len(obs), self.rng)
             raw = self.actor.numpy_act(obs, explore, self.rng, draws)  # greedy: tanh of the mean
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
@@ -181,7 +182,7 @@ class SAC:
         b = batch.to_torch()
         n = len(act)
         alpha = self.log_alpha.detach().exp()
-        actions, logp = self.actor.sample(torch.cat([b.obs, b.next_obs]))
+        actions, logp = self.actor.sample(cat_obs(b.obs, b.next_obs))
         y = self.td_target(b, actions[n:].detach(), logp[n:].detach(), alpha)
         q = self.critic(b.obs, act)  # [2, B]
         critic_loss = 0.5 * (q - y).pow(2).mean(1).sum()

@@ -25,20 +25,20 @@ import numpy as np
 import torch
 
 from rlfleet.algos.common import (
+    BOX_ACTIONS,
     ActionBounds,
     PriorityOptions,
     ReplayOptions,
-    flat_obs_dim,
+    check_action_space,
     make_optimizer,
     make_replay_buffer,
     optimize,
-    require_box,
     soft_update,
     to_env_actions,
     uniform_actions,
 )
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded, checked, one_of
@@ -112,10 +112,11 @@ class TD3:
     """Deterministic actor, twin Q(s, a) critics, delayed policy updates and smoothed targets, over replay."""
 
     data = "replay"
+    action_spaces = BOX_ACTIONS
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
-        self.act_dim = require_box(action_space, "td3")
-        obs_dim = flat_obs_dim(obs_space, "td3")
+        self.act_dim = int(check_action_space(action_space, "td3", self.action_spaces).shape[0])
+        obs_dim = obs_space  # any space: the networks take it through a FlatInput
         if cfg.batch_size < 1 or cfg.policy_delay < 1 or not 0.0 < cfg.tau <= 1.0:
             raise ValueError("batch_size and policy_delay must be >= 1 and tau in (0, 1]")
         self.cfg = cfg
@@ -142,7 +143,7 @@ class TD3:
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         if explore and self.env_steps < self.cfg.random_steps:
-            raw = uniform_actions(len(obs), self.act_dim, self.rng)
+            raw = uniform_actions(obs_len(obs), self.act_dim, self.rng)
         else:
             raw = self.actor.numpy_act(obs)
             if explore:

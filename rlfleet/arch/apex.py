@@ -69,7 +69,7 @@ import numpy as np
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, RoleOptions, Taken, WorkerSpec
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import NStepBuilder
 from rlfleet.data.segment_tree import MinTree, SumTree
 from rlfleet.fields import bounded
@@ -137,15 +137,22 @@ class ReplayShard:
         Returns the transitions held."""
         n = len(block["rew"])
         keep = min(n, self.capacity)  # a block larger than the ring keeps its newest rows
-        block = {key: np.asarray(block[key])[n - keep :] for key in FIELDS}
+        block = {key: map_obs(lambda v: np.asarray(v)[n - keep :], block[key]) for key in FIELDS}
         priorities = np.asarray(priorities).reshape(-1)
         if priorities.size != n:
             raise ValueError(f"{priorities.size} priorities for a block of {n} transitions")
         if self.storage is None:
-            self.storage = {key: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for key, v in block.items()}
+            self.storage = {
+                key: map_obs(lambda v: np.zeros((self.capacity, *v.shape[1:]), v.dtype), value)
+                for key, value in block.items()
+            }
         rows = (self.ptr + np.arange(n - keep, n)) % self.capacity  # id base + k sits in row k mod capacity
         for key in FIELDS:
-            self.storage[key][rows] = block[key]
+            if isinstance(block[key], dict):  # Dict observations: one array per entry
+                for entry, value in block[key].items():
+                    self.storage[key][entry][rows] = value
+            else:
+                self.storage[key][rows] = block[key]
         self.ids[rows] = self.next_id + np.arange(n - keep, n)
         self.next_id += n
         self.versions[rows] = version
@@ -162,7 +169,7 @@ class ReplayShard:
         segment = self.sum_tree.total() / batch_size
         rows = self.sum_tree.find_prefixsum((np.arange(batch_size) + self.rng.random(batch_size)) * segment)
         weight = (self.sum_tree[rows] / self.min_tree.min()) ** (-beta)
-        data = {key: self.storage[key][rows] for key in FIELDS}
+        data = {key: map_obs(lambda v: v[rows], self.storage[key]) for key in FIELDS}
         data["weight"] = weight.astype(np.float32)
         return SampledBatch(self.index, data, self.ids[rows].copy(), self.versions[rows].copy(), self.size)
 

@@ -204,3 +204,28 @@ def _combine(batches: Sequence[Batch], np_fn: Callable, torch_fn: Callable, axis
         else:
             out[key] = np_fn([_to_numpy(p) for p in parts], axis=axis)
     return out
+
+
+# ---- observations: an array (tensor) per batch, or a dict (Batch) of them for Dict spaces ----------------------
+def map_obs(fn: Callable[[Leaf], Any], obs: Any) -> Any:
+    """`fn` applied to a batch of observations, or to each entry of a dict one (a Batch stays a Batch)."""
+    if isinstance(obs, Batch):
+        return obs.apply(fn)
+    if isinstance(obs, Mapping):
+        return {key: fn(value) for key, value in obs.items()}
+    return fn(obs)
+
+
+def obs_len(obs: Any) -> int:
+    """How many observations a batch of them holds (a dict one: the length of its entries)."""
+    if isinstance(obs, Mapping):
+        return len(next(iter(obs.values())))
+    return len(obs)
+
+
+def cat_obs(first: Any, second: Any) -> Any:
+    """Two batches of observations one after the other (tensors or arrays, or dicts / Batches of them)."""
+    if isinstance(first, Batch | Mapping):
+        cat = torch.cat if isinstance(next(iter(first.values())), torch.Tensor) else np.concatenate
+        return {key: cat([first[key], second[key]]) for key in first}
+    return torch.cat([first, second]) if isinstance(first, torch.Tensor) else np.concatenate([first, second])

@@ -4,7 +4,7 @@ The file holds plain arrays only (read with `allow_pickle=False`):
 
 | key | shape | what |
 |---|---|---|
-| `obs` | `[N, *obs_shape]` | observations as the agent saw them |
+| `obs` | `[N, *obs_shape]` | observations as the agent saw them (Dict observations: one `obs.KEY` per entry) |
 | `act` | `[N]` int64 or `[N, A]` float32 | the actions taken, in the env's own space (Box actions within the bounds) |
 | `rew` | `[N]` float32 | rewards received |
 | `starts` | `[N]` bool | True where an observation begins an episode |
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+
+from rlfleet.data.batch import obs_len
 
 FORMAT = "rlfleet-demos-v1"
 
@@ -43,7 +45,7 @@ def action_space_kind(space: gym.Space) -> str:
 class Demonstrations:
     """Whole episodes of (obs, act) pairs with their rewards, and the env and action space they come from."""
 
-    obs: np.ndarray
+    obs: np.ndarray | dict[str, np.ndarray]
     act: np.ndarray
     rew: np.ndarray
     starts: np.ndarray
@@ -52,16 +54,16 @@ class Demonstrations:
     source: str = ""
 
     def __post_init__(self) -> None:
-        n = len(self.obs)
+        n = obs_len(self.obs)
         if not (len(self.act) == len(self.rew) == len(self.starts) == n):
-            lengths = [len(x) for x in (self.obs, self.act, self.rew, self.starts)]
+            lengths = [n] + [len(x) for x in (self.act, self.rew, self.starts)]
             raise DatasetError(f"obs, act, rew and starts must be equally long, got {lengths}")
         if n and not self.starts[0]:
             raise DatasetError("the first observation of demonstrations must start an episode")
         action_space_kind(self.action_space)
 
     def __len__(self) -> int:
-        return len(self.obs)
+        return obs_len(self.obs)
 
     @property
     def action_kind(self) -> str:
@@ -89,9 +91,10 @@ class Demonstrations:
             meta["action_low"] = np.asarray(space.low, dtype=np.float32)
             meta["action_high"] = np.asarray(space.high, dtype=np.float32)
         with open(path, "wb") as f:  # a file object: np.savez would append .npz to a name without it
+            obs = {f"obs.{k}": v for k, v in self.obs.items()} if isinstance(self.obs, dict) else {"obs": self.obs}
             np.savez_compressed(
                 f,
-                obs=self.obs,
+                **obs,
                 act=self.act,
                 rew=self.rew.astype(np.float32),
                 starts=self.starts.astype(bool),
@@ -108,11 +111,22 @@ class Demonstrations:
             raise DatasetError(
                 f"dataset actions are {self.action_space}, but {env} has {action_space}: record it again"
             )
-        if self.obs.shape[1:] != tuple(observation_space.shape or ()):
+        if observation_shapes(self.obs) != observation_shapes(observation_space):
             raise DatasetError(
-                f"dataset observations have shape {self.obs.shape[1:]}, but {env} has "
-                f"{tuple(observation_space.shape or ())}: record it again"
+                f"dataset observations have shape {observation_shapes(self.obs)}, but {env} has "
+                f"{observation_shapes(observation_space)}: record it again"
             )
+
+
+def observation_shapes(obs: np.ndarray | dict[str, np.ndarray] | gym.Space) -> tuple | dict[str, tuple]:
+    """The shape of one observation of a batch of them or of a space (a dict of them for Dict observations)."""
+    if isinstance(obs, gym.spaces.Dict):
+        return {key: tuple(sub.shape or ()) for key, sub in obs.spaces.items()}
+    if isinstance(obs, gym.Space):
+        return tuple(obs.shape or ())
+    if isinstance(obs, dict):
+        return {key: tuple(value.shape[1:]) for key, value in obs.items()}
+    return tuple(obs.shape[1:])
 
 
 def same_action_space(a: gym.Space, b: gym.Space) -> bool:
@@ -146,8 +160,9 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
         raise DatasetError(
             f"cannot read dataset {path}: not an .npz written by rlfleet collect ({exc.__class__.__name__})"
         ) from None
-    required = {"format", "obs", "act", "rew", "starts", "env", "action_kind"}
-    if str(arrays.get("format", "")) != FORMAT or required - set(arrays):
+    required = {"format", "act", "rew", "starts", "env", "action_kind"}
+    entries = {k.removeprefix("obs."): v for k, v in arrays.items() if k.startswith("obs.")}
+    if str(arrays.get("format", "")) != FORMAT or required - set(arrays) or ("obs" not in arrays and not entries):
         raise DatasetError(f"{path} is not an rlfleet dataset (write one with rlfleet collect)")
     kind = str(arrays["action_kind"])
     try:
@@ -156,7 +171,7 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
         else:
             space = gym.spaces.Box(arrays["action_low"], arrays["action_high"], dtype=np.float32)
         return Demonstrations(
-            obs=arrays["obs"],
+            obs=arrays.get("obs", entries),
             act=arrays["act"],
             rew=arrays["rew"],
             starts=arrays["starts"].astype(bool),

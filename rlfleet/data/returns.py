@@ -19,6 +19,8 @@ from collections import deque
 
 import numpy as np
 
+from rlfleet.data.batch import map_obs
+
 
 def next_state_values(
     values: np.ndarray | None,
@@ -167,12 +169,11 @@ class NStepBuilder:
         return len(self.ready)
 
     def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
-        if isinstance(obs, dict):
-            raise ValueError("NStepBuilder stores array observations only (not dict observations)")
         for e in range(self.n_envs):
             window = self.windows[e]
-            # copies: the arrays stepped are kept for up to n steps
-            window.append((np.array(obs[e]), act[e], float(rew[e]), np.array(next_obs[e]), bool(terminated[e])))
+            # copies: the arrays stepped are kept for up to n steps (a dict observation: each entry's)
+            this, after = (map_obs(lambda v, e=e: np.array(v[e]), o) for o in (obs, next_obs))
+            window.append((this, act[e], float(rew[e]), after, bool(terminated[e])))
             if terminated[e] or truncated[e]:
                 while window:
                     self._emit(window)
@@ -190,8 +191,15 @@ class NStepBuilder:
         """The oldest `n` ready transitions as arrays (`FIELDS`); the rest stay."""
         out, self.ready = self.ready[:n], self.ready[n:]
         columns = list(zip(*out, strict=True))
-        block = {key: np.stack([np.asarray(v) for v in col]) for key, col in zip(self.FIELDS, columns, strict=True)}
+        block = {key: _stack(col) for key, col in zip(self.FIELDS, columns, strict=True)}
         block["rew"] = block["rew"].astype(np.float32)
         block["terminated"] = block["terminated"].astype(np.float32)
         block["discount"] = block["discount"].astype(np.float32)
         return block
+
+
+def _stack(values: tuple) -> np.ndarray | dict[str, np.ndarray]:
+    """One array of per-transition values (a dict of them, entry by entry, for dict observations)."""
+    if isinstance(values[0], dict):
+        return {key: np.stack([np.asarray(v[key]) for v in values]) for key in values[0]}
+    return np.stack([np.asarray(v) for v in values])

@@ -51,9 +51,11 @@ from gymnasium.wrappers import (
 
 from rlfleet.envs.wrappers import (
     EnvPoolVectorEnv,
+    FlatDictObservation,
     LiftEpisodeStatistics,
     SeedOnFirstReset,
     TerminalOnLifeLoss,
+    needs_flat_dict,
     sign_reward,
 )
 
@@ -287,6 +289,9 @@ def make_env(
     :func:`make_vector_env` it is at ``info["episode"]`` (mask ``info["_episode"]``); see the module
     docstring, or use :func:`finished_episodes`.
 
+    Tuple and nested Dict observations reach the agent as one flat Dict (:class:`~rlfleet.envs.wrappers.
+    FlatDictObservation`: Blackjack-v1's Tuple becomes a Dict keyed "0", "1", "2").
+
     Raises:
         UnknownEnvError: unknown id (the message suggests close matches).
         ImportError: an ``ALE/...`` id without ale-py installed.
@@ -312,6 +317,8 @@ def make_env(
             built = RecordEpisodeStatistics(built)
     else:
         raise TypeError(f"env must be a Gymnasium id or a zero-argument callable, got {type(env).__name__}")
+    if needs_flat_dict(built.observation_space):  # Tuple and nested Dict observations: one flat Dict
+        built = FlatDictObservation(built)
     if seed is not None:
         built = SeedOnFirstReset(built, seed)
     return built

@@ -31,6 +31,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv
+from gymnasium.vector.utils import batch_space
 
 from rlfleet.envs.wrappers import ForwardingVectorWrapper
 from rlfleet.fields import bounded
@@ -106,14 +107,73 @@ class RunningMeanStd:
         self.count, self.mean, self.var = int(state["count"]), mean.copy(), var.copy()
 
 
-def check_normalizable(space: gym.Space) -> tuple[int, ...]:
-    """The observation shape, if observations of `space` can be normalised (a float Box); else ValueError."""
-    if not isinstance(space, gym.spaces.Box) or not np.issubdtype(space.dtype, np.floating):
-        raise ValueError(
-            f"obs_norm normalises float vector observations, but the env has {space}; "
-            "leave obs_norm off for images and dict observations"
-        )
-    return tuple(space.shape)
+class DictRunningMeanStd:
+    """A `RunningMeanStd` per float `Box` entry of Dict observations; the other entries (one-hot codes, bits,
+    images) pass through unchanged."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], clip: float = 10.0):
+        self.entries = {key: RunningMeanStd(shape, clip) for key, shape in shapes.items()}
+        self.clip = float(clip)
+
+    def update(self, obs: dict[str, np.ndarray]) -> None:
+        for key, stats in self.entries.items():
+            stats.update(obs[key])
+
+    def normalize(self, obs: dict[str, Any]) -> dict[str, Any]:
+        return {key: self.entries[key].normalize(v) if key in self.entries else v for key, v in obs.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: stats.state_dict() for key, stats in self.entries.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != set(self.entries):
+            raise ValueError(f"observation statistics of entries {sorted(state)} do not fit {sorted(self.entries)}")
+        for key, stats in self.entries.items():
+            stats.load_state_dict(state[key])
+
+
+ObsStats = RunningMeanStd | DictRunningMeanStd
+
+
+def _is_float_box(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating)
+
+
+def make_obs_stats(space: gym.Space, clip: float) -> ObsStats:
+    """Running statistics for observations of `space`: a float Box, or a Dict with float Box entries (those are
+    normalised); else a ValueError that says what obs_norm takes."""
+    if _is_float_box(space):
+        return RunningMeanStd(tuple(space.shape), clip)
+    if isinstance(space, gym.spaces.Dict):
+        shapes = {key: tuple(sub.shape) for key, sub in space.spaces.items() if _is_float_box(sub)}
+        if shapes:
+            return DictRunningMeanStd(shapes, clip)
+    raise ValueError(
+        f"obs_norm normalises float vector observations (or the float Box entries of Dict ones), but the env has "
+        f"{space}; leave obs_norm off for images and discrete observations"
+    )
+
+
+def stats_from_state(state: dict[str, Any], clip: float) -> ObsStats:
+    """The statistics a checkpoint saved (`state_dict()` of either kind), restored."""
+    if "mean" in state:
+        stats: ObsStats = RunningMeanStd(np.shape(state["mean"]), clip)
+    else:
+        stats = DictRunningMeanStd({key: np.shape(sub["mean"]) for key, sub in state.items()}, clip)
+    stats.load_state_dict(state)
+    return stats
+
+
+def _normalized_space(space: gym.Space, stats: ObsStats) -> gym.Space:
+    """The observation space after normalisation by `stats`: the normalised entries are Boxes of ± clip."""
+    if isinstance(stats, RunningMeanStd):
+        return gym.spaces.Box(-stats.clip, stats.clip, stats.shape, np.float32)
+    return gym.spaces.Dict(
+        {
+            key: _normalized_space(sub, stats.entries[key]) if key in stats.entries else sub
+            for key, sub in space.spaces.items()
+        }
+    )
 
 
 class NormalizeObservation(ForwardingVectorWrapper):
@@ -125,12 +185,12 @@ class NormalizeObservation(ForwardingVectorWrapper):
     observations, and are not merged (the statistics count each observation the policy acts on once).
     """
 
-    def __init__(self, env: VectorEnv, stats: RunningMeanStd, update_stats: bool = True):
+    def __init__(self, env: VectorEnv, stats: ObsStats, update_stats: bool = True):
         super().__init__(env)
         self.stats = stats
         self.update_stats = update_stats
-        self.single_observation_space = gym.spaces.Box(-stats.clip, stats.clip, stats.shape, np.float32)
-        self.observation_space = gym.spaces.Box(-stats.clip, stats.clip, (env.num_envs, *stats.shape), np.float32)
+        self.single_observation_space = _normalized_space(env.single_observation_space, stats)
+        self.observation_space = batch_space(self.single_observation_space, env.num_envs)
 
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if self.update_stats:
@@ -152,7 +212,7 @@ class NormalizeObservation(ForwardingVectorWrapper):
         return obs, rewards, terminations, truncations, info
 
 
-def normalize_observations(envs: VectorEnv, stats: RunningMeanStd | None, update_stats: bool) -> VectorEnv:
+def normalize_observations(envs: VectorEnv, stats: ObsStats | None, update_stats: bool) -> VectorEnv:
     """`envs` wrapped in `NormalizeObservation` with `stats`, or `envs` itself when `stats` is None."""
     return envs if stats is None else NormalizeObservation(envs, stats, update_stats)
 
@@ -214,7 +274,7 @@ class ObsNormalizedAgent:
     """An algorithm trained with `obs_norm`, acting on raw observations: `act` and `value` normalise them with
     frozen statistics first (as the run's evaluation envs did); everything else is the algorithm's own."""
 
-    def __init__(self, algo, stats: RunningMeanStd):
+    def __init__(self, algo, stats: ObsStats):
         self.algo = algo
         self.stats = stats
 
@@ -224,9 +284,7 @@ class ObsNormalizedAgent:
         saved = payload.get("obs_norm")
         if saved is None:
             return algo
-        stats = RunningMeanStd(np.shape(saved["mean"]), clip=payload["algo_config"].get("obs_clip", 10.0))
-        stats.load_state_dict(saved)
-        return cls(algo, stats)
+        return cls(algo, stats_from_state(saved, payload["algo_config"].get("obs_clip", 10.0)))
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         return self.algo.act(self.stats.normalize(obs), state, explore)

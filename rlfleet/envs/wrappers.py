@@ -17,6 +17,7 @@ from gymnasium.vector.utils import batch_space
 
 __all__ = [
     "EnvPoolVectorEnv",
+    "FlatDictObservation",
     "LiftEpisodeStatistics",
     "SeedOnFirstReset",
     "TerminalOnLifeLoss",
@@ -32,6 +33,58 @@ CARTPOLE_POSITION_INDICES: tuple[int, ...] = (0, 2)
 def sign_reward(reward: SupportsFloat) -> float:
     """Clip a reward to its sign, -1, 0 or +1 (the DQN Atari convention); used with ``TransformReward``."""
     return float(np.sign(float(reward)))
+
+
+def _flat_entries(space: gym.Space, prefix: str = "") -> dict[str, gym.Space]:
+    """The leaves of a (nested) Dict / Tuple space, keyed by their path: Tuple entries by position ("0", "1", ...),
+    nested ones joined with "." ("arm.0")."""
+    if isinstance(space, gym.spaces.Dict):
+        items = space.spaces.items()
+    elif isinstance(space, gym.spaces.Tuple):
+        items = ((str(i), sub) for i, sub in enumerate(space.spaces))
+    else:
+        return {prefix: space}
+    out: dict[str, gym.Space] = {}
+    for key, sub in items:
+        out.update(_flat_entries(sub, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _flat_values(obs: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obs, dict):
+        items = obs.items()
+    elif isinstance(obs, tuple):
+        items = ((str(i), sub) for i, sub in enumerate(obs))
+    else:
+        return {prefix: obs}
+    out: dict[str, Any] = {}
+    for key, sub in items:
+        out.update(_flat_values(sub, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def needs_flat_dict(space: gym.Space) -> bool:
+    """A Tuple observation space, or a Dict one with a Dict or Tuple inside."""
+    if isinstance(space, gym.spaces.Tuple):
+        return True
+    return isinstance(space, gym.spaces.Dict) and any(
+        isinstance(sub, gym.spaces.Dict | gym.spaces.Tuple) for sub in space.spaces.values()
+    )
+
+
+class FlatDictObservation(gym.ObservationWrapper):
+    """Tuple and nested Dict observations as one flat Dict: what the replay buffers, rollout storage and encoders
+    hold, one array per entry. Tuple entries are keyed by position ("0", "1", ...), nested entries by their path
+    joined with "." (Dict(arm=Tuple(Box, Discrete)) becomes Dict("arm.0": Box, "arm.1": Discrete)); the entries
+    themselves are unchanged. Blackjack-v1's Tuple(Discrete(32), Discrete(11), Discrete(2)) becomes
+    Dict("0": Discrete(32), "1": Discrete(11), "2": Discrete(2))."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = gym.spaces.Dict(_flat_entries(env.observation_space))
+
+    def observation(self, observation: Any) -> dict[str, Any]:
+        return _flat_values(observation)
 
 
 class VelocityMaskedObservation(gym.ObservationWrapper):

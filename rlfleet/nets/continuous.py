@@ -4,6 +4,8 @@ one batched pass.
 
 Actions are in the policy's normalised space [-1, 1] (`ActionBounds` maps them to the env's bounds). The
 actors are plain MLPs, so acting runs in NumPy (`rlfleet.nets.fast`) without PyTorch's per-op overhead.
+Observations are given as a size (a flat `Box`) or as their space: any space `FlatInput` takes (one-hots,
+dict entries side by side) reaches the actors and critics as one float vector.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlfleet.nets.encoders import ACTIVATIONS, MLP
+from rlfleet.data.batch import map_obs, obs_len
+from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput
 from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import LOG_STD_RANGE, StateDependentNoise
 
@@ -35,9 +39,24 @@ def squashed_gaussian_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: tor
     return (gaussian - 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
 
 
-def _flat_mlp(in_dim: int, hidden: Sequence[int], activation: str) -> MLP:
+Obs = int | gym.Space
+
+
+def flat_inputs(obs: Obs) -> FlatInput | None:
+    """The `FlatInput` of observations given as a space other than a `Box` (None: a flat `Box` or its size)."""
+    return FlatInput(obs) if isinstance(obs, gym.Space) and not isinstance(obs, gym.spaces.Box) else None
+
+
+def flat_size(obs: Obs) -> int:
+    """The size of one observation as the networks take it: flattened, one-hot, or dict entries side by side."""
+    if isinstance(obs, gym.spaces.Box):
+        return int(np.prod(obs.shape))
+    return obs if isinstance(obs, int) else FlatInput(obs).out_dim
+
+
+def _flat_mlp(obs: Obs, hidden: Sequence[int], activation: str) -> MLP:
     """An MLP with PyTorch's default Linear initialisation (what DDPG/TD3/SAC implementations use)."""
-    body = MLP(in_dim, hidden, activation)
+    body = MLP(flat_size(obs), hidden, activation, inputs=flat_inputs(obs))
     for module in body.modules():
         if isinstance(module, nn.Linear):
             module.reset_parameters()
@@ -47,9 +66,9 @@ def _flat_mlp(in_dim: int, hidden: Sequence[int], activation: str) -> MLP:
 class DeterministicActor(nn.Module):
     """μ(s) = tanh(MLP(s)) in [-1, 1]^A (DDPG, TD3)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"):
+    def __init__(self, obs: Obs, act_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"):
         super().__init__()
-        self.body = _flat_mlp(obs_dim, hidden, activation)
+        self.body = _flat_mlp(obs, hidden, activation)
         self.head = nn.Linear(self.body.out_dim, act_dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -62,7 +81,7 @@ class DeterministicActor(nn.Module):
         if self._np is not None:
             return np.tanh(self._np(obs)[0])
         with torch.inference_mode():
-            return self(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            return self(map_obs(torch.as_tensor, obs)).numpy()
 
 
 SDE_MEAN_CLIP = 2.0  # gSDE: μ before the squashing is clipped to ±this (Stable-Baselines3's clip_mean)
@@ -80,7 +99,7 @@ class SquashedGaussianActor(nn.Module):
 
     def __init__(
         self,
-        obs_dim: int,
+        obs: Obs,
         act_dim: int,
         hidden: Sequence[int] = (64, 64),
         activation: str = "relu",
@@ -89,7 +108,7 @@ class SquashedGaussianActor(nn.Module):
     ):
         super().__init__()
         self.act_dim = act_dim
-        self.body = _flat_mlp(obs_dim, hidden, activation)
+        self.body = _flat_mlp(obs, hidden, activation)
         self.sde = sde
         self.head = nn.Linear(self.body.out_dim, act_dim if sde else 2 * act_dim)
         self.noise = StateDependentNoise(self.body.out_dim, act_dim, sde_init_std) if sde else None
@@ -120,7 +139,7 @@ class SquashedGaussianActor(nn.Module):
             out = self._np(obs)[0]
         else:
             with torch.inference_mode():
-                out = self.body(torch.as_tensor(obs, dtype=torch.float32))
+                out = self.body(map_obs(torch.as_tensor, obs))
                 out = (out if self.sde else self.head(out)).numpy()
         if self.noise is not None:
             features = out
@@ -146,7 +165,7 @@ class QEnsemble(nn.Module):
 
     def __init__(
         self,
-        obs_dim: int,
+        obs: Obs,
         act_dim: int,
         hidden: Sequence[int] = (64, 64),
         activation: str = "relu",
@@ -159,7 +178,8 @@ class QEnsemble(nn.Module):
             raise ValueError(f"a critic ensemble needs n >= 1 members, got {n}")
         self.n = n
         self.activation = ACTIVATIONS[activation]()
-        sizes = [obs_dim + act_dim, *hidden, 1]
+        self.inputs = flat_inputs(obs)
+        sizes = [flat_size(obs) + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
@@ -168,7 +188,8 @@ class QEnsemble(nn.Module):
             self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        x = torch.cat([obs.reshape(len(obs), -1).float(), act], dim=-1)
+        flat = self.inputs(obs) if self.inputs is not None else obs.reshape(obs_len(obs), -1).float()
+        x = torch.cat([flat, act], dim=-1)
         h = x.unsqueeze(0).expand(self.n, *x.shape)
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):

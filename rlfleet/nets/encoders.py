@@ -1,14 +1,24 @@
-"""Observation encoders: an MLP for vectors and the Mnih-2013 / Nature DQN CNNs for stacked Atari frames."""
+"""Observation encoders: an MLP for vectors and the Mnih-2013 / Nature DQN CNNs for stacked Atari frames, for every
+Gymnasium observation space.
+
+`FlatInput` turns an observation of any space but an image into one float vector per sample: a `Box` flattened,
+a `Discrete` one-hot, a `MultiDiscrete` as its one-hots side by side, a `MultiBinary` as 0/1 floats, and a `Dict`
+as its entries' vectors concatenated in key order (a `Tuple` reaches the agent as a `Dict` keyed "0", "1", ...:
+see `rlfleet.envs.wrappers.FlatDictObservation`). An MLP encoder of a non-`Box` space starts with one. A `Dict` with
+images gets a `MultiInputEncoder`: a CNN per image entry, `FlatInput` for the rest, an MLP over the features side
+by side.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 
@@ -21,13 +31,122 @@ def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) 
     return layer
 
 
-class MLP(nn.Module):
-    """Flatten, then Linear + activation for each hidden size. `out_dim` is the last hidden size."""
+class UnsupportedObservationError(ValueError):
+    """An observation space no encoder takes (Text, Graph, Sequence, ...)."""
 
-    def __init__(self, in_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "tanh"):
+
+def is_image(space: gym.Space) -> bool:
+    """A stack of uint8 frames `(C, H, W)`: what the CNN encoders take."""
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+
+
+def has_image(space: gym.Space) -> bool:
+    """An image, or a `Dict` with an image entry."""
+    if isinstance(space, gym.spaces.Dict):
+        return any(is_image(sub) for sub in space.spaces.values())
+    return is_image(space)
+
+
+def _flat_size(space: gym.Space) -> int:
+    if isinstance(space, gym.spaces.Box | gym.spaces.MultiBinary):
+        return int(np.prod(space.shape))
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(np.sum(space.nvec))
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_flat_size(sub) for sub in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        raise UnsupportedObservationError(
+            f"Tuple observations reach an agent as Dict ones keyed '0', '1', ... (rlfleet's envs do that; "
+            f"wrap the env in rlfleet.envs.wrappers.FlatDictObservation), got {space}"
+        )
+    raise UnsupportedObservationError(
+        f"observation space {space} is not supported: the encoders take Box, Discrete, MultiDiscrete, MultiBinary, "
+        "and Dict or Tuple of these"
+    )
+
+
+class FlatInput(nn.Module):
+    """Observations of a space as float vectors `[B, out_dim]`, in PyTorch (`forward`) and NumPy (`numpy`).
+
+    `Box`: flattened; `Discrete(n, start)`: one-hot of `x − start`; `MultiDiscrete(nvec, start)`: one one-hot per
+    entry, side by side; `MultiBinary`: the bits as floats; `Dict`: its entries' vectors concatenated in the
+    space's key order. It has no parameters, so it adds nothing to a network's `state_dict`.
+    """
+
+    def __init__(self, space: gym.Space):
+        super().__init__()
+        self.out_dim = _flat_size(space)
+        self.space = space
+        self.parts: list[tuple[str | None, str, np.ndarray, np.ndarray]] = []  # key, kind, sizes, starts
+        entries = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
+        for key, sub in entries:
+            if isinstance(sub, gym.spaces.Dict):
+                raise UnsupportedObservationError(
+                    f"nested Dict observations reach an agent flattened to one level (keys 'outer.inner'), got {space}"
+                )
+            _flat_size(sub)  # rejects spaces no encoder takes
+            if isinstance(sub, gym.spaces.Discrete):
+                self.parts.append((key, "onehot", np.array([sub.n]), np.array([sub.start])))
+            elif isinstance(sub, gym.spaces.MultiDiscrete):
+                self.parts.append(
+                    (key, "onehot", sub.nvec.reshape(-1), np.broadcast_to(sub.start, sub.nvec.shape).reshape(-1))
+                )
+            else:
+                self.parts.append((key, "float", np.array([_flat_size(sub)]), np.zeros(1, dtype=np.int64)))
+        self._offsets = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for _, _, sizes, _ in self.parts]
+
+    def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor:
+        outs = []
+        for (key, kind, sizes, starts), offsets in zip(self.parts, self._offsets, strict=True):
+            x = obs if key is None else obs[key]
+            x = torch.as_tensor(x)
+            batch = x.shape[0]
+            if kind == "float":
+                outs.append(x.reshape(batch, -1).float())
+            elif len(sizes) == 1:
+                outs.append(F.one_hot(x.reshape(batch).long() - int(starts[0]), int(sizes[0])).float())
+            else:
+                index = x.reshape(batch, -1).long() - torch.from_numpy(starts - offsets)
+                outs.append(torch.zeros(batch, int(sizes.sum())).scatter_(1, index, 1.0))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def numpy(self, obs: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:
+        outs = []
+        for (key, kind, sizes, starts), offsets in zip(self.parts, self._offsets, strict=True):
+            x = np.asarray(obs if key is None else obs[key])
+            batch = x.shape[0]
+            if kind == "float":
+                outs.append(x.reshape(batch, -1).astype(np.float32, copy=False))
+                continue
+            out = np.zeros((batch, int(sizes.sum())), dtype=np.float32)
+            index = x.reshape(batch, -1).astype(np.int64) - (starts - offsets)
+            out[np.arange(batch)[:, None], index] = 1.0
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=-1)
+
+
+class MLP(nn.Module):
+    """Flatten, then Linear + activation for each hidden size. `out_dim` is the last hidden size.
+
+    With `inputs` (a `FlatInput`), observations go through it first (one-hots, dict entries side by side) and
+    `in_dim` is its `out_dim`.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        inputs: FlatInput | None = None,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        self.inputs = inputs
+        if inputs is not None:
+            in_dim = inputs.out_dim
         layers: list[nn.Module] = [nn.Flatten()]
         last = in_dim
         for h in hidden:
@@ -36,8 +155,8 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
         self.out_dim = last
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float())
+    def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.net(self.inputs(obs) if self.inputs is not None else obs.float())
 
 
 class _AtariCNN(nn.Module):
@@ -76,26 +195,49 @@ class NatureCNN(_AtariCNN):
 
 
 ENCODERS = {"mlp", "mnih2013", "nature"}
+CNNS = {"mnih2013": Mnih2013CNN, "nature": NatureCNN}
+
+
+class MultiInputEncoder(nn.Module):
+    """A `Dict` observation with images: a CNN per image entry, the other entries through `FlatInput`, and an MLP
+    over all their features side by side (Stable-Baselines3's `MultiInputPolicy` does the same)."""
+
+    def __init__(self, space: gym.spaces.Dict, cnn: str, hidden: Sequence[int], activation: str):
+        super().__init__()
+        images = [key for key, sub in space.spaces.items() if is_image(sub)]
+        self.cnns = nn.ModuleDict({key: CNNS[cnn](space[key].shape[0], space[key].shape[1]) for key in images})
+        rest = gym.spaces.Dict({key: sub for key, sub in space.spaces.items() if key not in images})
+        self.rest = FlatInput(rest) if len(rest.spaces) else None
+        features = sum(c.out_dim for c in self.cnns.values()) + (self.rest.out_dim if self.rest is not None else 0)
+        self.mlp = MLP(features, hidden, activation)
+        self.out_dim = self.mlp.out_dim
+
+    def forward(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        features = [cnn(obs[key]) for key, cnn in self.cnns.items()]
+        if self.rest is not None:
+            features.append(self.rest(obs))
+        return self.mlp(torch.cat(features, dim=-1))
 
 
 def make_encoder(
     obs_space: gym.Space, kind: str = "auto", hidden: Sequence[int] = (64, 64), activation: str = "tanh"
 ) -> nn.Module:
-    """Pick an encoder for an observation space: images (C, H, W) get a CNN, everything else an MLP."""
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ValueError(
-            f"observation space {obs_space} is not supported by the built-in encoders (Box only); "
-            "pass a Box observation or flatten it with gymnasium.wrappers.FlattenObservation"
-        )
-    shape = obs_space.shape
-    is_image = len(shape) == 3 and obs_space.dtype == np.uint8
-    if kind == "auto":
-        kind = "nature" if is_image else "mlp"
-    if kind == "mlp":
-        return MLP(int(np.prod(shape)), hidden, activation)
-    if kind in ("mnih2013", "nature"):
+    """Pick an encoder for an observation space: images (C, H, W) get a CNN, a `Dict` with images a
+    `MultiInputEncoder`, everything else an MLP (behind a `FlatInput` for spaces other than `Box`)."""
+    if kind not in ENCODERS | {"auto"}:
+        raise ValueError(f"unknown encoder {kind!r}; choose one of {sorted(ENCODERS | {'auto'})}")
+    if isinstance(obs_space, gym.spaces.Box):
+        shape = obs_space.shape
+        if kind == "auto":
+            kind = "nature" if is_image(obs_space) else "mlp"
+        if kind == "mlp":
+            return MLP(int(np.prod(shape)), hidden, activation)
         if len(shape) != 3:
             raise ValueError(f"encoder {kind!r} needs image observations (C, H, W), got shape {shape}")
-        cls = Mnih2013CNN if kind == "mnih2013" else NatureCNN
-        return cls(shape[0], shape[1])
-    raise ValueError(f"unknown encoder {kind!r}; choose one of {sorted(ENCODERS | {'auto'})}")
+        return CNNS[kind](shape[0], shape[1])
+    inputs = FlatInput(obs_space)  # rejects the spaces no encoder takes
+    if has_image(obs_space) and kind != "mlp":
+        return MultiInputEncoder(obs_space, "nature" if kind == "auto" else kind, hidden, activation)
+    if kind not in ("auto", "mlp"):
+        raise ValueError(f"encoder {kind!r} needs image observations (C, H, W), got {obs_space}")
+    return MLP(inputs.out_dim, hidden, activation, inputs=inputs)

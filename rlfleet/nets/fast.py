@@ -4,7 +4,8 @@ A 64×64 actor-critic on a batch of 8 runs several times faster in NumPy than in
 NumPy arrays are *views* of the live torch parameters (no copies), so optimiser steps, `load_state_dict`
 and writes by other processes into shared memory are seen at once; if a parameter's storage moves (e.g.
 `share_memory_()`), the views are taken again. Only plain stacks of Linear and element-wise activations
-are compiled; anything else (CNNs, LSTMs) returns None and the caller uses PyTorch. Sampling (categorical and
+are compiled (an MLP that starts with a `FlatInput` too: its one-hots are made in NumPy); anything else (CNNs,
+LSTMs) returns None and the caller uses PyTorch. Sampling (categorical, factorised categorical, Bernoulli and
 diagonal Gaussian) uses the caller's NumPy generator.
 """
 
@@ -46,10 +47,14 @@ def _flat_modules(module: nn.Module) -> list[nn.Module] | None:
 
 
 class NumpyMLP:
-    """Forward pass of one or more Linear/activation branches that share their input; one array per branch."""
+    """Forward pass of one or more Linear/activation branches that share their input; one array per branch.
 
-    def __init__(self, branches: list[list[nn.Module]]):
+    `inputs` (a `FlatInput`, or None for a `Box`'s flattening) turns the observations into the branches' input.
+    """
+
+    def __init__(self, branches: list[list[nn.Module]], inputs: nn.Module | None = None):
         self.branches = branches
+        self.inputs = inputs
         self.params = [p for branch in branches for m in branch for p in m.parameters()]
         self._ptrs: list[int] = []
         self._ops: list[list[Op]] = []
@@ -72,8 +77,9 @@ class NumpyMLP:
             self._ptrs = ptrs
         return self._ops
 
-    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    def __call__(self, x) -> list[np.ndarray]:
+        flat = self.inputs.numpy if self.inputs is not None else lambda o: np.asarray(o, np.float32).reshape(len(o), -1)
+        x = flat(x)
         outputs = []
         for ops in self._views():
             h = x
@@ -86,11 +92,17 @@ class NumpyMLP:
 def compile_numpy(*branches: tuple[nn.Module, ...]) -> NumpyMLP | None:
     """NumPy forward for branches (each a tuple of modules applied in sequence) on one shared input.
 
-    None if any part is not a plain MLP on float32 CPU parameters.
+    None if any part is not a plain MLP on float32 CPU parameters, or if the branches start with different
+    `FlatInput`s (MLP encoders of other spaces than `Box`).
     """
     flat: list[list[nn.Module]] = []
+    inputs: list[nn.Module | None] = []
     for branch in branches:
         modules: list[nn.Module] = []
+        first = branch[0]
+        inputs.append(getattr(first, "inputs", None))
+        if inputs[-1] is not None:  # an MLP behind a FlatInput: its layers, with the FlatInput made in NumPy
+            branch = (first.net, *branch[1:])
         for module in branch:
             sub = _flat_modules(module)
             if sub is None:
@@ -99,13 +111,44 @@ def compile_numpy(*branches: tuple[nn.Module, ...]) -> NumpyMLP | None:
         flat.append(modules)
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for b in flat for m in b for p in m.parameters()):
         return None
-    return NumpyMLP(flat)
+    if any(type(i) is not type(inputs[0]) or (i is not None and i.space != inputs[0].space) for i in inputs):
+        return None
+    return NumpyMLP(flat, inputs[0])
 
 
 def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Sample from softmax(logits) per row (Gumbel-max) and return (actions, log-probabilities)."""
     actions = (logits - np.log(-np.log(rng.random(logits.shape)))).argmax(-1)
     return actions, log_softmax(logits)[np.arange(len(actions)), actions]
+
+
+def discrete_actions(
+    kind: str, logits: np.ndarray, explore: bool, rng: np.random.Generator, sizes: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(actions, log-probabilities) of a discrete policy from its logits `[B, ...]`: sampled with `rng` when
+    exploring, else the most probable ones.
+
+    `kind` "categorical": `[B]` actions; "multi_categorical": `[B, K]` actions, factor k from its `sizes[k]`
+    logits, log-probabilities summed over the factors; "bernoulli": `[B, K]` int8 bits with P(1) = sigmoid(logit),
+    log-probabilities summed over the bits.
+    """
+    if kind == "categorical":
+        if explore:
+            return sample_categorical(logits, rng)
+        actions = logits.argmax(-1)
+        return actions, log_softmax(logits)[np.arange(len(actions)), actions]
+    if kind == "multi_categorical":
+        parts = [
+            discrete_actions("categorical", part, explore, rng) for part in np.split(logits, np.cumsum(sizes)[:-1], -1)
+        ]
+        return np.stack([a for a, _ in parts], axis=-1), np.sum([lp for _, lp in parts], axis=0)
+    if kind == "bernoulli":
+        p_one = 1.0 / (1.0 + np.exp(-logits))
+        bits = rng.random(logits.shape) < p_one if explore else logits > 0
+        # log sigmoid(±l) = −log(1 + e^(∓l)), stable through logaddexp
+        logp = -np.logaddexp(0.0, np.where(bits, -logits, logits)).sum(-1)
+        return bits.astype(np.int8), logp.astype(np.float32)
+    raise ValueError(f"unknown discrete policy kind {kind!r}")
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -1,4 +1,9 @@
-"""Heads that turn encoder features into a policy, a value, or action values, and gSDE's state-dependent noise."""
+"""Heads that turn encoder features into a policy, a value, or action values, and gSDE's state-dependent noise.
+
+Policies for every action space the on-policy agents take: categorical (`Discrete`), factorised categorical
+(`MultiDiscrete`: one categorical per entry), Bernoulli (`MultiBinary`: one per bit) and diagonal Gaussian
+(`Box`). The factorised ones sum log-probabilities and entropies over their factors, as `DiagGaussian` sums over
+its dims."""
 
 from __future__ import annotations
 
@@ -22,6 +27,76 @@ class CategoricalHead(nn.Module):
 
     def forward(self, features: torch.Tensor) -> Categorical:
         return Categorical(logits=self.linear(features), validate_args=False)
+
+
+class MultiCategorical:
+    """Independent categoricals over `[..., K]` actions, factor k with `sizes[k]` choices; the logits of all
+    factors side by side, `[..., sum(sizes)]`. Log-probabilities and entropies are summed over the factors."""
+
+    def __init__(self, logits: torch.Tensor, sizes: list[int]):
+        self.logits = logits
+        self.sizes = sizes
+        self.log_probs = [F.log_softmax(part, dim=-1) for part in logits.split(sizes, dim=-1)]
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        actions = actions.long()
+        return sum(lp.gather(-1, actions[..., k : k + 1]).squeeze(-1) for k, lp in enumerate(self.log_probs))
+
+    def entropy(self) -> torch.Tensor:
+        return sum(-(lp.exp() * lp).sum(-1) for lp in self.log_probs)
+
+    def sample(self) -> torch.Tensor:
+        return torch.stack([torch.multinomial(lp.exp(), 1).squeeze(-1) for lp in self.log_probs], dim=-1)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return torch.stack([lp.argmax(-1) for lp in self.log_probs], dim=-1)
+
+
+class MultiCategoricalHead(nn.Module):
+    """Logits of a factorised categorical policy for `MultiDiscrete` actions (small initial weights: near
+    uniform in every factor)."""
+
+    def __init__(self, in_dim: int, sizes: list[int]):
+        super().__init__()
+        self.sizes = [int(n) for n in sizes]
+        self.linear = layer_init(nn.Linear(in_dim, sum(self.sizes)), gain=0.01)
+
+    def forward(self, features: torch.Tensor) -> MultiCategorical:
+        return MultiCategorical(self.linear(features), self.sizes)
+
+
+class Bernoulli:
+    """Independent bits `[..., K]` with P(bit = 1) = sigmoid(logits); log-probabilities and entropies summed over
+    the bits."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        return -F.binary_cross_entropy_with_logits(self.logits, actions.to(self.logits.dtype), reduction="none").sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        p = torch.sigmoid(self.logits)
+        return F.binary_cross_entropy_with_logits(self.logits, p, reduction="none").sum(-1)
+
+    def sample(self) -> torch.Tensor:
+        return torch.bernoulli(torch.sigmoid(self.logits))
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return (self.logits > 0).to(self.logits.dtype)
+
+
+class BernoulliHead(nn.Module):
+    """Logits of a Bernoulli policy for `MultiBinary` actions (small initial weights: every bit near ½)."""
+
+    def __init__(self, in_dim: int, n_bits: int):
+        super().__init__()
+        self.linear = layer_init(nn.Linear(in_dim, n_bits), gain=0.01)
+
+    def forward(self, features: torch.Tensor) -> Bernoulli:
+        return Bernoulli(self.linear(features))
 
 
 LOG_STDS = ("state_independent", "state_dependent", "softplus")

@@ -11,15 +11,18 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
+from rlfleet.data.batch import map_obs, obs_len
 from rlfleet.nets.encoders import make_encoder
 from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import (
     LOG_STD_RANGE,
     MIN_VARIANCE,
+    BernoulliHead,
     CategoricalHead,
     DiagGaussian,
     DuelingQHead,
     GaussianHead,
+    MultiCategoricalHead,
     QHead,
     SDEGaussianHead,
     ValueHead,
@@ -27,11 +30,34 @@ from rlfleet.nets.heads import (
 from rlfleet.nets.recurrent import LSTMCore, State
 
 
+def leading_dims(obs: Any, space: gym.Space) -> int:
+    """How many batch dims a batch of observations of `space` has (`[B, ...]`: 1, `[T, B, ...]`: 2)."""
+    if isinstance(space, gym.spaces.Dict):
+        key = next(iter(space.spaces))
+        return obs[key].dim() - len(space[key].shape or ())
+    return obs.dim() - len(space.shape or ())
+
+
+ACTION_KINDS = {
+    gym.spaces.Discrete: "categorical",
+    gym.spaces.MultiDiscrete: "multi_categorical",
+    gym.spaces.MultiBinary: "bernoulli",
+    gym.spaces.Box: "gaussian",
+}
+
+
+def _leading_shape(obs: Any) -> tuple[int, int]:
+    """(T, B) of `[T, B, ...]` observations (a dict's: of its entries)."""
+    first = obs if isinstance(obs, torch.Tensor) else next(iter(obs.values()))
+    return first.shape[0], first.shape[1]
+
+
 class ActorCritic(nn.Module):
     """A policy and a state value over a feed-forward or recurrent trunk.
 
-    The policy is categorical for a `Discrete` action space (or an int: the number of actions) and a
-    diagonal Gaussian (`GaussianHead`, with `log_std` and `init_std`; with `sde`, a `SDEGaussianHead` that
+    The policy is categorical for a `Discrete` action space (or an int: the number of actions), factorised
+    categorical for a 1-D `MultiDiscrete` one, Bernoulli for a 1-D `MultiBinary` one (`action_kind` says which),
+    and a diagonal Gaussian (`GaussianHead`, with `log_std` and `init_std`; with `sde`, a `SDEGaussianHead` that
     explores with gSDE, its σ entries starting at `init_std`) for a 1-D `Box`. Vector
     observations get separate actor and critic encoders unless `shared`; images share one CNN. With
     `lstm` > 0, one encoder and an `LSTMCore` of that many cells feed both heads: call `unroll` with the
@@ -55,7 +81,13 @@ class ActorCritic(nn.Module):
         super().__init__()
         if isinstance(action_space, int):
             action_space = gym.spaces.Discrete(action_space)
-        self.obs_ndim = len(obs_space.shape or ())
+        self.action_kind = ACTION_KINDS.get(type(action_space))
+        if self.action_kind is None or (self.action_kind != "categorical" and len(action_space.shape) != 1):
+            raise ValueError(
+                f"the policy heads take Discrete, 1-D MultiDiscrete, 1-D MultiBinary and 1-D Box actions, "
+                f"not {action_space}"
+            )
+        self.obs_space = obs_space
         self.actor_body = make_encoder(obs_space, encoder, hidden, activation)
         features = self.actor_body.out_dim
         self.core: LSTMCore | None = None
@@ -66,11 +98,15 @@ class ActorCritic(nn.Module):
         if sde and not self.continuous:
             raise ValueError(f"sde (state-dependent exploration) needs Box actions, not {action_space}")
         self.sde = sde
-        self.policy: GaussianHead | SDEGaussianHead | CategoricalHead
+        self.policy: nn.Module
         if sde:
             self.policy = SDEGaussianHead(features, int(np.prod(action_space.shape)), init_std)
         elif self.continuous:
             self.policy = GaussianHead(features, int(np.prod(action_space.shape)), log_std, init_std)
+        elif self.action_kind == "multi_categorical":
+            self.policy = MultiCategoricalHead(features, list(action_space.nvec))
+        elif self.action_kind == "bernoulli":
+            self.policy = BernoulliHead(features, int(action_space.n))
         else:
             self.policy = CategoricalHead(features, int(action_space.n))
         self.shared = shared
@@ -81,7 +117,7 @@ class ActorCritic(nn.Module):
                 self.critic_body = make_encoder(obs_space, encoder, hidden, activation)
             self.value_head = ValueHead(features)
 
-    def forward(self, obs: torch.Tensor) -> tuple[Categorical | DiagGaussian, torch.Tensor | None]:
+    def forward(self, obs: Any) -> tuple[Categorical | DiagGaussian, torch.Tensor | None]:
         if self.core is not None:
             raise ValueError("this ActorCritic has an LSTM core: call unroll(obs, state, starts)")
         features = self.actor_body(obs)
@@ -102,13 +138,13 @@ class ActorCritic(nn.Module):
         """
         if self.core is None:
             raise ValueError("unroll needs an ActorCritic with an LSTM core (lstm > 0)")
-        if obs.dim() == self.obs_ndim + 1:
-            obs = obs.unsqueeze(0)
+        if leading_dims(obs, self.obs_space) == 1:
+            obs = map_obs(lambda x: x.unsqueeze(0), obs)
             starts = None if starts is None else starts.unsqueeze(0)
-        steps, batch = obs.shape[:2]
+        steps, batch = _leading_shape(obs)
         if state is None:
             state = self.core.initial_state(batch)
-        features = self.actor_body(obs.reshape(steps * batch, *obs.shape[2:]))
+        features = self.actor_body(map_obs(lambda x: x.reshape(steps * batch, *x.shape[2:]), obs))
         out, state = self.core(features.reshape(steps, batch, -1), state, starts)
         out = out.reshape(steps * batch, -1)
         value = None if self.value_head is None else self.value_head(out)
@@ -160,7 +196,7 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.value_head is None:
-            return torch.zeros(obs.shape[0])
+            return torch.zeros(obs_len(obs))
         if self.core is not None:
             raise ValueError("this ActorCritic has an LSTM core: its values come from unroll(obs, state, starts)")
         body = self.actor_body if self.critic_body is None else self.critic_body
@@ -185,7 +221,7 @@ class QNetwork(nn.Module):
         lstm: int = 0,
     ):
         super().__init__()
-        self.obs_ndim = len(obs_space.shape or ())
+        self.obs_space = obs_space
         self.body = make_encoder(obs_space, encoder, hidden, activation)
         self.core: LSTMCore | None = LSTMCore(self.body.out_dim, lstm) if lstm > 0 else None
         head = DuelingQHead if dueling else QHead
@@ -204,14 +240,15 @@ class QNetwork(nn.Module):
         `[B, ...]` observations gives `[B, A]` and the next state, `[B, H]` each."""
         if self.core is None:
             raise ValueError("unroll needs a QNetwork with an LSTM core (lstm > 0)")
-        single = obs.dim() == self.obs_ndim + 1
+        single = leading_dims(obs, self.obs_space) == 1
         if single:
-            obs = obs.unsqueeze(0)
+            obs = map_obs(lambda x: x.unsqueeze(0), obs)
             starts = None if starts is None else starts.unsqueeze(0)
-        steps, batch = obs.shape[:2]
+        steps, batch = _leading_shape(obs)
         if state is None:
             state = self.core.initial_state(batch)
-        features = self.body(obs.reshape(steps * batch, *obs.shape[2:])).reshape(steps, batch, -1)
+        flat = map_obs(lambda x: x.reshape(steps * batch, *x.shape[2:]), obs)
+        features = self.body(flat).reshape(steps, batch, -1)
         hs, cs = self.core.states(features, state, starts)
         q = self.head(hs.reshape(steps * batch, -1)).reshape(steps, batch, -1)
         return (q[0], (hs[0], cs[0])) if single else (q, (hs, cs))

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.algos.noise import EXPLORATION_OPTIONS
+from rlfleet.data.batch import obs_len
 from rlfleet.run.evaluate import evaluate
 
 
@@ -24,7 +25,7 @@ class DoNothing:
         self.action = middle.astype(space.dtype)
 
     def act(self, obs, state=None, explore: bool = False):
-        return np.broadcast_to(self.action, (len(obs), *self.action.shape)).copy(), {}, state
+        return np.broadcast_to(self.action, (obs_len(obs), *self.action.shape)).copy(), {}, state
 
 
 def exploration_hint(

@@ -26,9 +26,9 @@ from rlfleet.algos import resolve
 from rlfleet.algos.common import UnsupportedSpaceError
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.envs.normalize import (
+    ObsStats,
     RewardNormalizer,
-    RunningMeanStd,
-    check_normalizable,
+    make_obs_stats,
     normalize_observations,
 )
 from rlfleet.run.checkpoint import save_checkpoint
@@ -181,13 +181,13 @@ class RunBase(abc.ABC):
         except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
             raise ConfigError(f"bad {self.cfg.algo} config: {exc}") from None
 
-    def make_obs_stats(self) -> RunningMeanStd | None:
+    def make_obs_stats(self) -> ObsStats | None:
         """The running observation statistics of a run with `obs_norm` (None without): training envs update
         them, evaluation envs read them (`make_eval_envs`), checkpoints keep them."""
         if not getattr(self.algo_cfg, "obs_norm", False):
             return None
         try:
-            return RunningMeanStd(check_normalizable(self.env_info["observation_space"]), self.algo_cfg.obs_clip)
+            return make_obs_stats(self.env_info["observation_space"], self.algo_cfg.obs_clip)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -150,10 +150,12 @@ def test_discrete_only_algorithms_reject_box_clearly(name):
 
 @pytest.mark.parametrize("name", ["pg", "a2c", "ppo"])
 def test_unsupported_action_spaces_are_rejected(name):
-    with pytest.raises(UnsupportedSpaceError, match="Discrete or 1-D Box"):
-        make_algo(name, gym.spaces.MultiDiscrete([2, 3]))
-    with pytest.raises(UnsupportedSpaceError, match="Discrete or 1-D Box"):
+    with pytest.raises(UnsupportedSpaceError, match="takes 1-D Box actions"):
         make_algo(name, gym.spaces.Box(-1, 1, (2, 2), np.float32))
+    with pytest.raises(UnsupportedSpaceError, match="takes 1-D MultiDiscrete actions"):
+        make_algo(name, gym.spaces.MultiDiscrete([[2, 3], [2, 3]]))
+    with pytest.raises(UnsupportedSpaceError, match=r"Discrete, MultiDiscrete, MultiBinary or 1-D Box.*Text"):
+        make_algo(name, gym.spaces.Text(5))
 
 
 def test_box_rollouts_store_float32_actions_and_a2c_learns_from_them():

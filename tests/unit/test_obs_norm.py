@@ -13,7 +13,8 @@ from rlfleet.envs.normalize import (
     NormalizeReward,
     RewardNormalizer,
     RunningMeanStd,
-    check_normalizable,
+    make_obs_stats,
+    stats_from_state,
 )
 from rlfleet.run.checkpoint import from_safe, to_safe
 
@@ -68,14 +69,34 @@ def test_state_dict_round_trip_through_checkpoint_conversion():
         RunningMeanStd((4,)).load_state_dict(stats.state_dict())
 
 
-def test_only_float_box_observations_are_normalizable():
+def test_only_float_box_observations_and_dict_ones_with_float_box_entries_are_normalizable():
     import gymnasium as gym
 
-    assert check_normalizable(gym.spaces.Box(-1, 1, (4,))) == (4,)
+    assert make_obs_stats(gym.spaces.Box(-1, 1, (4,)), 10.0).shape == (4,)
     with pytest.raises(ValueError, match="obs_norm"):
-        check_normalizable(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))
+        make_obs_stats(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), 10.0)
     with pytest.raises(ValueError, match="obs_norm"):
-        check_normalizable(gym.spaces.Discrete(3))
+        make_obs_stats(gym.spaces.Discrete(3), 10.0)
+    with pytest.raises(ValueError, match="obs_norm"):
+        make_obs_stats(gym.spaces.Dict({"a": gym.spaces.Discrete(3)}), 10.0)
+    mixed = gym.spaces.Dict({"cue": gym.spaces.Discrete(3), "x": gym.spaces.Box(-5, 5, (2,))})
+    assert sorted(make_obs_stats(mixed, 10.0).entries) == ["x"]
+
+
+def test_dict_observations_have_their_float_box_entries_normalized_and_the_rest_passed_through():
+    import gymnasium as gym
+
+    space = gym.spaces.Dict({"cue": gym.spaces.Discrete(3), "x": gym.spaces.Box(-50, 50, (2,))})
+    stats = make_obs_stats(space, 10.0)
+    rng = np.random.default_rng(0)
+    x = rng.normal([20.0, -3.0], [5.0, 0.5], size=(1000, 2))
+    cue = rng.integers(3, size=1000)
+    stats.update({"cue": cue, "x": x})
+    out = stats.normalize({"cue": cue[:500], "x": x[:500]})
+    assert np.array_equal(out["cue"], cue[:500])  # untouched
+    assert np.allclose(out["x"], (x[:500] - x.mean(0)) / x.std(0), atol=1e-5)
+    restored = stats_from_state(stats.state_dict(), 10.0)
+    assert np.array_equal(restored.normalize({"cue": cue, "x": x})["x"], stats.normalize({"cue": cue, "x": x})["x"])
 
 
 def test_training_wrapper_updates_evaluation_wrapper_reads_and_final_obs_are_normalised():
