@@ -21,10 +21,19 @@ CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress")
 def _train(args: argparse.Namespace) -> int:
     from rlfleet.launch import train
     from rlfleet.run.config import ConfigError, parse_overrides
+    from rlfleet.run.env_kwargs import parse_env_kwargs
 
     given = {k: v for k, v in vars(args).items() if k not in CLI_ONLY}  # only the options on the command line
     if args.no_progress:
         given["progress"] = False
+    if "env_kwargs" in given:
+        items = given["env_kwargs"]
+        if not args.algo and not args.resume and "=" not in items[-1]:  # `--env-kwargs a=1 ppo` took ALGO for an item
+            raise ConfigError(
+                f"--env-kwargs takes KEY=VALUE items, got {items[-1]!r}: put ALGO first (rlfleet train ALGO --env ID "
+                "--env-kwargs KEY=VALUE ...)"
+            )
+        given["env_kwargs"] = parse_env_kwargs(items)
     if args.resume:
         result = train(resume=args.resume, **given)
     else:
@@ -135,7 +144,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     from rlfleet.arch import ARCHITECTURES, runner_class
     from rlfleet.run.config import RunConfig
 
-    skip = {"algo", "options", "overrides", "progress"}  # ALGO, --set and --no-progress are added by hand
+    skip = {"algo", "env_kwargs", "options", "overrides", "progress"}  # ALGO and 3 flags: by hand
     _add_fields(parser.add_argument_group("run options"), RunConfig, [f.name for f in dataclasses.fields(RunConfig)
                 if f.name not in skip])  # fmt: skip
     owners: dict[str, list[str]] = {}  # option -> the architectures that have it
@@ -182,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
     _add_train_options(t)
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field (see its file)")
+    t.add_argument(
+        "--env-kwargs",
+        action="extend",
+        nargs="+",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="keyword arguments of the env (gymnasium.make), one or more per flag, the flag repeatable: "
+        "--env-kwargs map_name=8x8 is_slippery=false; values are typed: true/false, numbers, none, 'text', [1, 2]",
+    )
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)

@@ -100,10 +100,16 @@ def bounded(
     )
 
 
-def checked(default: Any = dataclasses.MISSING, check: Callable[[Any], str | None] | None = None, **metadata) -> Any:
+def checked(
+    default: Any = dataclasses.MISSING,
+    check: Callable[[Any], str | None] | None = None,
+    *,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    **metadata,
+) -> Any:
     """A dataclass field with its own check: `check(value)` returns None when the value is fine, else what the
-    value must be ("must be one of: auto, sync")."""
-    return dataclasses.field(default=default, metadata={CHECK: check, **metadata})
+    value must be ("must be one of: auto, sync"). A mutable default comes from `default_factory`."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={CHECK: check, **metadata})
 
 
 def field_bounds(f: dataclasses.Field) -> Bounds | None:

@@ -65,6 +65,11 @@ def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
         )
 
 
+def _items(env_kwargs: dict[str, Any]) -> str:
+    """Keyword arguments as `--env-kwargs` items (`none` for none)."""
+    return " ".join(f"{k}={v!r}" for k, v in env_kwargs.items()) or "none"
+
+
 class OfflineRunner(RunBase):
     """Minibatch gradient steps on demonstrations (aggregated with expert-labelled learner states under DAgger)."""
 
@@ -121,6 +126,11 @@ class OfflineRunner(RunBase):
             self.expert, expert_run = load_agent(self.opts.expert)
             if expert_run["env"] != cfg.env:
                 raise ConfigError(f"expert {self.opts.expert} was trained on {expert_run['env']!r}, not on {cfg.env!r}")
+            if expert_run["env_kwargs"] != cfg.env_kwargs:
+                raise ConfigError(
+                    f"expert {self.opts.expert} was trained on {cfg.env} with --env-kwargs "
+                    f"{_items(expert_run['env_kwargs'])}, this run has {_items(cfg.env_kwargs)}: give the same"
+                )
 
     # ----------------------------------------------------------------------------------------- state
     @property
@@ -209,7 +219,7 @@ class OfflineRunner(RunBase):
         episodes = self.algo_cfg.dagger_episodes
         seed = self.cfg.seed + DAGGER_SEED + 1_000 * self.state["dagger_round"]
         recorder = EpisodeRecorder(labels=self._expert_labels())
-        returns = record_episodes(self.algo, self.cfg.env, episodes, seed, recorder)
+        returns = record_episodes(self.algo, self.cfg.env, episodes, seed, recorder, self.cfg.env_kwargs)
         obs, act, _, _ = recorder.arrays()
         self.aggregated = Batch.cat([self.aggregated, Batch(obs=obs, act=act.astype(self.demos.act.dtype))])
         self.data = Batch.cat([self.data, self.algo.process(Batch(obs=obs, act=act))])

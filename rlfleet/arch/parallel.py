@@ -59,6 +59,8 @@ class WorkerSpec:
     total_steps: int
     resumes: int = field(default=0, kw_only=True)
     """How many times the run was resumed: a resumed run's workers draw new seeds, not the first run's again."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    """The env's keyword arguments (the run's `env_kwargs`): every worker builds the same env variant."""
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
         return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation + 10_000_019 * self.resumes
@@ -138,7 +140,7 @@ class WorkerActor:
         self.incarnation = incarnation
         self.algo = algo_cls(cfg, spec.observation_space, spec.action_space, seed=seed)
         self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen) if shared is not None else None
-        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True)
+        self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True, **spec.env_kwargs)
         self.collector = Collector(self.envs, self.algo, seed=seed)
         self.storage = RolloutStorage(cfg.rollout_len, cfg.n_envs) if self.algo.data == "rollout" else None
 
@@ -234,6 +236,7 @@ class ParallelRunner(RunBase):
             algo=self.cfg.algo,
             algo_cfg=self.algo_cfg,
             env=self.cfg.env,
+            env_kwargs=self.cfg.env_kwargs,
             observation_space=self.env_info["observation_space"],
             action_space=self.env_info["action_space"],
             seed=self.cfg.seed,

@@ -39,7 +39,9 @@ class SingleRunner(RunBase):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         n_envs = self.algo_cfg.n_envs
         with workers_ignore_sigint():
-            envs = make_vector_env(cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True)
+            envs = make_vector_env(
+                cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True, **cfg.env_kwargs
+            )
             envs = normalize_observations(envs, self.obs_stats, update_stats=True)
             self.envs = normalize_rewards(envs, self.reward_norm)
             self.eval_envs = self.make_eval_envs()

@@ -8,6 +8,7 @@ the way `rlfleet eval` does and records K episodes in groups of at most `ENVS` e
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +57,15 @@ class EpisodeRecorder:
         return obs, act, rew, starts
 
 
-def record_episodes(algo, env_id: str, episodes: int, seed: int, recorder: EpisodeRecorder) -> np.ndarray:
-    """Run `episodes` greedy episodes of `algo` on `env_id` (at most `ENVS` at a time) into `recorder`."""
+def record_episodes(
+    algo, env_id: str, episodes: int, seed: int, recorder: EpisodeRecorder, env_kwargs: dict[str, Any] | None = None
+) -> np.ndarray:
+    """Run `episodes` greedy episodes of `algo` on `env_id` built with `env_kwargs` (at most `ENVS` at a time) into
+    `recorder`."""
     returns = []
     done = 0
     with_envs = min(episodes, ENVS)
-    envs = make_vector_env(env_id, with_envs, seed=seed, mode="sync", training=False)
+    envs = make_vector_env(env_id, with_envs, seed=seed, mode="sync", training=False, **(env_kwargs or {}))
     try:
         while done < episodes:
             group = min(with_envs, episodes - done)
@@ -83,9 +87,9 @@ def collect_demonstrations(
         check_output_file(output, "-o", ours=is_dataset_file, kind="an rlfleet dataset")
     algo, run = load_agent(checkpoint)
     recorder = EpisodeRecorder()
-    record_episodes(algo, run["env"], episodes, seed, recorder)
+    record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"])
     obs, act, rew, starts = recorder.arrays()
-    action_space = env_spec_info(run["env"])["action_space"]
+    action_space = env_spec_info(run["env"], **run["env_kwargs"])["action_space"]
     demos = Demonstrations(obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint))
     if output is not None:
         demos.save(output)

@@ -22,6 +22,7 @@ from rlfleet.fields import (
     parse_count,
     single_folder_name,
 )
+from rlfleet.run.env_kwargs import env_kwargs_problem
 
 __all__ = [
     "ConfigError",
@@ -45,6 +46,9 @@ class RunConfig:
     """Registered algorithm name (see `rlfleet list`)."""
     env: str = checked(check=non_empty)
     """Gymnasium env id (`CartPole-v1`, `ALE/Pong-v5`, ...)."""
+    env_kwargs: dict[str, Any] = checked(check=env_kwargs_problem, default_factory=dict, option="--env-kwargs")
+    """Keyword arguments of the env (`--env-kwargs is_slippery=false`): they go to `gymnasium.make` (for Atari ids:
+    the preprocessing options, `rlfleet.envs.ATARI_OPTIONS`) wherever the run builds its env."""
     arch: str | None = None
     """Architecture (see `rlfleet list`): single, hogwild, data_parallel, grad_parallel, async_grad, offline;
     None takes the algorithm's default (`single`; `hogwild` for a3c, `offline` for bc)."""

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 
 from rlfleet.algos import resolve
-from rlfleet.envs import env_spec_info, make_env, make_vector_env
+from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.fields import Bounds, check_fields, check_value
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint
+from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)
@@ -58,7 +59,8 @@ def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None
 
 
 def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with.
+    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with (its
+    `env_kwargs` always there: `{}` for a checkpoint written before runs had them).
 
     The agent acts on raw observations: one trained with `obs_norm` normalises them with the checkpoint's
     frozen statistics (`ObsNormalizedAgent`)."""
@@ -67,8 +69,11 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
     run = payload["run_config"]
     if not isinstance(run.get("algo"), str) or not isinstance(run.get("env"), str):
         raise CheckpointError(f"checkpoint {checkpoint} names no algorithm and env in its run config")
+    run = {**run, "env_kwargs": run.get("env_kwargs") or {}}
+    if not isinstance(run["env_kwargs"], dict):
+        raise CheckpointError(f"checkpoint {checkpoint} has env_kwargs that are not a dict: {run['env_kwargs']!r}")
     algo_cls, config_cls, _, _ = resolve(run["algo"])
-    info = env_spec_info(run["env"])
+    info = env_info(run["env"], run["env_kwargs"])
     try:
         cfg = config_cls(**payload["algo_config"])
         check_fields(cfg, lambda f: f"{run['algo']} config {f.name}")
@@ -101,7 +106,7 @@ def evaluate_checkpoint(
         check_output_folder(video_dir, "--video")
     algo, run = load_agent(checkpoint)
     if video_dir is None:
-        envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False)
+        envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False, **run["env_kwargs"])
         try:
             returns = evaluate(algo, envs, episodes, seed)
         finally:
@@ -112,7 +117,7 @@ def evaluate_checkpoint(
         video_dir.mkdir(parents=True, exist_ok=True)
         returns = np.zeros(episodes)
         for i in range(episodes):
-            env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array")
+            env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
             obs, _ = env.reset(seed=seed + i)
             frames, done, state = [env.render()], False, None
             while not done:
@@ -127,6 +132,7 @@ def evaluate_checkpoint(
         "checkpoint": str(checkpoint),
         "algo": run["algo"],
         "env": run["env"],
+        "env_kwargs": run["env_kwargs"],
         "episodes": episodes,
         "return_mean": float(returns.mean()),
         "return_std": float(returns.std()),

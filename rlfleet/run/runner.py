@@ -24,7 +24,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.algos.common import UnsupportedSpaceError
-from rlfleet.envs import env_spec_info, make_vector_env
+from rlfleet.envs import make_vector_env
 from rlfleet.envs.normalize import (
     ObsStats,
     RewardNormalizer,
@@ -40,6 +40,7 @@ from rlfleet.run.config import (
     build_options,
     check_run_config,
 )
+from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.evaluate import evaluate
 from rlfleet.run.hints import exploration_hint
 from rlfleet.run.logger import RunLogger
@@ -128,7 +129,7 @@ class RunBase(abc.ABC):
     ):
         check_run_config(cfg)  # every option's type and range, as RunConfig declares them
         self.opts = build_options(self.Options, cfg.options, cfg.arch)
-        info = env_spec_info(cfg.env)
+        info = env_info(cfg.env, cfg.env_kwargs)  # the variant's spaces and family; a keyword it refuses: one line
         self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
         self.algo_cls = algo_cls
@@ -212,6 +213,7 @@ class RunBase(abc.ABC):
             seed=self.cfg.seed + 10_000,
             mode="sync" if not info["is_atari"] else self.cfg.vector_mode,
             training=False,
+            **self.cfg.env_kwargs,
         )
         return normalize_observations(envs, self.obs_stats, update_stats=False)
 
@@ -363,6 +365,7 @@ class RunBase(abc.ABC):
         return {
             "algo": self.cfg.algo,
             "env": self.cfg.env,
+            "env_kwargs": self.cfg.env_kwargs,
             "arch": self.cfg.arch,
             "seed": self.cfg.seed,
             "solved": self.state["solved_at_step"] is not None,

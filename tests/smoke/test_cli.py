@@ -122,6 +122,23 @@ EARLIER_USAGE_ERRORS = {
     "eval-empty": (("eval", "empty.pt"), ["empty.pt", "cannot read checkpoint"]),
     "eval-garbage-run": (("eval", "runs/old"), ["latest.pt", "cannot read checkpoint"]),
     "resume-garbage-file": (("train", "--resume", "garbage.pt"), ["garbage.pt", "cannot read checkpoint"]),
+    "env-kwargs-no-equals": ((*TRAIN, "--env-kwargs", "foo"), ["--env-kwargs expects KEY=VALUE", "'foo'"]),
+    "env-kwargs-unknown": (
+        (*TRAIN, "--env-kwargs", "sutton_barto_rewrd=true"),
+        ["env CartPole-v1 does not take the keyword argument 'sutton_barto_rewrd'", "sutton_barto_reward, "],
+    ),
+    "env-kwargs-rejected": (
+        ("train", "ppo", "--env", "Pendulum-v1", "--logdir", "runs", "--env-kwargs", "g=abc"),
+        ["env Pendulum-v1 rejects --env-kwargs g='abc'"],
+    ),
+    "env-kwargs-reserved": (
+        (*TRAIN, "--env-kwargs", "render_mode=human"),
+        ["--env-kwargs", "cannot set 'render_mode'"],
+    ),
+    "env-kwargs-algo-last": (
+        ("train", "--env", "CartPole-v1", "--env-kwargs", "sutton_barto_reward=true", "ppo"),
+        ["'ppo'", "put ALGO first"],
+    ),
 }
 
 # by category: input -> fragments of the one error line (exit 2, no traceback, nothing in the work folder changed)
