@@ -1,4 +1,4 @@
-"""The `rlfleet` command: train, eval, collect, plot, list."""
+"""The `rlfleet` command: train, eval, collect, plot, list, spaces."""
 
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def _list(args: argparse.Namespace) -> int:
         cls, config_cls, presets, _ = resolve(name)
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         preset_names = ", ".join(sorted(presets)) or "-"
-        print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; presets: {preset_names}")
+        actions = ", ".join(cls.action_spaces)
+        print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; actions: {actions}; presets: {preset_names}")
     from rlfleet.arch import ARCHITECTURES, runner_class
     from rlfleet.optim import HOGWILD_OPTIMIZERS
 
@@ -119,6 +120,28 @@ def _list(args: argparse.Namespace) -> int:
     print("\nper-env presets (picked when --env matches and no --preset is given; --preset ENV uses one elsewhere):")
     for name, envs in all_env_presets().items():
         print(f"  {name:<10} {', '.join(envs)}")
+    return 0
+
+
+def _spaces(args: argparse.Namespace) -> int:
+    from rlfleet.algos import algorithm_names, resolve
+    from rlfleet.algos.common import OBSERVATION_SPACES, POLICY_ACTIONS
+
+    names = args.algos or algorithm_names()
+    classes = {name: resolve(name)[0] for name in names}  # an unknown name is one line, before anything is printed
+    kinds = [k for k in POLICY_ACTIONS if any(k in cls.action_spaces for cls in classes.values())]
+    print("action spaces each algorithm takes (y: yes):")
+    print(f"  {'':<10} " + " ".join(f"{k:<13}" for k in kinds))
+    for name, cls in classes.items():
+        print(f"  {name:<10} " + " ".join(f"{'y' if k in cls.action_spaces else '-':<13}" for k in kinds))
+    print(
+        f"\nobservation spaces every algorithm takes: {', '.join(OBSERVATION_SPACES[:-2])}, and Dict or Tuple of these\n"
+        "  Box images (uint8, C x H x W): a CNN (Nature DQN's, or --set encoder=mnih2013); other Boxes: flattened\n"
+        "  Discrete: one-hot; MultiDiscrete: one-hots side by side; MultiBinary: its bits\n"
+        "  Dict: one encoder per entry (a CNN for each image), their features side by side; Tuple (and Dict inside\n"
+        "  Dict): one flat Dict with keys '0', '1', ... ('outer.inner' when nested)\n"
+        "  ddpg, td3, sac: images flattened too (their networks are MLPs); obs_norm: the float Box entries"
+    )
     return 0
 
 
@@ -225,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list algorithms, presets and architectures")
     ls.set_defaults(func=_list)
+
+    sp = sub.add_parser("spaces", help="which observation and action spaces each algorithm takes")
+    sp.add_argument("algos", nargs="*", metavar="ALGO", help="algorithms to show (default: all)")
+    sp.set_defaults(func=_spaces)
     return parser
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.demos import DatasetError, load_demonstrations
 from rlfleet.run.collect import EpisodeRecorder, record_episodes
 from rlfleet.run.config import ConfigError, RunConfig
@@ -96,7 +96,9 @@ class OfflineRunner(RunBase):
             dataset_size=len(self.demos),
         )
         self.returns: deque[float] = deque(maxlen=100)
-        self.aggregated = Batch(obs=self.demos.obs[:0], act=self.demos.act[:0])  # expert-labelled learner states
+        self.aggregated = Batch(
+            obs=map_obs(lambda v: v[:0], self.demos.obs), act=self.demos.act[:0]
+        )  # expert-labelled learner states
         if resume_from is not None:
             self._restore(resume_from)
         self.data = self.algo.process(Batch.cat([Batch(obs=self.demos.obs, act=self.demos.act), self.aggregated]))
@@ -147,7 +149,7 @@ class OfflineRunner(RunBase):
         payload = super()._payload(with_data)
         if with_data:
             payload["offline"] = {
-                "aggregated_obs": self.aggregated.obs,
+                "aggregated_obs": self.aggregated.to_dict()["obs"],  # a dict for Dict observations
                 "aggregated_act": self.aggregated.act,
                 "returns": list(self.returns),
             }
@@ -223,7 +225,7 @@ class OfflineRunner(RunBase):
         obs, act, _, _ = recorder.arrays()
         self.aggregated = Batch.cat([self.aggregated, Batch(obs=obs, act=act.astype(self.demos.act.dtype))])
         self.data = Batch.cat([self.data, self.algo.process(Batch(obs=obs, act=act))])
-        self.state["dagger_env_steps"] += len(obs)
+        self.state["dagger_env_steps"] += obs_len(obs)
         self.state["dagger_episodes"] += episodes
         self.state["epoch"] += 1  # a new pass that includes the new pairs
         self.state["position"] = 0

@@ -22,6 +22,8 @@ REQUIRED = ("run_config", "algo_config", "algo")
 
 def to_safe(obj: Any) -> Any:
     """Convert NumPy arrays/scalars (recursively) to tensors and plain numbers, which weights_only loading allows."""
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in "SU":  # text arrays (FrozenLake's map): raw bytes
+        return {"__ndarray_bytes__": (obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes())}
     if isinstance(obj, np.ndarray):
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj))}
     if isinstance(obj, np.generic):
@@ -38,6 +40,9 @@ def from_safe(obj: Any) -> Any:
     if isinstance(obj, dict):
         if set(obj) == {"__ndarray__"}:
             return obj["__ndarray__"].numpy()
+        if set(obj) == {"__ndarray_bytes__"}:
+            dtype, shape, data = obj["__ndarray_bytes__"]
+            return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
         return {k: from_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return type(obj)(from_safe(v) for v in obj)

@@ -300,3 +300,28 @@ def test_every_algorithm_says_which_action_spaces_it_takes():
     assert algorithms_taking("MultiBinary") == ["a2c", "a3c", "pg", "ppo"]
     assert "dqn" in algorithms_taking("Discrete") and "dqn" not in algorithms_taking("Box")
     assert algorithms_taking("Box") == ["a2c", "a3c", "bc", "ddpg", "pg", "ppo", "sac", "td3"]
+
+
+def test_text_arrays_of_an_env_state_survive_a_checkpoint(tmp_path):
+    """FrozenLake keeps its map as a bytes array, which torch tensors cannot hold."""
+    desc = np.asarray(["SFFF", "FHFH"], dtype="c")
+    names = np.array(["left", "right"])
+    state = {"desc": desc, "names": names, "run_config": {}, "algo_config": {}, "algo": {}}
+    save_checkpoint(tmp_path / "text.pt", state)
+    loaded = load_checkpoint(tmp_path / "text.pt")
+    assert loaded["desc"].dtype == desc.dtype and np.array_equal(loaded["desc"], desc)
+    assert loaded["names"].dtype == names.dtype and np.array_equal(loaded["names"], names)
+
+
+def test_rlfleet_spaces_shows_what_each_algorithm_takes(capsys):
+    from rlfleet.cli import main
+
+    assert main(["spaces", "dqn", "ppo"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header, rows = lines[1].split(), {line.split()[0]: line.split()[1:] for line in lines[2:4]}
+    assert header == ["Discrete", "MultiDiscrete", "MultiBinary", "Box"]
+    assert rows == {"dqn": ["y", "-", "-", "-"], "ppo": ["y", "y", "y", "y"]}
+    assert "Box, Discrete, MultiDiscrete, MultiBinary, and Dict or Tuple of these" in out
+    assert main(["spaces", "nope"]) == 2
+    assert "unknown algorithm 'nope'" in capsys.readouterr().err
