@@ -134,8 +134,9 @@ def _spaces(args: argparse.Namespace) -> int:
     print(f"  {'':<10} " + " ".join(f"{k:<13}" for k in kinds))
     for name, cls in classes.items():
         print(f"  {name:<10} " + " ".join(f"{'y' if k in cls.action_spaces else '-':<13}" for k in kinds))
+    simple = ", ".join(OBSERVATION_SPACES[:-2])
     print(
-        f"\nobservation spaces every algorithm takes: {', '.join(OBSERVATION_SPACES[:-2])}, and Dict or Tuple of these\n"
+        f"\nobservation spaces every algorithm takes: {simple}, and Dict or Tuple of these\n"
         "  Box images (uint8, C x H x W): a CNN (Nature DQN's, or --set encoder=mnih2013); other Boxes: flattened\n"
         "  Discrete: one-hot; MultiDiscrete: one-hots side by side; MultiBinary: its bits\n"
         "  Dict: one encoder per entry (a CNN for each image), their features side by side; Tuple (and Dict inside\n"

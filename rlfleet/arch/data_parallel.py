@@ -60,6 +60,7 @@ import torch
 
 from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken
 from rlfleet.backends import RoleGroup
+from rlfleet.data.batch import map_obs
 from rlfleet.data.rollout import Segment
 from rlfleet.run.config import ConfigError
 
@@ -81,11 +82,6 @@ class Experience:
     """Returns of the episodes that finished while collecting it."""
     data: Any
     """A `Segment` with NumPy leaves, or a dict of `[train_freq, n_envs, ...]` transition arrays."""
-
-
-def _map(fn, value: Any) -> Any:
-    """`fn` applied to an array, or to each array of a dict (dict observations)."""
-    return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
 
 
 def _state_to_numpy(state: Any) -> Any:
@@ -128,7 +124,7 @@ class TransitionBlock:
                 self.data[key][self.t] = value
         for key, value in zip(self.FIELDS, (obs, act, rew, next_obs, terminated, truncated), strict=True):
             if key not in self.data:
-                self.data[key] = _map(lambda v: np.empty((self.length, *np.shape(v)), np.asarray(v).dtype), value)
+                self.data[key] = map_obs(lambda v: np.empty((self.length, *np.shape(v)), np.asarray(v).dtype), value)
             if isinstance(value, dict):
                 for k, v in value.items():
                     self.data[key][k][self.t] = v
@@ -176,7 +172,7 @@ class Sampler(Producer):
             segment = c.collect_rollout(self.storage)
             data: Any = Segment(  # copies: the storage is refilled next time
                 segment.data.apply(np.array),
-                _map(np.array, segment.last_obs),
+                map_obs(np.array, segment.last_obs),
                 np.array(segment.last_value),
                 _state_to_numpy(segment.initial_state),
             )
@@ -260,7 +256,7 @@ class DataParallelRunner(ParallelRunner):
                 self.incarnations[item.worker] = item.incarnation
         block = concat_blocks([item.data for item in items])
         for t in range(len(block["rew"])):
-            step = (_map(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS)
+            step = (map_obs(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS)
             if "h" in block:  # a recurrent policy's states, for a sequence buffer
                 self.buffer.add(*step, state=(block["h"][t], block["c"][t]))
             else:

@@ -9,18 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.segment_tree import MinTree, SumTree
 
 Obs = np.ndarray | dict[str, np.ndarray]
 _FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
-
-
-def _map_obs(fn: Callable[[Any], Any], obs: Any) -> Any:
-    """Apply ``fn`` to an observation array, or to each array of a dict observation."""
-    if isinstance(obs, Mapping):
-        return {key: fn(value) for key, value in obs.items()}
-    return fn(obs)
 
 
 def _map_obs_pair(fn: Callable[[Any, Any], Any], obs: Any, next_obs: Any) -> Any:
@@ -102,10 +95,10 @@ class ReplayBuffer:
         ``next_obs`` is the true next observation (the final observation when the episode ended there).
         """
         data = {
-            "obs": _map_obs(np.asarray, obs),
+            "obs": map_obs(np.asarray, obs),
             "act": np.asarray(act),
             "rew": np.asarray(rew, dtype=np.float32),
-            "next_obs": _map_obs(np.asarray, next_obs),
+            "next_obs": map_obs(np.asarray, next_obs),
             "terminated": np.asarray(terminated, dtype=bool),
             "truncated": np.asarray(truncated, dtype=bool),
         }
@@ -125,7 +118,7 @@ class ReplayBuffer:
                 raise ValueError(f"{field} must have shape ({self.n_envs},), got {data[field].shape}")
         if self._storage is None:
             self._storage = {
-                field: _map_obs(lambda v: np.zeros((self.rows, *v.shape), dtype=v.dtype), data[field])
+                field: map_obs(lambda v: np.zeros((self.rows, *v.shape), dtype=v.dtype), data[field])
                 for field in _FIELDS
             }
         self._check_matches_storage(data)
@@ -230,12 +223,12 @@ class ReplayBuffer:
         last = step_rows[np.arange(len(indices)), n_used - 1]
 
         if self.frame_stack == 1:
-            obs = _map_obs(lambda a: a[rows, env], storage["obs"])
-            next_obs = _map_obs(lambda a: a[last, env], storage["next_obs"])
+            obs = map_obs(lambda a: a[rows, env], storage["obs"])
+            next_obs = map_obs(lambda a: a[last, env], storage["next_obs"])
         else:
             obs_rows = self._stack_rows(rows, env, age)
             next_rows = self._stack_rows(last, env, age + n_used - 1)[:, 1:]
-            obs = _map_obs(lambda a: a[obs_rows, env[:, None]], storage["obs"])
+            obs = map_obs(lambda a: a[obs_rows, env[:, None]], storage["obs"])
             # the next stack is the obs stack of the last used transition shifted by one, plus its next frame
             next_obs = _map_obs_pair(
                 lambda a, n: np.concatenate([a[next_rows, env[:, None]], n[last, env][:, None]], axis=1),
@@ -261,7 +254,7 @@ class ReplayBuffer:
         storage = None
         if self._storage is not None:
             storage = {
-                field: _map_obs(lambda a: torch.from_numpy(a[: self._size]), self._storage[field]) for field in _FIELDS
+                field: map_obs(lambda a: torch.from_numpy(a[: self._size]), self._storage[field]) for field in _FIELDS
             }
         return {
             "capacity": self.capacity,
@@ -296,7 +289,7 @@ class ReplayBuffer:
             return full
 
         stored = state["storage"]
-        self._storage = None if stored is None else {f: _map_obs(restore, stored[f]) for f in _FIELDS}
+        self._storage = None if stored is None else {f: map_obs(restore, stored[f]) for f in _FIELDS}
         self._ptr = int(state["ptr"])
         self._size = size
         self._rng.bit_generator.state = state["rng_state"]
@@ -566,10 +559,10 @@ class SequenceReplayBuffer(ReplayBuffer):
         age = (first - (self._ptr - self._size)) % self.rows
         starts[:, 0] = np.where(age > 0, self._done((first - 1) % self.rows, env), True)
         batch = Batch(
-            obs=_map_obs(lambda a: a[rows, col], storage["obs"]),
+            obs=map_obs(lambda a: a[rows, col], storage["obs"]),
             act=storage["act"][rows, col],
             rew=storage["rew"][rows, col],
-            next_obs=_map_obs(lambda a: a[rows, col], storage["next_obs"]),
+            next_obs=map_obs(lambda a: a[rows, col], storage["next_obs"]),
             terminated=terminated.astype(np.float32),
             truncated=truncated.astype(np.float32),
             starts=starts,
