@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.optim.optimizer as _torch_optimizer
 from torch import nn
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
@@ -173,6 +174,83 @@ def policy_actions(data: Batch) -> np.ndarray:
     return data.raw_act if "raw_act" in data else data.act
 
 
+class FusedAdam(torch.optim.Adam):
+    """`torch.optim.Adam(fused=True)`: one kernel updates every parameter (CPU float32 parameters), ~3x faster
+    steps than the per-tensor loop for small nets. Its `step` goes straight to that kernel: the same update, bit
+    for bit, without the ~0.1 ms of Python that torch's `step` spends per call around it (profiling scope, hook
+    dispatch, regrouping the tensors by device), about as long as the kernel itself takes for a 64x64 net. A
+    closure, registered step hooks, amsgrad, maximize, a gradient scaler or a parameter whose moments do not
+    exist yet (the first step) take torch's own `step`."""
+
+    def __init__(self, params, lr: float, **kwargs):
+        super().__init__(params, lr=lr, fused=True, **kwargs)
+
+    def step(self, closure=None):
+        if closure is not None or self._step_hooked():
+            return self._torch_step(closure)
+        groups = []
+        for group in self.param_groups:
+            if any(group.get(key) for key in ("amsgrad", "maximize", "differentiable", "capturable")):
+                return self._torch_step(closure)
+            params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state.get(p)
+                if not state:
+                    return self._torch_step(closure)
+                params.append(p)
+                grads.append(p.grad)
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+            if params:
+                groups.append((group, params, grads, exp_avgs, exp_avg_sqs, steps))
+        with torch.no_grad():
+            for group, params, grads, exp_avgs, exp_avg_sqs, steps in groups:  # what torch.optim.adam._fused_adam does
+                beta1, beta2 = group["betas"]
+                torch._foreach_add_(steps, 1)
+                fused = torch._fused_adamw_ if group.get("decoupled_weight_decay") else torch._fused_adam_
+                fused(
+                    params,
+                    grads,
+                    exp_avgs,
+                    exp_avg_sqs,
+                    [],
+                    steps,
+                    amsgrad=False,
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=group["weight_decay"],
+                    eps=group["eps"],
+                    maximize=False,
+                    grad_scale=None,
+                    found_inf=None,
+                )
+        return None
+
+    step.hooked = True  # type: ignore[attr-defined]  # torch wraps only unhooked steps in its profiling/hook wrapper
+
+    def _step_hooked(self) -> bool:
+        return bool(
+            self._optimizer_step_pre_hooks
+            or self._optimizer_step_post_hooks
+            or _torch_optimizer._global_optimizer_pre_hooks
+            or _torch_optimizer._global_optimizer_post_hooks
+            or getattr(self, "grad_scale", None) is not None
+            or getattr(self, "found_inf", None) is not None
+        )
+
+    def _torch_step(self, closure):
+        """torch's `Adam.step`, within its hooks and profiling scope (torch adds them to `Adam.step` itself only
+        once a plain `Adam` has been made)."""
+        step = torch.optim.Adam.step
+        if not getattr(step, "hooked", False):
+            step = self.profile_hook_step(step)
+        return step(self, closure)
+
+
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
 
 
@@ -188,8 +266,8 @@ def make_optimizer(
         kwargs = {"eps": 1e-5, **kwargs}
         params = list(params)
         tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-        if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors):
-            kwargs.setdefault("fused", True)  # one kernel for all parameters: ~3x faster steps for small nets
+        if "fused" not in kwargs and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors):
+            return FusedAdam(params, lr=lr, **kwargs)
     return OPTIMIZERS[name](params, lr=lr, **kwargs)
 
 
@@ -218,7 +296,12 @@ def optimize(
 
     `max_grad_norm` None neither clips nor measures (NaN comes back): the cheapest step, for small
     replay updates taken every env step."""
-    optimizer.zero_grad(set_to_none=True)
+    if type(optimizer).zero_grad is torch.optim.Optimizer.zero_grad:
+        for group in optimizer.param_groups:  # zero_grad(set_to_none=True) without its profiling scope
+            for p in group["params"]:
+                p.grad = None
+    else:
+        optimizer.zero_grad(set_to_none=True)
     loss.backward()
     hook = _GRADIENT_HOOKS.get(optimizer)
     if hook is not None:
@@ -226,9 +309,27 @@ def optimize(
     if max_grad_norm is None:
         optimizer.step()
         return float("nan")
-    norm = nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    norm = clip_grad_norm(params, max_grad_norm)
     optimizer.step()
     return float(norm)
+
+
+def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global 2-norm of at most `max_norm` (0: measure only); returns the norm before.
+
+    `nn.utils.clip_grad_norm_`'s result bit for bit, in four tensor ops when the gradients share one device and
+    dtype (torch's version regroups them by device and dtype on every call, which costs as much as the
+    arithmetic for the small nets here); other gradients go to torch's version.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    first = grads[0] if grads else None
+    if first is None or any(g.device != first.device or g.dtype != first.dtype or g.is_sparse for g in grads):
+        return nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    with torch.no_grad():
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if max_norm > 0:
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
 
 
 def minibatch_epochs(algo, batch, epochs: int, minibatch_size: int, rng: np.random.Generator) -> dict[str, float]:

@@ -71,7 +71,7 @@ from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import NStepBuilder
-from rlfleet.data.segment_tree import MinTree, SumTree
+from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
 from rlfleet.fields import bounded
 from rlfleet.run.config import ConfigError
 
@@ -129,8 +129,7 @@ class ReplayShard:
             raise ValueError(f"{p.size} priorities for {rows.size} transitions (one finite value each)")
         p = p + self.eps
         self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
-        self.sum_tree.update(rows, p**self.alpha)
-        self.min_tree.update(rows, p**self.alpha)
+        update_trees((self.sum_tree, self.min_tree), rows, p**self.alpha)
 
     def add(self, block: dict[str, np.ndarray], priorities: np.ndarray, version: int) -> int:
         """Store a block (FIELDS, equally long) with its initial priorities; past capacity the oldest rows go.

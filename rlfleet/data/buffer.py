@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from rlfleet.data.batch import Batch, map_obs
-from rlfleet.data.segment_tree import MinTree, SumTree
+from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
 
 Obs = np.ndarray | dict[str, np.ndarray]
 _FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
@@ -354,9 +354,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._beta_anneal_steps = 0
 
     def _set_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        scaled = priorities**self.alpha
-        self._sum_tree.update(indices, scaled)
-        self._min_tree.update(indices, scaled)
+        update_trees((self._sum_tree, self._min_tree), indices, priorities**self.alpha)
 
     def _checked_priorities(self, priorities: np.ndarray, n: int) -> np.ndarray:
         p = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)

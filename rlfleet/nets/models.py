@@ -9,7 +9,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical
 
 from rlfleet.data.batch import map_obs, obs_len
 from rlfleet.nets.encoders import make_encoder
@@ -25,6 +24,7 @@ from rlfleet.nets.heads import (
     MultiCategoricalHead,
     QHead,
     SDEGaussianHead,
+    SoftmaxCategorical,
     ValueHead,
 )
 from rlfleet.nets.recurrent import LSTMCore, State
@@ -117,7 +117,7 @@ class ActorCritic(nn.Module):
                 self.critic_body = make_encoder(obs_space, encoder, hidden, activation)
             self.value_head = ValueHead(features)
 
-    def forward(self, obs: Any) -> tuple[Categorical | DiagGaussian, torch.Tensor | None]:
+    def forward(self, obs: Any) -> tuple[SoftmaxCategorical | DiagGaussian, torch.Tensor | None]:
         if self.core is not None:
             raise ValueError("this ActorCritic has an LSTM core: call unroll(obs, state, starts)")
         features = self.actor_body(obs)
@@ -129,7 +129,7 @@ class ActorCritic(nn.Module):
 
     def unroll(
         self, obs: torch.Tensor, state: State | None, starts: torch.Tensor | None = None
-    ) -> tuple[Categorical | DiagGaussian, torch.Tensor | None, State]:
+    ) -> tuple[SoftmaxCategorical | DiagGaussian, torch.Tensor | None, State]:
         """Run the LSTM trunk over `[T, B, ...]` observations (or one step of `[B, ...]`).
 
         `state` is the state before the first step (None: zeros); `starts[t, b]` = 1 zeroes it before

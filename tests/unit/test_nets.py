@@ -61,3 +61,30 @@ def test_sample_categorical_frequencies_and_logp():
     actions, logp = sample_categorical(logits, rng)
     np.testing.assert_allclose(np.bincount(actions) / len(actions), [0.1, 0.3, 0.6], atol=0.005)
     np.testing.assert_allclose(logp, np.log([0.1, 0.3, 0.6])[actions], atol=1e-5)
+
+
+def test_softmax_categorical_agrees_with_torchs_categorical():
+    """Log-probabilities, log_prob, entropy and their gradients as torch.distributions.Categorical gives them (to
+    float32 rounding), and a masked action (logit −inf) with probability and entropy term 0."""
+    from torch.distributions import Categorical
+
+    from rlfleet.nets.heads import SoftmaxCategorical
+
+    torch.manual_seed(0)
+    raw = (torch.randn(64, 3) * 5).requires_grad_()
+    raw_ref = raw.detach().clone().requires_grad_()
+    actions = torch.randint(0, 3, (64,))
+    ours, ref = SoftmaxCategorical(raw), Categorical(logits=raw_ref, validate_args=False)
+    torch.testing.assert_close(ours.logits, ref.logits)
+    torch.testing.assert_close(ours.probs, ref.probs)
+    torch.testing.assert_close(ours.log_prob(actions), ref.log_prob(actions))
+    torch.testing.assert_close(ours.entropy(), ref.entropy())
+    (ours.log_prob(actions).sum() + ours.entropy().sum()).backward()
+    (ref.log_prob(actions).sum() + ref.entropy().sum()).backward()
+    torch.testing.assert_close(raw.grad, raw_ref.grad)
+    assert torch.equal(ours.mode, raw.argmax(-1))
+    masked = SoftmaxCategorical(torch.tensor([[0.0, 0.0, -float("inf")]]))
+    torch.testing.assert_close(masked.probs, torch.tensor([[0.5, 0.5, 0.0]]))
+    torch.testing.assert_close(masked.entropy(), torch.tensor([np.log(2.0)], dtype=torch.float32))
+    draws = SoftmaxCategorical(torch.log(torch.tensor([0.2, 0.8])).expand(4000, 2)).sample()
+    assert draws.shape == (4000,) and abs(draws.float().mean().item() - 0.8) < 0.03

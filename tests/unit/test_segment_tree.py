@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from rlfleet.data import MinTree, SumTree
+from rlfleet.data.segment_tree import update_trees
 
 
 def assert_invariants(tree, reduce, leaves: np.ndarray) -> None:
@@ -97,3 +98,60 @@ def test_bad_arguments_raise():
         tree.update(np.array([0]), np.array([-1.0]))
     with pytest.raises(ValueError, match="positive total"):
         tree.find_prefixsum(np.array([0.0]))
+
+
+def reference_update(tree, reduce, idx: np.ndarray, vals: np.ndarray) -> None:
+    """The update the trees had before the shared ancestor walk: per tree, level by level, parents reduced from
+    their pair of children with `reduce.reduce`."""
+    nodes = tree._tree
+    if idx.size > 1 and np.unique(idx).size < idx.size:
+        idx, first = np.unique(idx[::-1], return_index=True)
+        vals = vals[::-1][first]
+    at = idx + tree._size
+    nodes[at] = vals
+    pairs = nodes.reshape(-1, 2)
+    for _ in range(tree._depth):
+        at = at >> 1
+        nodes[at] = reduce.reduce(pairs[at], axis=1)
+
+
+def reference_find_prefixsum(tree, prefix_sums: np.ndarray) -> np.ndarray:
+    """The prefix-sum descent as it was written before (one gather per child)."""
+    x = np.asarray(prefix_sums, dtype=np.float64).reshape(-1).copy()
+    nodes = np.ones(x.shape, dtype=np.int64)
+    for _ in range(tree._depth):
+        left = 2 * nodes
+        left_sum = tree._tree[left]
+        go_right = (tree._tree[left + 1] > 0) & ((x >= left_sum) | (left_sum <= 0))
+        x = np.where(go_right, x - left_sum, x)
+        nodes = left + go_right
+    return nodes - tree._size
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 64, 1000])
+def test_update_trees_and_find_prefixsum_give_the_reference_nodes_and_leaves_bit_for_bit(capacity):
+    """Sum and min trees updated together (as a prioritized replay does), with repeated indices and zeros, hold
+    exactly the node arrays of the per-tree, per-level reference update; the prefix-sum search finds exactly the
+    reference's leaves, also for queries at and past the total."""
+    rng = np.random.default_rng(capacity)
+    s, m, ref_s, ref_m = SumTree(capacity), MinTree(capacity), SumTree(capacity), MinTree(capacity)
+    for _ in range(30):
+        idx = rng.integers(0, capacity, size=rng.integers(1, 70))
+        vals = rng.random(idx.size) ** 3 * (rng.random(idx.size) < 0.9)  # some zero priorities
+        update_trees((s, m), idx, vals)
+        reference_update(ref_s, np.add, idx, vals)
+        reference_update(ref_m, np.minimum, idx, vals)
+        np.testing.assert_array_equal(s._tree, ref_s._tree)
+        np.testing.assert_array_equal(m._tree, ref_m._tree)
+        if s.total() > 0:
+            queries = np.concatenate([rng.random(64) * s.total(), [0.0, s.total(), s.total() * 2, -1.0]])
+            np.testing.assert_array_equal(s.find_prefixsum(queries), reference_find_prefixsum(ref_s, queries))
+
+
+def test_update_trees_checks_every_tree_before_writing_any():
+    s, m = SumTree(8), MinTree(8)
+    with pytest.raises(ValueError, match=">= 0"):
+        update_trees((m, s), np.array([1]), np.array([-1.0]))  # fine for the min tree, not for the sum tree
+    assert m.min() == np.inf and s.total() == 0.0
+    with pytest.raises(ValueError, match="one capacity"):
+        update_trees((s, MinTree(9)), np.array([1]), np.array([1.0]))
