@@ -20,9 +20,11 @@ Gaussian's mean (SAC: tanh of it), scaled to the action range. What each framewo
 
 rlfleet (``rlfleet_runner.py``): ``rlfleet train ALGO --env ENV --seed S --steps N --eval-every N
 --eval-episodes 10 --stop-return 1e9``, no ``--preset`` or ``--set``: the CLI picks the algorithm's ``mujoco``
-preset for MuJoCo envs (docs/continuous_control.md). ``--steps N`` sets the run's ``total_steps`` to N, and the
-schedules run over that: PPO's learning rate anneals linearly from 3e-4 to 0 over the N steps, not over the
-preset's 1M. ``--stop-return 1e9`` keeps the env's reward threshold from ending the run early.
+preset for MuJoCo envs, or the env's per-env preset where ``rlfleet/algos/env_presets.toml`` has one (ppo on
+Hopper-v5 and HalfCheetah-v5: the rl-zoo3 entries listed under SB3 below, carried over; constant learning
+rates) (docs/continuous_control.md). ``--steps N`` sets the run's ``total_steps`` to N, and the schedules run
+over that: with the ``mujoco`` preset PPO's learning rate anneals linearly from 3e-4 to 0 over the N steps, not
+over the preset's 1M. ``--stop-return 1e9`` keeps the env's reward threshold from ending the run early.
 
 - sac ``mujoco``: 1 env, replay 1M, 10,000 uniformly random steps then learning (learning_starts 10,000), one
   gradient step per env step, batch 256, Adam 3e-4 (actor, critics, alpha), gamma 0.99, tau 0.005, 256-256 ReLU
@@ -30,7 +32,7 @@ preset's 1M. ``--stop-return 1e9`` keeps the env's reward threshold from ending 
 - ppo ``mujoco``: 1 env, 2,048-step segments, 10 epochs of minibatches of 64, Adam 3e-4 annealed to 0 over the
   budget, gamma 0.99, GAE lambda 0.95, clip 0.2, no value clip, ent_coef 0, vf_coef 0.5, grad clip 0.5,
   per-minibatch advantage normalisation, separate 64-64 tanh MLPs, state-independent log sigma (sigma 1 at
-  start), running observation normalisation (no reward normalisation).
+  start), running observation normalisation, rewards scaled by the running std of the discounted return.
 
 Stable-Baselines3 2.9.2 (``peers/sb3_runner.py``): the ``Hopper-v4`` and ``HalfCheetah-v4`` entries of
 ``rl_zoo3/hyperparams/{sac,ppo}.yml`` of the installed rl-zoo3 2.9.2 (the zoo has no -v5 entries: the -v4

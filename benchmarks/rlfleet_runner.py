@@ -14,9 +14,10 @@ training, after imports and env/model construction, with the evaluations' time c
 
 Fixed budget (``--steps N``, e.g. ``--env Hopper-v5 --steps 100000``): runs ``rlfleet train ALGO --env ENV
 --seed S --steps N --eval-every N --eval-episodes 10 --stop-return 1e9 --logdir DIR --name NAME``, again with
-no ``--preset`` or ``--set``: on a MuJoCo env the CLI picks the algorithm's ``mujoco`` preset. ``--steps N``
-sets the run's ``total_steps`` to N, which is also what the preset's schedules run over: PPO's learning rate
-anneals linearly from 3e-4 to 0 over the N steps (not over the preset's 1M); SAC has no schedule. The only
+no ``--preset`` or ``--set``: on a MuJoCo env the CLI picks the algorithm's ``mujoco`` preset, or the env's
+per-env preset where it has one (ppo on Hopper-v5 and HalfCheetah-v5). ``--steps N`` sets the run's
+``total_steps`` to N, which is also what the preset's schedules run over: with the ``mujoco`` preset PPO's
+learning rate anneals linearly from 3e-4 to 0 over the N steps (not over the preset's 1M); SAC has no schedule. The only
 evaluation is the one at the first iteration at or past N (PPO collects 2,048-step segments: 100,352 steps for
 N = 100,000); ``--stop-return 1e9`` keeps the env's reward threshold from stopping the run early. Reports that
 evaluation's ``eval_return_mean`` and ``eval_return_std`` from ``result.json``, and its ``wall_time_s``.

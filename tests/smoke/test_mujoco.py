@@ -87,6 +87,7 @@ def test_ppo_on_hopper_stops_and_resumes_exactly(run_opts: dict):
         eval_every=1_024,
         eval_episodes=2,
         stop_return=1e9,
+        preset="mujoco",  # the family preset (Hopper-v5 has a per-env entry), with shorter segments
         overrides={"rollout_len": "256", "minibatch_size": "128", "epochs": "2"},
         **run_opts,
     )

@@ -4,6 +4,7 @@ continuous-control run that never beat a policy that does nothing."""
 from __future__ import annotations
 
 import logging
+import math
 
 import gymnasium as gym
 import numpy as np
@@ -20,9 +21,17 @@ ACT = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np
 
 
 # ----------------------------------------------------------------------------------------------- presets
+def shown(value) -> str:
+    """A setting as the "preset for" line writes it: hidden sizes as `256,256`."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def test_every_per_env_preset_is_a_valid_config_and_is_picked_by_env_id(caplog):
     table = all_env_presets()
     assert table["td3"] and table["sac"], "the table is seeded with MountainCarContinuous-v0 for td3 and sac"
+    assert {"Hopper-v5", "HalfCheetah-v5"} <= set(table["ppo"]), (
+        "and with MuJoCo envs where ppo's family preset is slow"
+    )
     for algo, envs in table.items():
         for env in envs:
             caplog.clear()
@@ -30,7 +39,7 @@ def test_every_per_env_preset_is_a_valid_config_and_is_picked_by_env_id(caplog):
                 cfg, preset = build_algo_config(algo, None, {}, "continuous", env)
             assert [r.getMessage() for r in caplog.records] == [
                 f"preset for {env}: {algo} with "
-                + ", ".join(f"{k}={v}" for k, v in env_preset(algo, env).items())
+                + ", ".join(f"{k}={shown(v)}" for k, v in env_preset(algo, env).items())
                 + " (--preset default: the algorithm's own defaults)"
             ]
             assert preset == env
@@ -43,6 +52,26 @@ def test_every_per_env_preset_is_a_valid_config_and_is_picked_by_env_id(caplog):
             assert none is None and default_cfg == resolve(algo)[1](**resolve(algo)[3])
             assert caplog.records == []  # nothing picked, nothing said
             assert build_algo_config(algo, None, {"gamma": "0.5"}, None, env)[0].gamma == 0.5
+
+
+def test_a_mujoco_env_with_an_entry_picks_it_over_the_family_preset():
+    cfg, preset = build_algo_config("ppo", None, {}, "mujoco", "Hopper-v5")
+    assert preset == "Hopper-v5"
+    # rl-zoo3's tuned entry, not the family preset's 2,048-step segments, 64-64 tanh nets and annealed lr
+    assert (cfg.rollout_len, cfg.minibatch_size, cfg.epochs, cfg.hidden, cfg.activation) == (
+        512,
+        32,
+        5,
+        (256, 256),
+        "relu",
+    )
+    assert (cfg.lr, cfg.lr_anneal, cfg.gamma, cfg.obs_norm, cfg.reward_norm) == (9.80828e-05, False, 0.999, True, True)
+    assert cfg.init_std == math.exp(-2)
+    assert build_algo_config("ppo", None, {}, "mujoco", "HalfCheetah-v5")[0].epochs == 20
+    # an env without an entry, or --preset mujoco, still gets the family preset
+    for env, named in (("Walker2d-v5", None), ("Hopper-v5", "mujoco")):
+        cfg, preset = build_algo_config("ppo", named, {}, "mujoco", env)
+        assert preset == "mujoco" and (cfg.rollout_len, cfg.hidden, cfg.lr_anneal) == (2048, (64, 64), True)
 
 
 def test_a_per_env_preset_can_be_named_for_another_env_and_unknown_presets_list_the_choices():
