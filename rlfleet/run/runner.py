@@ -103,6 +103,16 @@ def _run_name(cfg: RunConfig) -> str:
     return f"{cfg.algo}-{env}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
+def _default_run_dir(cfg: RunConfig) -> Path:
+    """`<logdir>/<algo>-<env>-s<seed>-<timestamp>`, with `-2`, `-3`, ... when runs started in the same second
+    took it already (a name given with --name is never changed: an existing one is an error)."""
+    name = _run_name(cfg)
+    path, k = Path(cfg.logdir) / name, 2
+    while path.exists() and any(path.iterdir()):
+        path, k = Path(cfg.logdir) / f"{name}-{k}", k + 1
+    return path
+
+
 class RunBase(abc.ABC):
     """What every architecture's run shares: the resolved configs, the algorithm, the run folder, greedy
     evaluation on separate envs, the bookkeeping after each update (logging, evaluation, best/latest
@@ -150,7 +160,7 @@ class RunBase(abc.ABC):
         self.check_config()
         if run_dir is None:
             check_output_folder(cfg.logdir, "--logdir")
-        self.run_dir = run_dir or Path(cfg.logdir) / (cfg.name or _run_name(cfg))
+        self.run_dir = run_dir or (Path(cfg.logdir) / cfg.name if cfg.name else _default_run_dir(cfg))
         check_output_folder(self.run_dir, "run folder")
         if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(

@@ -203,3 +203,14 @@ def test_a_path_object_is_a_fine_logdir(tmp_path):
     result = train("ppo", "CartPole-v1", logdir=tmp_path, name="p", steps=256, eval_episodes=1, progress=False)
     assert result.run_dir == tmp_path / "p"
     assert load_checkpoint(result.run_dir)["run_config"]["logdir"] == str(tmp_path)
+
+
+def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path, monkeypatch):
+    import rlfleet.run.runner as runner
+    from rlfleet import train
+
+    monkeypatch.setattr(runner, "_run_name", lambda cfg: "same-second")
+    first = train("a2c", "CartPole-v1", steps=64, eval_every=64, eval_episodes=1, logdir=str(tmp_path), progress=False)
+    second = train("a2c", "CartPole-v1", steps=64, eval_every=64, eval_episodes=1, logdir=str(tmp_path), progress=False)
+    assert first.run_dir.name == "same-second" and second.run_dir.name == "same-second-2"
+    assert (first.run_dir / "result.json").exists() and (second.run_dir / "result.json").exists()
