@@ -23,16 +23,10 @@ from gymnasium.envs.classic_control import PendulumEnv
 
 
 class _OneStep(gym.Env):
-    """An episode of one step: observe, act, get paid, done."""
+    """An episode of one step: observe (the subclass's `_observe()`), act, get paid (its `_pay(action)`), done."""
 
     def __init__(self, render_mode=None):
         self.render_mode = render_mode
-
-    def _observe(self):
-        raise NotImplementedError
-
-    def _pay(self, action) -> float:
-        raise NotImplementedError
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

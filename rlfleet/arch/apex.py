@@ -69,7 +69,7 @@ import numpy as np
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, RoleOptions, Taken, WorkerSpec
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
-from rlfleet.data.batch import Batch, map_obs
+from rlfleet.data.batch import Batch, map_obs, map_obs_pair
 from rlfleet.data.returns import NStepBuilder
 from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
 from rlfleet.fields import bounded
@@ -146,12 +146,12 @@ class ReplayShard:
                 for key, value in block.items()
             }
         rows = (self.ptr + np.arange(n - keep, n)) % self.capacity  # id base + k sits in row k mod capacity
+
+        def put(stored: np.ndarray, new: np.ndarray) -> None:
+            stored[rows] = new
+
         for key in FIELDS:
-            if isinstance(block[key], dict):  # Dict observations: one array per entry
-                for entry, value in block[key].items():
-                    self.storage[key][entry][rows] = value
-            else:
-                self.storage[key][rows] = block[key]
+            map_obs_pair(put, self.storage[key], block[key])  # Dict observations: entry by entry
         self.ids[rows] = self.next_id + np.arange(n - keep, n)
         self.next_id += n
         self.versions[rows] = version

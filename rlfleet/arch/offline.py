@@ -96,9 +96,8 @@ class OfflineRunner(RunBase):
             dataset_size=len(self.demos),
         )
         self.returns: deque[float] = deque(maxlen=100)
-        self.aggregated = Batch(
-            obs=map_obs(lambda v: v[:0], self.demos.obs), act=self.demos.act[:0]
-        )  # expert-labelled learner states
+        empty = map_obs(lambda v: v[:0], self.demos.obs)
+        self.aggregated = Batch(obs=empty, act=self.demos.act[:0])  # expert-labelled learner states
         if resume_from is not None:
             self._restore(resume_from)
         self.data = self.algo.process(Batch.cat([Batch(obs=self.demos.obs, act=self.demos.act), self.aggregated]))

@@ -216,6 +216,20 @@ def map_obs(fn: Callable[[Leaf], Any], obs: Any) -> Any:
     return fn(obs)
 
 
+def map_obs_pair(fn: Callable[[Leaf, Leaf], Any], first: Any, second: Any) -> Any:
+    """`fn(first, second)` on two batches of observations, or entry by entry on dict ones (a dict comes back)."""
+    if isinstance(first, Batch | Mapping):
+        return {key: fn(first[key], second[key]) for key in first}
+    return fn(first, second)
+
+
+def stack_obs(observations: Sequence[Any]) -> Any:
+    """Single observations (or other per-step values) as one batch: an array, or a dict of them entry by entry."""
+    if isinstance(observations[0], Mapping):
+        return {key: np.stack([np.asarray(o[key]) for o in observations]) for key in observations[0]}
+    return np.stack([np.asarray(o) for o in observations])
+
+
 def obs_len(obs: Any) -> int:
     """How many observations a batch of them holds (a dict one: the length of its entries)."""
     if isinstance(obs, Mapping):
@@ -225,7 +239,5 @@ def obs_len(obs: Any) -> int:
 
 def cat_obs(first: Any, second: Any) -> Any:
     """Two batches of observations one after the other (tensors or arrays, or dicts / Batches of them)."""
-    if isinstance(first, Batch | Mapping):
-        cat = torch.cat if isinstance(next(iter(first.values())), torch.Tensor) else np.concatenate
-        return {key: cat([first[key], second[key]]) for key in first}
-    return torch.cat([first, second]) if isinstance(first, torch.Tensor) else np.concatenate([first, second])
+    return map_obs_pair(lambda a, b: torch.cat([a, b]) if isinstance(a, torch.Tensor) else np.concatenate([a, b]),
+                        first, second)  # fmt: skip

@@ -3,24 +3,17 @@ and uniform fixed-length sequences with stored recurrent states."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlfleet.data.batch import Batch, map_obs
+from rlfleet.data.batch import Batch, map_obs, map_obs_pair
 from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
 
 Obs = np.ndarray | dict[str, np.ndarray]
 _FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
-
-
-def _map_obs_pair(fn: Callable[[Any, Any], Any], obs: Any, next_obs: Any) -> Any:
-    """Apply ``fn(obs_array, next_obs_array)`` per array, or per key of dict observations."""
-    if isinstance(obs, Mapping):
-        return {key: fn(obs[key], next_obs[key]) for key in obs}
-    return fn(obs, next_obs)
 
 
 def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
@@ -230,7 +223,7 @@ class ReplayBuffer:
             next_rows = self._stack_rows(last, env, age + n_used - 1)[:, 1:]
             obs = map_obs(lambda a: a[obs_rows, env[:, None]], storage["obs"])
             # the next stack is the obs stack of the last used transition shifted by one, plus its next frame
-            next_obs = _map_obs_pair(
+            next_obs = map_obs_pair(
                 lambda a, n: np.concatenate([a[next_rows, env[:, None]], n[last, env][:, None]], axis=1),
                 storage["obs"],
                 storage["next_obs"],

@@ -19,7 +19,7 @@ from collections import deque
 
 import numpy as np
 
-from rlfleet.data.batch import map_obs
+from rlfleet.data.batch import map_obs, stack_obs
 
 
 def next_state_values(
@@ -191,15 +191,8 @@ class NStepBuilder:
         """The oldest `n` ready transitions as arrays (`FIELDS`); the rest stay."""
         out, self.ready = self.ready[:n], self.ready[n:]
         columns = list(zip(*out, strict=True))
-        block = {key: _stack(col) for key, col in zip(self.FIELDS, columns, strict=True)}
+        block = {key: stack_obs(col) for key, col in zip(self.FIELDS, columns, strict=True)}
         block["rew"] = block["rew"].astype(np.float32)
         block["terminated"] = block["terminated"].astype(np.float32)
         block["discount"] = block["discount"].astype(np.float32)
         return block
-
-
-def _stack(values: tuple) -> np.ndarray | dict[str, np.ndarray]:
-    """One array of per-transition values (a dict of them, entry by entry, for dict observations)."""
-    if isinstance(values[0], dict):
-        return {key: np.stack([np.asarray(v[key]) for v in values]) for key in values[0]}
-    return np.stack([np.asarray(v) for v in values])

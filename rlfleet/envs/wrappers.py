@@ -35,31 +35,20 @@ def sign_reward(reward: SupportsFloat) -> float:
     return float(np.sign(float(reward)))
 
 
-def _flat_entries(space: gym.Space, prefix: str = "") -> dict[str, gym.Space]:
-    """The leaves of a (nested) Dict / Tuple space, keyed by their path: Tuple entries by position ("0", "1", ...),
-    nested ones joined with "." ("arm.0")."""
-    if isinstance(space, gym.spaces.Dict):
-        items = space.spaces.items()
-    elif isinstance(space, gym.spaces.Tuple):
-        items = ((str(i), sub) for i, sub in enumerate(space.spaces))
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of a (nested) Dict / Tuple space, or of an observation of one, keyed by their path: Tuple entries
+    by position ("0", "1", ...), nested ones joined with "." ("arm.0")."""
+    if isinstance(node, gym.spaces.Dict | gym.spaces.Tuple):
+        node = node.spaces
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, tuple):
+        items = ((str(i), sub) for i, sub in enumerate(node))
     else:
-        return {prefix: space}
-    out: dict[str, gym.Space] = {}
-    for key, sub in items:
-        out.update(_flat_entries(sub, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def _flat_values(obs: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obs, dict):
-        items = obs.items()
-    elif isinstance(obs, tuple):
-        items = ((str(i), sub) for i, sub in enumerate(obs))
-    else:
-        return {prefix: obs}
+        return {prefix: node}
     out: dict[str, Any] = {}
     for key, sub in items:
-        out.update(_flat_values(sub, f"{prefix}.{key}" if prefix else str(key)))
+        out.update(_flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
 
@@ -81,10 +70,10 @@ class FlatDictObservation(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        self.observation_space = gym.spaces.Dict(_flat_entries(env.observation_space))
+        self.observation_space = gym.spaces.Dict(_flatten(env.observation_space))
 
     def observation(self, observation: Any) -> dict[str, Any]:
-        return _flat_values(observation)
+        return _flatten(observation)
 
 
 class VelocityMaskedObservation(gym.ObservationWrapper):

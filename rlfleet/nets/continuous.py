@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlfleet.data.batch import map_obs, obs_len
-from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput
+from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput, flat_size
 from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import LOG_STD_RANGE, StateDependentNoise
 
@@ -47,16 +47,14 @@ def flat_inputs(obs: Obs) -> FlatInput | None:
     return FlatInput(obs) if isinstance(obs, gym.Space) and not isinstance(obs, gym.spaces.Box) else None
 
 
-def flat_size(obs: Obs) -> int:
+def obs_size(obs: Obs) -> int:
     """The size of one observation as the networks take it: flattened, one-hot, or dict entries side by side."""
-    if isinstance(obs, gym.spaces.Box):
-        return int(np.prod(obs.shape))
-    return obs if isinstance(obs, int) else FlatInput(obs).out_dim
+    return obs if isinstance(obs, int) else flat_size(obs)
 
 
 def _flat_mlp(obs: Obs, hidden: Sequence[int], activation: str) -> MLP:
     """An MLP with PyTorch's default Linear initialisation (what DDPG/TD3/SAC implementations use)."""
-    body = MLP(flat_size(obs), hidden, activation, inputs=flat_inputs(obs))
+    body = MLP(obs_size(obs), hidden, activation, inputs=flat_inputs(obs))
     for module in body.modules():
         if isinstance(module, nn.Linear):
             module.reset_parameters()
@@ -179,7 +177,7 @@ class QEnsemble(nn.Module):
         self.n = n
         self.activation = ACTIVATIONS[activation]()
         self.inputs = flat_inputs(obs)
-        sizes = [flat_size(obs) + act_dim, *hidden, 1]
+        sizes = [obs_size(obs) + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):

@@ -47,7 +47,8 @@ def has_image(space: gym.Space) -> bool:
     return is_image(space)
 
 
-def _flat_size(space: gym.Space) -> int:
+def flat_size(space: gym.Space) -> int:
+    """How many floats `FlatInput` makes of one observation of `space` (an error for spaces no encoder takes)."""
     if isinstance(space, gym.spaces.Box | gym.spaces.MultiBinary):
         return int(np.prod(space.shape))
     if isinstance(space, gym.spaces.Discrete):
@@ -55,7 +56,7 @@ def _flat_size(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.MultiDiscrete):
         return int(np.sum(space.nvec))
     if isinstance(space, gym.spaces.Dict):
-        return sum(_flat_size(sub) for sub in space.spaces.values())
+        return sum(flat_size(sub) for sub in space.spaces.values())
     if isinstance(space, gym.spaces.Tuple):
         raise UnsupportedObservationError(
             f"Tuple observations reach an agent as Dict ones keyed '0', '1', ... (rlfleet's envs do that; "
@@ -77,52 +78,50 @@ class FlatInput(nn.Module):
 
     def __init__(self, space: gym.Space):
         super().__init__()
-        self.out_dim = _flat_size(space)
+        self.out_dim = flat_size(space)
         self.space = space
-        self.parts: list[tuple[str | None, str, np.ndarray, np.ndarray]] = []  # key, kind, sizes, starts
+        # per entry: key (None: the space itself), kind, width, and for one-hots the shift that turns each value
+        # into its column (x − start + the factor's offset in the one-hot block)
+        self.parts: list[tuple[str | None, str, int, np.ndarray | None]] = []
         entries = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
         for key, sub in entries:
             if isinstance(sub, gym.spaces.Dict):
                 raise UnsupportedObservationError(
                     f"nested Dict observations reach an agent flattened to one level (keys 'outer.inner'), got {space}"
                 )
-            _flat_size(sub)  # rejects spaces no encoder takes
-            if isinstance(sub, gym.spaces.Discrete):
-                self.parts.append((key, "onehot", np.array([sub.n]), np.array([sub.start])))
-            elif isinstance(sub, gym.spaces.MultiDiscrete):
-                self.parts.append(
-                    (key, "onehot", sub.nvec.reshape(-1), np.broadcast_to(sub.start, sub.nvec.shape).reshape(-1))
-                )
+            width = flat_size(sub)  # rejects spaces no encoder takes
+            if isinstance(sub, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+                sizes = np.asarray(sub.n if isinstance(sub, gym.spaces.Discrete) else sub.nvec).reshape(-1)
+                starts = np.broadcast_to(sub.start, sizes.shape).reshape(-1).astype(np.int64)
+                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+                self.parts.append((key, "onehot", width, starts - offsets))
             else:
-                self.parts.append((key, "float", np.array([_flat_size(sub)]), np.zeros(1, dtype=np.int64)))
-        self._offsets = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for _, _, sizes, _ in self.parts]
+                self.parts.append((key, "float", width, None))
 
     def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor:
         outs = []
-        for (key, kind, sizes, starts), offsets in zip(self.parts, self._offsets, strict=True):
-            x = obs if key is None else obs[key]
-            x = torch.as_tensor(x)
+        for key, kind, width, shift in self.parts:
+            x = torch.as_tensor(obs if key is None else obs[key])
             batch = x.shape[0]
             if kind == "float":
                 outs.append(x.reshape(batch, -1).float())
-            elif len(sizes) == 1:
-                outs.append(F.one_hot(x.reshape(batch).long() - int(starts[0]), int(sizes[0])).float())
+            elif len(shift) == 1:
+                outs.append(F.one_hot(x.reshape(batch).long() - int(shift[0]), width).float())
             else:
-                index = x.reshape(batch, -1).long() - torch.from_numpy(starts - offsets)
-                outs.append(torch.zeros(batch, int(sizes.sum())).scatter_(1, index, 1.0))
+                index = x.reshape(batch, -1).long() - torch.from_numpy(shift)
+                outs.append(torch.zeros(batch, width).scatter_(1, index, 1.0))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def numpy(self, obs: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:
         outs = []
-        for (key, kind, sizes, starts), offsets in zip(self.parts, self._offsets, strict=True):
+        for key, kind, width, shift in self.parts:
             x = np.asarray(obs if key is None else obs[key])
             batch = x.shape[0]
             if kind == "float":
                 outs.append(x.reshape(batch, -1).astype(np.float32, copy=False))
                 continue
-            out = np.zeros((batch, int(sizes.sum())), dtype=np.float32)
-            index = x.reshape(batch, -1).astype(np.int64) - (starts - offsets)
-            out[np.arange(batch)[:, None], index] = 1.0
+            out = np.zeros((batch, width), dtype=np.float32)
+            out[np.arange(batch)[:, None], x.reshape(batch, -1).astype(np.int64) - shift] = 1.0
             outs.append(out)
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=-1)
 

@@ -51,15 +51,24 @@ class SoftmaxCategorical:
         return self.logits.argmax(-1)
 
 
-class CategoricalHead(nn.Module):
-    """Logits for a discrete policy (small initial weights so the first policy is near uniform)."""
+class LogitsHead(nn.Module):
+    """A linear layer of `n` logits with small initial weights, so that the first policy is near uniform, made into
+    the subclass's `distribution`."""
 
-    def __init__(self, in_dim: int, n_actions: int):
+    distribution: type
+
+    def __init__(self, in_dim: int, n: int):
         super().__init__()
-        self.linear = layer_init(nn.Linear(in_dim, n_actions), gain=0.01)
+        self.linear = layer_init(nn.Linear(in_dim, n), gain=0.01)
 
-    def forward(self, features: torch.Tensor) -> SoftmaxCategorical:
-        return SoftmaxCategorical(self.linear(features))
+    def forward(self, features: torch.Tensor):
+        return self.distribution(self.linear(features))
+
+
+class CategoricalHead(LogitsHead):
+    """Logits for a discrete policy."""
+
+    distribution = SoftmaxCategorical
 
 
 class MultiCategorical:
@@ -85,17 +94,15 @@ class MultiCategorical:
         return torch.stack([factor.mode for factor in self.factors], dim=-1)
 
 
-class MultiCategoricalHead(nn.Module):
-    """Logits of a factorised categorical policy for `MultiDiscrete` actions (small initial weights: near
-    uniform in every factor)."""
+class MultiCategoricalHead(LogitsHead):
+    """Logits of a factorised categorical policy for `MultiDiscrete` actions, `sizes[k]` for factor k."""
 
     def __init__(self, in_dim: int, sizes: list[int]):
-        super().__init__()
+        super().__init__(in_dim, sum(int(n) for n in sizes))
         self.sizes = [int(n) for n in sizes]
-        self.linear = layer_init(nn.Linear(in_dim, sum(self.sizes)), gain=0.01)
 
-    def forward(self, features: torch.Tensor) -> MultiCategorical:
-        return MultiCategorical(self.linear(features), self.sizes)
+    def distribution(self, logits: torch.Tensor) -> MultiCategorical:
+        return MultiCategorical(logits, self.sizes)
 
 
 class Bernoulli:
@@ -120,15 +127,10 @@ class Bernoulli:
         return (self.logits > 0).to(self.logits.dtype)
 
 
-class BernoulliHead(nn.Module):
-    """Logits of a Bernoulli policy for `MultiBinary` actions (small initial weights: every bit near ½)."""
+class BernoulliHead(LogitsHead):
+    """Logits of a Bernoulli policy for `MultiBinary` actions, one per bit."""
 
-    def __init__(self, in_dim: int, n_bits: int):
-        super().__init__()
-        self.linear = layer_init(nn.Linear(in_dim, n_bits), gain=0.01)
-
-    def forward(self, features: torch.Tensor) -> Bernoulli:
-        return Bernoulli(self.linear(features))
+    distribution = Bernoulli
 
 
 LOG_STDS = ("state_independent", "state_dependent", "softplus")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.data.batch import map_obs
+from rlfleet.data.batch import map_obs, stack_obs
 from rlfleet.data.demos import Demonstrations, is_dataset_file
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.fields import check_value
@@ -50,19 +50,12 @@ class EpisodeRecorder:
         """(obs, act, rew, starts) of the finished episodes, concatenated in the order they ended."""
         if not self.episodes:
             raise ValueError("no finished episode was recorded")
-        obs = _stack_obs([o for ep in self.episodes for o in ep[0]])
+        obs = stack_obs([o for ep in self.episodes for o in ep[0]])
         act = np.stack([a for ep in self.episodes for a in ep[1]])
         rew = np.asarray([r for ep in self.episodes for r in ep[2]], dtype=np.float32)
         starts = np.zeros(len(rew), dtype=bool)
         starts[np.cumsum([0] + [len(ep[0]) for ep in self.episodes[:-1]])] = True
         return obs, act, rew, starts
-
-
-def _stack_obs(observations: list) -> np.ndarray | dict[str, np.ndarray]:
-    """One array of single observations (a dict of them, entry by entry, for Dict observations)."""
-    if isinstance(observations[0], dict):
-        return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
-    return np.stack(observations)
 
 
 def record_episodes(
