@@ -48,6 +48,8 @@ def _flat_modules(module: nn.Module) -> list[nn.Module] | None:
 
 class NumpyMLP:
     """Forward pass of one or more Linear/activation branches that share their input; one array per branch.
+    Layers that every branch starts with (a body shared by a dueling head's two streams, or by an actor and a
+    critic) run once.
 
     `inputs` (a `FlatInput`, or None for a `Box`'s flattening) turns the observations into the branches' input.
     """
@@ -55,7 +57,12 @@ class NumpyMLP:
     def __init__(self, branches: list[list[nn.Module]], inputs: nn.Module | None = None):
         self.branches = branches
         self.inputs = inputs
-        self.params = [p for branch in branches for m in branch for p in m.parameters()]
+        # the layers every branch starts with (the same module objects: a shared body) run once
+        self.shared = 0
+        while all(len(b) > self.shared and b[self.shared] is branches[0][self.shared] for b in branches):
+            self.shared += 1
+        modules = branches[0][: self.shared] + [m for b in branches for m in b[self.shared :]]
+        self.params = [p for m in modules for p in m.parameters()]
         self._ptrs: list[int] = []
         self._ops: list[list[Op]] = []
 
@@ -65,28 +72,30 @@ class NumpyMLP:
     def _views(self) -> list[list[Op]]:
         ptrs = [p.data_ptr() for p in self.params]
         if ptrs != self._ptrs:
+            parts = [self.branches[0][: self.shared]] + [b[self.shared :] for b in self.branches]
             self._ops = [
                 [
                     (m.weight.detach().numpy().T, m.bias.detach().numpy(), None)
                     if isinstance(m, nn.Linear)
                     else (None, None, _ACTIVATIONS[type(m)])
-                    for m in branch
+                    for m in part
                 ]
-                for branch in self.branches
+                for part in parts
             ]
             self._ptrs = ptrs
         return self._ops
 
     def __call__(self, x) -> list[np.ndarray]:
         flat = self.inputs.numpy if self.inputs is not None else lambda o: np.asarray(o, np.float32).reshape(len(o), -1)
-        x = flat(x)
-        outputs = []
-        for ops in self._views():
-            h = x
-            for w, b, act in ops:
-                h = act(h) if act is not None else h @ w + b
-            outputs.append(h)
-        return outputs
+        trunk, *heads = self._views()
+        x = _run(trunk, flat(x))
+        return [_run(ops, x) for ops in heads]
+
+
+def _run(ops: list[Op], h: np.ndarray) -> np.ndarray:
+    for w, b, act in ops:
+        h = act(h) if act is not None else h @ w + b
+    return h
 
 
 def compile_numpy(*branches: tuple[nn.Module, ...]) -> NumpyMLP | None:

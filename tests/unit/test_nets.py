@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.nets import Mnih2013CNN, NatureCNN
+from rlfleet.nets import Mnih2013CNN, NatureCNN, fast
 from rlfleet.nets.fast import log_softmax, sample_categorical
 from rlfleet.nets.models import ActorCritic, QNetwork
 
@@ -48,6 +48,28 @@ def test_q_network_numpy_matches_torch(dueling):
     np.testing.assert_allclose(q.numpy_forward(obs), q(torch.as_tensor(obs)).detach().numpy(), atol=1e-5)
     q.load_state_dict({k: v + 0.01 for k, v in q.state_dict().items()})
     np.testing.assert_allclose(q.numpy_forward(obs), q(torch.as_tensor(obs)).detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("build", ["dueling", "shared_actor_critic"])
+def test_numpy_path_runs_a_shared_body_once(build, monkeypatch):
+    """The body that a dueling head's two streams (or an actor and a critic) share is computed once per call."""
+    calls = []
+    monkeypatch.setitem(fast._ACTIVATIONS, torch.nn.Tanh, lambda x: calls.append(x.shape) or np.tanh(x))
+    monkeypatch.setitem(fast._ACTIVATIONS, torch.nn.ReLU, lambda x: calls.append(x.shape) or np.maximum(x, 0.0))
+    obs = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
+    if build == "dueling":
+        net = QNetwork(BOX, 3, dueling=True)
+        np.testing.assert_allclose(net.numpy_forward(obs), net(torch.as_tensor(obs)).detach().numpy(), atol=1e-5)
+    else:
+        net = ActorCritic(BOX, 3, shared=True)
+        logits, value = net.numpy_forward(obs)
+        dist, value_t = net(torch.as_tensor(obs))
+        np.testing.assert_allclose(log_softmax(logits), dist.logits.detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(value, value_t.detach().numpy(), atol=1e-5)
+    calls.clear()
+    net.numpy_forward(obs)
+    hidden = [m for m in net.modules() if isinstance(m, torch.nn.Tanh | torch.nn.ReLU)]
+    assert len(calls) == len(hidden)  # each activation layer once, not once per stream
 
 
 def test_cnn_models_fall_back_to_torch():
