@@ -35,6 +35,7 @@ RUNNERS = {
     "rlfleet": BENCHMARKS / "rlfleet_runner.py",
     "sb3": BENCHMARKS / "peers" / "sb3_runner.py",
     "tianshou": BENCHMARKS / "peers" / "tianshou_runner.py",
+    "sb3-atari": BENCHMARKS / "peers" / "sb3_atari_runner.py",
 }
 RUNNER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 """Set for every runner process: one thread for the math libraries, CPU only."""

@@ -186,6 +186,14 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
             _add_fields(group, classes[name], [name])
 
 
+def _count_or_word(text: str) -> int | str:
+    """An option that takes a count or a word (`--torch-threads 2`, `--torch-threads auto`); the run checks the word."""
+    try:
+        return parse_count(text)
+    except ValueError:
+        return text
+
+
 def _add_fields(group, cls: type, names: list[str]) -> None:
     """One option per field of the dataclass `cls` in `names`: `--field-name`, typed by its annotation."""
     docs = field_docs(cls)
@@ -193,7 +201,8 @@ def _add_fields(group, cls: type, names: list[str]) -> None:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in names:
         f = fields[name]
-        kind = next((t for t in typing.get_args(hints[name]) if t is not type(None)), hints[name])
+        kinds = [t for t in typing.get_args(hints[name]) if t is not type(None)]
+        kind = kinds[0] if kinds else hints[name]
         doc = " ".join(docs.get(name, "").split())
         default = f.default if f.default is not dataclasses.MISSING else None
         if default not in (None, False, ""):
@@ -202,7 +211,7 @@ def _add_fields(group, cls: type, names: list[str]) -> None:
         if kind is bool:
             group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=doc)
         else:
-            convert = {int: _count, float: float}.get(kind, str)
+            convert = _count_or_word if {int, str} <= set(kinds) else {int: _count, float: float}.get(kind, str)
             metavar = {int: "N", float: "X"}.get(kind, name.split("_")[-1].upper())
             group.add_argument(flag, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=doc)
 

@@ -74,6 +74,7 @@ class OfflineRunner(RunBase):
     """Minibatch gradient steps on demonstrations (aggregated with expert-labelled learner states under DAgger)."""
 
     Options = OfflineOptions
+    single_process = True
 
     log_every = 100
     min_eval_every = 500

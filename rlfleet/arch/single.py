@@ -29,6 +29,8 @@ class SingleRunner(RunBase):
     that a resumed run repeats the uninterrupted one exactly.
     """
 
+    single_process = True
+
     def __init__(
         self,
         cfg: RunConfig,

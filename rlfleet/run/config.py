@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,7 +33,20 @@ __all__ = [
     "build_options",
     "check_run_config",
     "parse_overrides",
+    "resolve_torch_threads",
 ]
+
+log = logging.getLogger(__name__)
+
+AUTO_THREADS = "auto"
+"""`torch_threads` resolved at run start by `resolve_torch_threads`."""
+
+
+def torch_threads_problem(value: Any) -> str | None:
+    """A `checked` test of `torch_threads`: a count >= 1 or "auto"."""
+    if value == AUTO_THREADS or (isinstance(value, int) and value >= 1):
+        return None
+    return f"must be >= 1, or {AUTO_THREADS}"
 
 
 @dataclass
@@ -84,8 +98,11 @@ class RunConfig:
     """Env steps between checkpoints; None or 0: 10 evaluations' worth."""
     vector_mode: str = checked("auto", one_of(VECTOR_MODES))
     """Vector env: auto, sync, async or envpool."""
-    torch_threads: int = bounded(1, ge=1)
-    """torch.set_num_threads for the training process (small nets run fastest on one thread)."""
+    torch_threads: int | str = checked(AUTO_THREADS, torch_threads_problem)
+    """torch.set_num_threads for the training process: a count, or auto — every core this process may use for a
+    CNN learner in a single-process architecture (`single`, `offline`), one thread otherwise (small nets run
+    fastest on one thread, and a learner beside worker processes must leave them the cores); see
+    `resolve_torch_threads`."""
     progress: bool = field(default=True, metadata={"option": "progress"})
     """Show a progress bar."""
 
@@ -93,6 +110,29 @@ class RunConfig:
 @dataclass
 class NoOptions:
     """An architecture without options of its own."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's count where there is none)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def resolve_torch_threads(setting: int | str, *, single_process: bool, convolutional: bool) -> int:
+    """The torch thread count of a run's training process: `setting` if it is a count; for "auto", every usable
+    core when the learner is a CNN (`convolutional`) in a single-process architecture, else 1.
+
+    Why (docs/benchmarks.md, "Atari: where the time goes"): a CNN update on minibatches of 256 runs much faster
+    on two threads than on one, and in a single-process architecture the learner has the cores to itself while
+    it learns (its env processes wait for the next actions), which more than pays for slower acting; a small MLP
+    runs fastest on one thread, and where learners or samplers run in other processes at the same time, each
+    process keeps one thread so that they do not fight over the cores."""
+    if setting != AUTO_THREADS:
+        return int(setting)
+    threads = usable_cores() if single_process and convolutional else 1
+    if threads > 1:
+        log.info(f"torch threads: {threads} (auto: a CNN learner with the process to itself)")
+    return threads
 
 
 def run_option(f: dataclasses.Field) -> str:
@@ -159,8 +199,6 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
         out[key.strip()] = value.strip()
     return out
 
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "default"
 """`--preset default`: the algorithm's own defaults, neither a per-env nor a family preset."""

@@ -31,6 +31,7 @@ from rlfleet.envs.normalize import (
     make_obs_stats,
     normalize_observations,
 )
+from rlfleet.nets.encoders import has_image
 from rlfleet.run.checkpoint import save_checkpoint
 from rlfleet.run.config import (
     ConfigError,
@@ -39,6 +40,7 @@ from rlfleet.run.config import (
     build_algo_config,
     build_options,
     check_run_config,
+    resolve_torch_threads,
 )
 from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.evaluate import evaluate
@@ -129,6 +131,9 @@ class RunBase(abc.ABC):
     """Steps between training-metric log lines."""
     min_eval_every = 2_000
     """The default evaluation interval is max(min_eval_every, total steps / 50)."""
+    single_process = False
+    """True where the learner has its process to itself (no learner or sampler processes beside it): `torch_threads`
+    "auto" then gives a CNN learner every usable core (`resolve_torch_threads`)."""
 
     def __init__(
         self,
@@ -151,7 +156,12 @@ class RunBase(abc.ABC):
         self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         self.stop_return = cfg.stop_return if cfg.stop_return is not None else info["reward_threshold"]
-        torch.set_num_threads(cfg.torch_threads)
+        # a CNN learner: images, and an algorithm whose `encoder` makes CNNs of them (ddpg, td3, sac have none)
+        convolutional = has_image(info["observation_space"]) and getattr(self.algo_cfg, "encoder", "mlp") != "mlp"
+        self.torch_threads = resolve_torch_threads(
+            cfg.torch_threads, single_process=self.single_process, convolutional=convolutional
+        )
+        torch.set_num_threads(self.torch_threads)
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
@@ -250,6 +260,7 @@ class RunBase(abc.ABC):
             "total_steps": self.total_steps,
             "eval_every": self.eval_every,
             "stop_return": self.stop_return,
+            "torch_threads": self.torch_threads,
             **(extra or {}),
         }
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
@@ -390,5 +401,6 @@ class RunBase(abc.ABC):
             "stopped_by": stopped_by,
             "episodes": self.episodes,
             "updates": self.state["updates"],
+            "torch_threads": self.torch_threads,
             "checkpoint": str(self.run_dir / "checkpoints" / "latest.pt"),
         }
