@@ -120,7 +120,8 @@ def usable_cores() -> int:
 
 def resolve_torch_threads(setting: int | str, *, single_process: bool, convolutional: bool) -> int:
     """The torch thread count of a run's training process: `setting` if it is a count; for "auto", every usable
-    core when the learner is a CNN (`convolutional`) in a single-process architecture, else 1.
+    core when the learner is a CNN (`convolutional`) in a single-process architecture, else 1; never more than
+    an `OMP_NUM_THREADS` the environment sets.
 
     Why (docs/benchmarks.md, "Atari: where the time goes"): a CNN update on minibatches of 256 runs much faster
     on two threads than on one, and in a single-process architecture the learner has the cores to itself while
@@ -130,6 +131,9 @@ def resolve_torch_threads(setting: int | str, *, single_process: bool, convoluti
     if setting != AUTO_THREADS:
         return int(setting)
     threads = usable_cores() if single_process and convolutional else 1
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) >= 1:  # the user's cap for OpenMP pools, which torch's own default honours too
+        threads = min(threads, int(omp))
     if threads > 1:
         log.info(f"torch threads: {threads} (auto: a CNN learner with the process to itself)")
     return threads

@@ -45,6 +45,7 @@ if FRAMES_ID not in gym.registry:
 def three_cores(monkeypatch):
     """This process may use cores 0, 1 and 2 (whatever the machine has)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
 
 def test_auto_gives_a_cnn_learner_in_one_process_every_usable_core(three_cores):
@@ -54,6 +55,14 @@ def test_auto_gives_a_cnn_learner_in_one_process_every_usable_core(three_cores):
 @pytest.mark.parametrize(("single_process", "convolutional"), [(True, False), (False, True), (False, False)])
 def test_auto_gives_mlp_learners_and_multi_process_architectures_one_thread(three_cores, single_process, convolutional):
     assert resolve_torch_threads("auto", single_process=single_process, convolutional=convolutional) == 1
+
+
+def test_auto_stays_within_omp_num_threads(three_cores, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert resolve_torch_threads("auto", single_process=True, convolutional=True) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # a cap, not a count: still the 3 usable cores
+    assert resolve_torch_threads("auto", single_process=True, convolutional=True) == 3
+    assert resolve_torch_threads(4, single_process=True, convolutional=True) == 4  # a count is the user's choice
 
 
 def test_a_count_is_taken_as_given(three_cores):
