@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
-from rlfleet.data.demos import DatasetError, load_demonstrations
+from rlfleet.data.demos import DatasetError, kwargs_items, load_demonstrations
 from rlfleet.run.collect import EpisodeRecorder, record_episodes
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.evaluate import load_agent
@@ -63,11 +63,6 @@ def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
             f"{cfg.algo} imitates demonstrations: give --dataset FILE "
             "(record one with rlfleet collect CHECKPOINT -o FILE)"
         )
-
-
-def _items(env_kwargs: dict[str, Any]) -> str:
-    """Keyword arguments as `--env-kwargs` items (`none` for none)."""
-    return " ".join(f"{k}={v!r}" for k, v in env_kwargs.items()) or "none"
 
 
 class OfflineRunner(RunBase):
@@ -120,7 +115,7 @@ class OfflineRunner(RunBase):
             raise ConfigError(f"--n-envs does not apply to {cfg.algo} (the offline runner steps no training envs)")
         info = self.env_info
         self.demos = load_demonstrations(self.opts.dataset)
-        self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"])
+        self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"], cfg.env_kwargs)
         if len(self.demos) == 0:
             raise DatasetError(f"dataset {self.opts.dataset} holds no demonstrations")
         self.expert = None
@@ -131,7 +126,8 @@ class OfflineRunner(RunBase):
             if expert_run["env_kwargs"] != cfg.env_kwargs:
                 raise ConfigError(
                     f"expert {self.opts.expert} was trained on {cfg.env} with --env-kwargs "
-                    f"{_items(expert_run['env_kwargs'])}, this run has {_items(cfg.env_kwargs)}: give the same"
+                    f"{kwargs_items(expert_run['env_kwargs'])}, this run has {kwargs_items(cfg.env_kwargs)}: "
+                    "give the same"
                 )
 
     # ----------------------------------------------------------------------------------------- state

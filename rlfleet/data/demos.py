@@ -10,6 +10,7 @@ The file holds plain arrays only (read with `allow_pickle=False`):
 | `starts` | `[N]` bool | True where an observation begins an episode |
 | `episode_returns` | `[E]` float64 | the return of every recorded episode (E = `starts.sum()`) |
 | `env` | `[]` str | the env id the data was recorded on |
+| `env_kwargs` | `[]` str | the env's keyword arguments (`--env-kwargs`) as JSON (older files: none) |
 | `action_kind` | `[]` str | `discrete` or `box` |
 | `action_n` / `action_low`, `action_high` | `[]` int / `[A]` float32 | the action space |
 | `source` | `[]` str | what produced the data (a checkpoint path), may be empty |
@@ -17,9 +18,11 @@ The file holds plain arrays only (read with `allow_pickle=False`):
 
 from __future__ import annotations
 
+import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +55,8 @@ class Demonstrations:
     env: str
     action_space: gym.spaces.Discrete | gym.spaces.Box
     source: str = ""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The keyword arguments the env was built with (`--env-kwargs`): the variant of `env` recorded on."""
 
     def __post_init__(self) -> None:
         n = obs_len(self.obs)
@@ -82,6 +87,7 @@ class Demonstrations:
         meta: dict[str, np.ndarray] = {
             "format": np.array(FORMAT),
             "env": np.array(self.env),
+            "env_kwargs": np.array(json.dumps(self.env_kwargs)),
             "action_kind": np.array(self.action_kind),
             "source": np.array(self.source),
         }
@@ -103,10 +109,18 @@ class Demonstrations:
             )
         return path
 
-    def check_fits(self, env: str, observation_space: gym.Space, action_space: gym.Space) -> None:
-        """A `DatasetError` naming the difference if these demonstrations were not recorded on `env`."""
+    def check_fits(
+        self, env: str, observation_space: gym.Space, action_space: gym.Space, env_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """A `DatasetError` naming the difference if these demonstrations were not recorded on `env` built with
+        `env_kwargs`."""
         if self.env != env:
             raise DatasetError(f"dataset was recorded on {self.env!r}, not on {env!r}: train on --env {self.env}")
+        if self.env_kwargs != (env_kwargs or {}):
+            raise DatasetError(
+                f"dataset was recorded on {env} with --env-kwargs {kwargs_items(self.env_kwargs)}, this run has "
+                f"{kwargs_items(env_kwargs or {})}: give the same"
+            )
         if not same_action_space(self.action_space, action_space):
             raise DatasetError(
                 f"dataset actions are {self.action_space}, but {env} has {action_space}: record it again"
@@ -178,6 +192,22 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
             env=str(arrays["env"]),
             action_space=space,
             source=str(arrays.get("source", "")),
+            env_kwargs=_env_kwargs(arrays),
         )
     except (KeyError, ValueError) as exc:
         raise DatasetError(f"{path} is not a valid rlfleet dataset: {exc}") from None
+
+
+def _env_kwargs(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The recorded env keyword arguments (none in files written before they were recorded)."""
+    if "env_kwargs" not in arrays:
+        return {}
+    value = json.loads(str(arrays["env_kwargs"]))
+    if not isinstance(value, dict):
+        raise ValueError(f"env_kwargs is {value!r}, not a mapping")
+    return value
+
+
+def kwargs_items(env_kwargs: dict[str, Any]) -> str:
+    """Keyword arguments as `--env-kwargs` items (`none` for none)."""
+    return " ".join(f"{k}={v!r}" for k, v in env_kwargs.items()) or "none"

@@ -91,7 +91,10 @@ def collect_demonstrations(
     record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"])
     obs, act, rew, starts = recorder.arrays()
     action_space = env_spec_info(run["env"], **run["env_kwargs"])["action_space"]
-    demos = Demonstrations(obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint))
+    demos = Demonstrations(
+        obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint),
+        env_kwargs=run["env_kwargs"],
+    )  # fmt: skip
     if output is not None:
         demos.save(output)
     return demos

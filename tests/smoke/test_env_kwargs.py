@@ -56,7 +56,17 @@ def test_the_variant_is_trained_evaluated_collected_and_resumed(tmp_path: Path, 
     assert_variant_returns(out["returns"])
 
     assert run_main(("collect", run, "--episodes", 2, "-o", tmp_path / "d.npz")) == 0
-    assert_variant_returns(list(load_demonstrations(tmp_path / "d.npz").episode_returns))
+    demos = load_demonstrations(tmp_path / "d.npz")
+    assert_variant_returns(list(demos.episode_returns))
+    assert demos.env_kwargs == VARIANT  # the dataset records the variant ...
+    bc = ("train", "bc", "--env", "CartPole-v1", "--dataset", tmp_path / "d.npz", "--logdir", tmp_path / "runs")
+    capsys.readouterr()
+    assert run_main((*bc, "--name", "bc-plain", "--no-progress")) == 2  # ... so bc on the plain env is refused
+    err = capsys.readouterr().err
+    assert "dataset was recorded on CartPole-v1 with --env-kwargs sutton_barto_reward=True, this run has none" in err
+    assert not (tmp_path / "runs" / "bc-plain").exists()
+    bc_options = ("--steps", 100, "--eval-every", 100, "--eval-episodes", 1, "--no-progress")
+    assert run_main((*bc, "--name", "bc-variant", "--env-kwargs", "sutton_barto_reward=true", *bc_options)) == 0
 
     assert run_main(("train", "--resume", run, "--env-kwargs", "sutton_barto_reward=false")) == 2
     assert "a resumed run keeps its configuration" in capsys.readouterr().err

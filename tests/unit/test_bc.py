@@ -89,6 +89,22 @@ def test_dataset_errors(tmp_path: Path):
         Demonstrations(d.obs, d.act, d.rew, np.zeros(len(d), dtype=bool), "CartPole-v1", d.action_space)
 
 
+def test_dataset_records_env_kwargs_and_reads_files_without_them(tmp_path: Path):
+    d = dataclasses.replace(demos(), env_kwargs={"sutton_barto_reward": True, "name": "x", "scale": 0.5})
+    assert load_demonstrations(d.save(tmp_path / "d.npz")).env_kwargs == d.env_kwargs
+    cartpole = gym.make("CartPole-v1")
+    d.check_fits("CartPole-v1", cartpole.observation_space, cartpole.action_space, d.env_kwargs)
+    with pytest.raises(DatasetError, match="with --env-kwargs sutton_barto_reward=True name='x' scale=0.5, this run"):
+        d.check_fits("CartPole-v1", cartpole.observation_space, cartpole.action_space)
+    with np.load(tmp_path / "d.npz") as data:  # a file written before datasets recorded them
+        arrays = {k: data[k] for k in data.files if k != "env_kwargs"}
+    np.savez(tmp_path / "old.npz", **arrays)
+    assert load_demonstrations(tmp_path / "old.npz").env_kwargs == {}
+    np.savez(tmp_path / "bad.npz", **arrays, env_kwargs=np.array("[1, 2]"))
+    with pytest.raises(DatasetError, match="not a valid rlfleet dataset: env_kwargs is"):
+        load_demonstrations(tmp_path / "bad.npz")
+
+
 # ---------------------------------------------------------------------------------------------- bc
 def test_bc_classifies_a_separable_dataset():
     rng = np.random.default_rng(0)
