@@ -116,10 +116,11 @@ class Demonstrations:
         `env_kwargs`."""
         if self.env != env:
             raise DatasetError(f"dataset was recorded on {self.env!r}, not on {env!r}: train on --env {self.env}")
-        if self.env_kwargs != (env_kwargs or {}):
+        env_kwargs = env_kwargs or {}
+        if self.env_kwargs != env_kwargs:
             raise DatasetError(
                 f"dataset was recorded on {env} with --env-kwargs {kwargs_items(self.env_kwargs)}, this run has "
-                f"{kwargs_items(env_kwargs or {})}: give the same"
+                f"{kwargs_items(env_kwargs)}: give the same"
             )
         if not same_action_space(self.action_space, action_space):
             raise DatasetError(

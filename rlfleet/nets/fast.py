@@ -55,14 +55,14 @@ class NumpyMLP:
     """
 
     def __init__(self, branches: list[list[nn.Module]], inputs: nn.Module | None = None):
-        self.branches = branches
         self.inputs = inputs
-        # the layers every branch starts with (the same module objects: a shared body) run once
-        self.shared = 0
-        while all(len(b) > self.shared and b[self.shared] is branches[0][self.shared] for b in branches):
-            self.shared += 1
-        modules = branches[0][: self.shared] + [m for b in branches for m in b[self.shared :]]
-        self.params = [p for m in modules for p in m.parameters()]
+        # the layers every branch starts with (the same module objects: a shared body) run once: the parts are
+        # that trunk, then each branch's own layers
+        shared = 0
+        while all(len(b) > shared and b[shared] is branches[0][shared] for b in branches):
+            shared += 1
+        self.parts = [branches[0][:shared]] + [b[shared:] for b in branches]
+        self.params = [p for part in self.parts for m in part for p in m.parameters()]
         self._ptrs: list[int] = []
         self._ops: list[list[Op]] = []
 
@@ -72,7 +72,6 @@ class NumpyMLP:
     def _views(self) -> list[list[Op]]:
         ptrs = [p.data_ptr() for p in self.params]
         if ptrs != self._ptrs:
-            parts = [self.branches[0][: self.shared]] + [b[self.shared :] for b in self.branches]
             self._ops = [
                 [
                     (m.weight.detach().numpy().T, m.bias.detach().numpy(), None)
@@ -80,7 +79,7 @@ class NumpyMLP:
                     else (None, None, _ACTIVATIONS[type(m)])
                     for m in part
                 ]
-                for part in parts
+                for part in self.parts
             ]
             self._ptrs = ptrs
         return self._ops

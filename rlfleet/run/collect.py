@@ -92,9 +92,8 @@ def collect_demonstrations(
     obs, act, rew, starts = recorder.arrays()
     action_space = env_spec_info(run["env"], **run["env_kwargs"])["action_space"]
     demos = Demonstrations(
-        obs, act, rew, starts, env=run["env"], action_space=action_space, source=str(checkpoint),
-        env_kwargs=run["env_kwargs"],
-    )  # fmt: skip
+        obs, act, rew, starts, run["env"], action_space, source=str(checkpoint), env_kwargs=run["env_kwargs"]
+    )
     if output is not None:
         demos.save(output)
     return demos
