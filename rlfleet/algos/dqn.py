@@ -41,7 +41,7 @@ from rlfleet.algos.common import (
     optimize,
     q_values,
 )
-from rlfleet.data.batch import Batch, cat_obs, map_obs
+from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs.normalize import NormOptions
@@ -201,17 +201,11 @@ class DQN:
         if self.q.core is not None:
             return self._sequence_loss(batch)
         b = batch.to_torch()
-        n = len(b.act)
-        if self.cfg.double:  # one pass of the online net over s and s' (it picks the next action)
-            q_all = self.q(cat_obs(b.obs, b.next_obs))
-            q_next_online = q_all[n:].detach()
-        else:
-            q_all = self.q(b.obs)
-        q = q_all[:n].gather(1, b.act.long().unsqueeze(1)).squeeze(1)
-        with torch.no_grad():
+        q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
+        with torch.no_grad():  # the online net's pass over s' (double) keeps no graph: the backward is over B rows
             next_q_target = self.q_target(b.next_obs)
-            if self.cfg.double:
-                next_v = next_q_target.gather(1, q_next_online.argmax(1, keepdim=True)).squeeze(1)
+            if self.cfg.double:  # the online net picks the next action, the target net values it
+                next_v = next_q_target.gather(1, self.q(b.next_obs).argmax(1, keepdim=True)).squeeze(1)
             else:
                 next_v = next_q_target.max(1).values
             y = b.rew + b.discount * (1.0 - b.terminated.float()) * next_v

@@ -42,7 +42,7 @@ from rlfleet.algos.common import (
     uniform_actions,
 )
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.data.batch import Batch, cat_obs, obs_len
+from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
@@ -180,15 +180,17 @@ class SAC:
         target update; 0-dim tensor metrics."""
         act = torch.from_numpy(self.bounds.normalize(batch.act))
         b = batch.to_torch()
-        n = len(act)
         alpha = self.log_alpha.detach().exp()
-        actions, logp = self.actor.sample(cat_obs(b.obs, b.next_obs))
-        y = self.td_target(b, actions[n:].detach(), logp[n:].detach(), alpha)
+        # a ~ π(·|s) for the policy step, sampled before the critics step (the policy is the same then); a' ~
+        # π(·|s') without a graph, so the policy's backward runs over B rows, not 2B of which half are zeros.
+        actions, logp = self.actor.sample(b.obs)
+        with torch.no_grad():
+            next_act, next_logp = self.actor.sample(b.next_obs)
+        y = self.td_target(b, next_act, next_logp, alpha)
         q = self.critic(b.obs, act)  # [2, B]
         critic_loss = 0.5 * (q - y).pow(2).mean(1).sum()
         optimize(self.optimizer, critic_loss, self.params, None)  # only the critics have gradients
-        logp = logp[:n]
-        q_pi = self.critic(b.obs, actions[:n], detach=True).min(0).values  # the critics after their step
+        q_pi = self.critic(b.obs, actions, detach=True).min(0).values  # the critics after their step
         actor_loss = (alpha * logp - q_pi).mean()
         optimize(self.optimizer, actor_loss, self.params, None)  # only the policy has gradients
         if self.cfg.auto_alpha:

@@ -235,9 +235,3 @@ def obs_len(obs: Any) -> int:
     if isinstance(obs, Mapping):
         return len(next(iter(obs.values())))
     return len(obs)
-
-
-def cat_obs(first: Any, second: Any) -> Any:
-    """Two batches of observations one after the other (tensors or arrays, or dicts / Batches of them)."""
-    return map_obs_pair(lambda a, b: torch.cat([a, b]) if isinstance(a, torch.Tensor) else np.concatenate([a, b]),
-                        first, second)  # fmt: skip

@@ -287,16 +287,17 @@ def test_sac_steps_critics_then_policy_then_temperature(auto_alpha):
 
     b = batch.to_torch()
     act = torch.from_numpy(algo.bounds.normalize(batch.act))
-    torch.manual_seed(1)  # the same noise draws, in the same order, as the update
-    actions, logp = actor_before.sample(torch.cat([b.obs, b.next_obs]))
-    y = before.td_target(b, actions[16:].detach(), logp[16:].detach(), alpha)
+    torch.manual_seed(1)  # the same noise draws, in the same order, as the update: a ~ π(·|s), then a' ~ π(·|s')
+    actions, logp = actor_before.sample(b.obs)
+    next_actions, next_logp = actor_before.sample(b.next_obs)
+    y = before.td_target(b, next_actions.detach(), next_logp.detach(), alpha)
     critic_loss = 0.5 * (critic_before(b.obs, act) - y).pow(2).mean(1).sum()
     assert_grads_close(steps[0]["critic"], torch.autograd.grad(critic_loss, list(critic_before.parameters())))
 
-    actor_loss = (alpha * logp[:16] - algo.critic(b.obs, actions[:16]).min(0).values).mean()
+    actor_loss = (alpha * logp - algo.critic(b.obs, actions).min(0).values).mean()
     want = torch.autograd.grad(actor_loss, list(actor_before.parameters()), retain_graph=True)
     assert_grads_close(steps[1]["actor"], want)
-    stale_loss = (alpha * logp[:16] - critic_before(b.obs, actions[:16]).min(0).values).mean()
+    stale_loss = (alpha * logp - critic_before(b.obs, actions).min(0).values).mean()
     stale = torch.autograd.grad(stale_loss, list(actor_before.parameters()))
     assert any(not torch.allclose(g, w, atol=1e-6) for g, w in zip(steps[1]["actor"], stale, strict=True))
 
@@ -304,6 +305,16 @@ def test_sac_steps_critics_then_policy_then_temperature(auto_alpha):
         with torch.no_grad():
             _, new_logp = algo.actor.sample(b.obs)
         torch.testing.assert_close(steps[2]["log_alpha"][0], -(new_logp.mean() + algo.target_entropy))
+
+
+def test_sac_builds_the_policys_graph_over_the_sampled_states_only():
+    """a' ~ π(·|s') for the target is drawn without a graph, so the policy's backward runs over the B sampled
+    states, not over 2B of which the s' half carries no gradient."""
+    algo = make("sac", auto_alpha=False)
+    calls = []
+    algo.actor.register_forward_hook(lambda module, inputs, out: calls.append((len(out[0]), torch.is_grad_enabled())))
+    algo.update(filled_buffer(algo).sample(16))
+    assert sorted(calls) == [(16, False), (16, True)]
 
 
 # ------------------------------------------------------------------------------------ acting
