@@ -6,7 +6,8 @@
   from one entry is 1/4 on average; from both, 1.
 - `space_envs:JointChoice-v0`: one-step episodes. The observation is a `Discrete(4)` cue c; the action a
   `MultiDiscrete([4, 4])` pair, paid 1 only if both factors are right, (a0, a1) = (c, 3 − c): a policy that
-  gets one factor right and guesses the other earns 1/4.
+  gets one factor right and guesses the other earns 1/4. `start=s` makes the factors' values s..s+3 (the pair
+  paid is then (s + c, s + 3 − c)).
 - `space_envs:BitMatch-v0`: one-step episodes. The observation is a `MultiBinary(3)` pattern; the action a
   `MultiBinary(3)` one, paid the fraction of bits that match the pattern.
 - `space_envs:DictPendulum-v0`: Pendulum-v1 with its observation as a Dict, the angle's (cos, sin) in one `Box`
@@ -52,14 +53,19 @@ class DictCue(_OneStep):
 
 class JointChoice(_OneStep):
     observation_space = gym.spaces.Discrete(4)
-    action_space = gym.spaces.MultiDiscrete([4, 4])
+
+    def __init__(self, start: int = 0, render_mode=None):
+        super().__init__(render_mode)
+        self.start = start
+        self.action_space = gym.spaces.MultiDiscrete([4, 4], start=[start, start])
 
     def _observe(self):
         self.cue = int(self.np_random.integers(4))
         return self.cue
 
     def _pay(self, action) -> float:
-        return float(int(action[0]) == self.cue and int(action[1]) == 3 - self.cue)
+        a0, a1 = (int(a) - self.start for a in action)
+        return float(a0 == self.cue and a1 == 3 - self.cue)
 
 
 class BitMatch(_OneStep):

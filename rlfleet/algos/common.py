@@ -118,7 +118,10 @@ def check_action_space(action_space: gym.Space, algo: str, kinds: Sequence[str])
     if kind == "Box" and not np.issubdtype(action_space.dtype, np.floating):
         raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
     if np.any(getattr(action_space, "start", 0) != 0):
-        raise UnsupportedSpaceError(f"algorithm {algo!r} takes actions that start at 0, but the env has {action_space}")
+        raise UnsupportedSpaceError(
+            f"algorithm {algo!r} takes actions that start at 0, but the env has {action_space}: wrap it in "
+            "rlfleet.envs.wrappers.ZeroBasedActions (rlfleet's make_env does)"
+        )
     return action_space
 
 

@@ -55,6 +55,8 @@ from rlfleet.envs.wrappers import (
     LiftEpisodeStatistics,
     SeedOnFirstReset,
     TerminalOnLifeLoss,
+    ZeroBasedActions,
+    has_action_start,
     needs_flat_dict,
     sign_reward,
 )
@@ -290,7 +292,9 @@ def make_env(
     docstring, or use :func:`finished_episodes`.
 
     Tuple and nested Dict observations reach the agent as one flat Dict (:class:`~rlfleet.envs.wrappers.
-    FlatDictObservation`: Blackjack-v1's Tuple becomes a Dict keyed "0", "1", "2").
+    FlatDictObservation`: Blackjack-v1's Tuple becomes a Dict keyed "0", "1", "2"). ``Discrete`` and
+    ``MultiDiscrete`` actions that start at a value other than 0 reach it 0-based (:class:`~rlfleet.envs.
+    wrappers.ZeroBasedActions`: the env gets start + the agent's choice).
 
     Raises:
         UnknownEnvError: unknown id (the message suggests close matches).
@@ -319,6 +323,8 @@ def make_env(
         raise TypeError(f"env must be a Gymnasium id or a zero-argument callable, got {type(env).__name__}")
     if needs_flat_dict(built.observation_space):  # Tuple and nested Dict observations: one flat Dict
         built = FlatDictObservation(built)
+    if has_action_start(built.action_space):  # Discrete(n, start) actions: the agent picks 0..n−1
+        built = ZeroBasedActions(built)
     if seed is not None:
         built = SeedOnFirstReset(built, seed)
     return built

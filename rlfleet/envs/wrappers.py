@@ -22,6 +22,7 @@ __all__ = [
     "SeedOnFirstReset",
     "TerminalOnLifeLoss",
     "VelocityMaskedObservation",
+    "ZeroBasedActions",
     "make_cartpole_no_velocity",
     "sign_reward",
 ]
@@ -74,6 +75,29 @@ class FlatDictObservation(gym.ObservationWrapper):
 
     def observation(self, observation: Any) -> dict[str, Any]:
         return _flatten(observation)
+
+
+def has_action_start(space: gym.Space) -> bool:
+    """A `Discrete` or `MultiDiscrete` action space whose values start anywhere but 0."""
+    return isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and bool(np.any(space.start != 0))
+
+
+class ZeroBasedActions(gym.ActionWrapper):
+    """`Discrete(n, start)` and `MultiDiscrete(nvec, start)` actions as the agent's 0-based choices: the agent sees
+    `Discrete(n)` (`MultiDiscrete(nvec)`) and picks k, the env gets start + k. A categorical head's outputs are the
+    choices 0..n−1, so every algorithm, buffer and dataset keeps 0-based actions."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.action_space
+        self.start = space.start
+        if isinstance(space, gym.spaces.Discrete):
+            self.action_space = gym.spaces.Discrete(int(space.n))
+        else:
+            self.action_space = gym.spaces.MultiDiscrete(space.nvec, dtype=space.dtype)
+
+    def action(self, action: Any) -> Any:
+        return self.start + np.asarray(action, dtype=self.start.dtype)
 
 
 class VelocityMaskedObservation(gym.ObservationWrapper):

@@ -5,8 +5,8 @@ are only paid together. Each run must reach a mean greedy return of 1.0 over 10 
 1.0 here: every greedy episode must reach the goal).
 
 Steps to solve with seeds 0, 1, 2 (evaluating every 1,000 steps): dqn on FrozenLake-v1 (4x4, not slippery) 2,048 in
-each; ppo 2,048, 2,048, 1,024; ppo on DictCue-v0 7,168, 3,072, 10,240; on JointChoice-v0 1,024 in each. The budgets
-leave about twice the worst of those."""
+each; ppo 2,048, 2,048, 1,024; ppo on DictCue-v0 7,168, 3,072, 10,240; on JointChoice-v0 1,024 in each, with
+start 0 and with start −2. The budgets leave about twice the worst of those."""
 
 import pytest
 import space_envs  # noqa: F401 (registers the tasks)
@@ -40,8 +40,19 @@ def test_ppo_uses_both_entries_of_a_dict_observation(run_opts):
 
 
 @pytest.mark.learning
-def test_ppo_chooses_multi_discrete_factors_jointly(run_opts):
-    """JointChoice pays 1 only when both factors are right: one right factor earns 1/4."""
-    r = train("ppo", "space_envs:JointChoice-v0", seed=0, steps=5_000, eval_every=1_000, eval_episodes=10, **run_opts)
+@pytest.mark.parametrize("start", [0, -2])
+def test_ppo_chooses_multi_discrete_factors_jointly(start, run_opts):
+    """JointChoice pays 1 only when both factors are right: one right factor earns 1/4. With start −2 the
+    factors' values are −2..1, which the agent picks 0-based."""
+    r = train(
+        "ppo",
+        "space_envs:JointChoice-v0",
+        env_kwargs={"start": start},
+        seed=0,
+        steps=5_000,
+        eval_every=1_000,
+        eval_episodes=10,
+        **run_opts,
+    )
     result = r.result
     assert result["solved"] and result["eval_return_mean"] == 1.0, f"ppo did not learn JointChoice-v0: {result}"

@@ -14,7 +14,7 @@ from rlfleet.algos import resolve
 from rlfleet.algos.common import UnsupportedSpaceError, algorithms_taking, policy_step
 from rlfleet.data import Batch, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.rollout import RolloutStorage
-from rlfleet.envs import make_vector_env
+from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.wrappers import FlatDictObservation
 from rlfleet.nets.encoders import FlatInput, MultiInputEncoder, make_encoder
 from rlfleet.nets.fast import discrete_actions
@@ -158,6 +158,43 @@ def test_nested_dict_and_tuple_observations_are_flattened_to_one_level():
     obs, _ = env.reset()
     assert obs["arm.1"] == 1 and obs["id"] == 0 and obs["arm.0"].shape == (2,)
     assert env.observation_space.contains(obs)
+
+
+class Echo(gym.Env):
+    """Records the action the env receives."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def __init__(self, action_space):
+        self.action_space, self.received = action_space, []
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.received.append(action)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    "space, agent_space, choice, received",
+    [
+        (gym.spaces.Discrete(3, start=-1), gym.spaces.Discrete(3), 0, -1),
+        (gym.spaces.Discrete(4, start=5), gym.spaces.Discrete(4), 3, 8),
+        (gym.spaces.MultiDiscrete([3, 2], start=[-1, 4]), gym.spaces.MultiDiscrete([3, 2]), [2, 0], [1, 4]),
+    ],
+)
+def test_actions_that_start_elsewhere_than_0_reach_the_agent_0_based(space, agent_space, choice, received):
+    """The agent picks k in 0..n−1 (what a categorical head gives); the env gets start + k, inside its space."""
+    echo = Echo(space)
+    env = make_env(lambda: echo)
+    assert env.action_space == agent_space
+    env.reset()
+    env.step(np.asarray(choice))
+    assert np.array_equal(echo.received[0], received) and space.contains(echo.received[0])
+    algo_cls, config_cls, _, variant = resolve("ppo")
+    with pytest.raises(UnsupportedSpaceError, match="start at 0.*ZeroBasedActions"):  # the raw space, unwrapped
+        algo_cls(config_cls(**variant), echo.observation_space, space, seed=0)
 
 
 # ------------------------------------------------------------------------------ storage and replay, nested
