@@ -16,7 +16,7 @@ a policy step whose loss reads the critics as that step left them (through detac
 reaches the policy only), then an α step on log π of fresh actions from the updated policy; α is the
 pre-update constant in the critic and policy losses. (The original implementation computes all three
 gradients from the pre-update parameters at once.) One Adam holds the parameter groups; each step moves
-only the network that has gradients. The policy is sampled on s and s' in one pass.
+only the network that has gradients. a' ~ π(·|s') for the target is sampled without a graph.
 """
 
 from __future__ import annotations
