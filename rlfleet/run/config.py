@@ -204,6 +204,21 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def resolve_stop_return(given: float | None, threshold: float | None, env: str, env_kwargs: dict[str, Any]):
+    """The return a run stops at: `given` (`--stop-return`), else the env id's `reward_threshold` (None: never).
+    The id's threshold was registered for the env as the id builds it; for a variant (`env_kwargs`) the run says
+    where its threshold comes from, since the variant's returns may differ (FrozenLake's 8x8 map, a reward
+    option)."""
+    if given is not None:
+        return given
+    if threshold is not None and env_kwargs:
+        log.info(
+            f"stop return {threshold:g}: the reward_threshold of {env} without --env-kwargs; "
+            "set --stop-return if this variant's returns differ"
+        )
+    return threshold
+
+
 DEFAULT_PRESET = "default"
 """`--preset default`: the algorithm's own defaults, neither a per-env nor a family preset."""
 

@@ -40,6 +40,7 @@ from rlfleet.run.config import (
     build_algo_config,
     build_options,
     check_run_config,
+    resolve_stop_return,
     resolve_torch_threads,
 )
 from rlfleet.run.env_kwargs import env_info
@@ -155,7 +156,6 @@ class RunBase(abc.ABC):
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
         self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
-        self.stop_return = cfg.stop_return if cfg.stop_return is not None else info["reward_threshold"]
         # a CNN learner: images, and an algorithm whose `encoder` makes CNNs of them (ddpg, td3, sac have none)
         convolutional = has_image(info["observation_space"]) and getattr(self.algo_cfg, "encoder", "mlp") != "mlp"
         self.torch_threads = resolve_torch_threads(
@@ -168,6 +168,7 @@ class RunBase(abc.ABC):
         self.obs_stats = self.make_obs_stats()
         self.reward_norm = self.make_reward_norm()
         self.check_config()
+        self.stop_return = resolve_stop_return(cfg.stop_return, info["reward_threshold"], cfg.env, cfg.env_kwargs)
         if run_dir is None:
             check_output_folder(cfg.logdir, "--logdir")
         self.run_dir = run_dir or (Path(cfg.logdir) / cfg.name if cfg.name else _default_run_dir(cfg))

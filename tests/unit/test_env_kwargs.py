@@ -138,6 +138,35 @@ def test_the_python_api_refuses_before_writing(tmp_path: Path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "env_kwargs, stop_return, note",
+    [
+        ({"map_name": "8x8", "is_slippery": False}, None, True),  # the id's 0.7, which the variant did not register
+        ({"map_name": "8x8", "is_slippery": False}, 1.0, False),  # given: taken as it is
+        ({}, None, False),  # the env as the id builds it: its own threshold
+    ],
+)
+def test_a_variant_run_says_where_its_stop_return_comes_from(env_kwargs, stop_return, note, tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+        r = train(
+            "dqn",
+            "FrozenLake-v1",
+            env_kwargs=env_kwargs,
+            stop_return=stop_return,
+            steps=64,
+            eval_every=64,
+            eval_episodes=1,
+            logdir=str(tmp_path),
+        )
+    lines = [rec.getMessage() for rec in caplog.records if "stop return" in rec.getMessage()]
+    expected = ["stop return 0.7: the reward_threshold of FrozenLake-v1 without --env-kwargs; "
+                "set --stop-return if this variant's returns differ"]  # fmt: skip
+    assert lines == (expected if note else [])
+    assert r.result["stop_return"] == (stop_return if stop_return is not None else 0.7)
+
+
 def test_an_expert_of_another_variant_is_refused(tmp_path: Path):
     import dataclasses
 
