@@ -96,6 +96,9 @@ class Config(NormOptions, SDEOptions):
     init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range (with `sde`: σ of each entry of the
     noise matrix)."""
+    ortho_init: bool = True
+    """Orthogonal initialisation of the layers (gains √2, 0.01 for the policy's output, 1 for the value's); False:
+    PyTorch's default initialisation, as Stable-Baselines3's `ortho_init=False` (σ keeps `init_std`)."""
     total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""
 
@@ -201,6 +204,7 @@ class A2C:
             init_std=cfg.init_std,
             lstm=cfg.lstm,
             sde=cfg.sde,
+            ortho_init=cfg.ortho_init,
         )
         self.bounds = action_bounds(action_space)
         self.optimizer = make_optimizer(cfg.optimizer, self.model.parameters(), cfg.lr)

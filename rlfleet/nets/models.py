@@ -52,6 +52,17 @@ def _leading_shape(obs: Any) -> tuple[int, int]:
     return first.shape[0], first.shape[1]
 
 
+def torch_default_init(model: nn.Module) -> None:
+    """PyTorch's own initialisation for every linear, convolutional and LSTM layer instead of the orthogonal one
+    (Stable-Baselines3's `ortho_init=False`). σ keeps `init_std`: the state-independent log σ and gSDE's are
+    parameters of their own, and a σ layer (`GaussianHead.std_linear`) keeps its initialisation, whose bias
+    carries it."""
+    keep = {id(m.std_linear) for m in model.modules() if isinstance(m, GaussianHead) and m.std_linear is not None}
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv2d | nn.LSTMCell) and id(module) not in keep:
+            module.reset_parameters()
+
+
 class ActorCritic(nn.Module):
     """A policy and a state value over a feed-forward or recurrent trunk.
 
@@ -61,7 +72,8 @@ class ActorCritic(nn.Module):
     explores with gSDE, its σ entries starting at `init_std`) for a 1-D `Box`. Vector
     observations get separate actor and critic encoders unless `shared`; images share one CNN. With
     `lstm` > 0, one encoder and an `LSTMCore` of that many cells feed both heads: call `unroll` with the
-    recurrent state instead of `forward`.
+    recurrent state instead of `forward`. The layers are initialised orthogonally; `ortho_init=False` gives them
+    PyTorch's default initialisation (`torch_default_init`).
     """
 
     def __init__(
@@ -77,6 +89,7 @@ class ActorCritic(nn.Module):
         init_std: float = 1.0,
         lstm: int = 0,
         sde: bool = False,
+        ortho_init: bool = True,
     ):
         super().__init__()
         if isinstance(action_space, int):
@@ -116,6 +129,8 @@ class ActorCritic(nn.Module):
             if not shared:
                 self.critic_body = make_encoder(obs_space, encoder, hidden, activation)
             self.value_head = ValueHead(features)
+        if not ortho_init:
+            torch_default_init(self)
 
     def forward(self, obs: Any) -> tuple[SoftmaxCategorical | DiagGaussian, torch.Tensor | None]:
         if self.core is not None:

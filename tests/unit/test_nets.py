@@ -110,3 +110,33 @@ def test_softmax_categorical_agrees_with_torchs_categorical():
     torch.testing.assert_close(masked.entropy(), torch.tensor([np.log(2.0)], dtype=torch.float32))
     draws = SoftmaxCategorical(torch.log(torch.tensor([0.2, 0.8])).expand(4000, 2)).sample()
     assert draws.shape == (4000,) and abs(draws.float().mean().item() - 0.8) < 0.03
+
+
+@pytest.mark.parametrize("log_std, sde", [("state_independent", False), ("state_dependent", False), ("", True)])
+def test_ortho_init_false_gives_pytorchs_default_initialisation_and_keeps_sigma(log_std, sde):
+    """Orthogonal layers: W Wᵀ = gain² I (√2 for the hidden layers) and zero biases; with ortho_init=False every
+    layer has nn.Linear's own initialisation, U(−1/√fan_in, 1/√fan_in) for weights and biases, and σ still
+    starts at init_std (a σ layer keeps the bias that carries it; gSDE's σ is a parameter of its own)."""
+    obs, act = gym.spaces.Box(-1, 1, (6,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+    kwargs = dict(hidden=(16, 16), init_std=0.2, sde=sde, **({"log_std": log_std} if log_std else {}))
+    ortho = ActorCritic(obs, act, **kwargs)
+    for layer in [m for m in ortho.actor_body.modules() if isinstance(m, torch.nn.Linear)]:
+        w = layer.weight.detach()
+        gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+        torch.testing.assert_close(gram, 2.0 * torch.eye(len(gram)), atol=1e-5, rtol=0)
+        assert torch.all(layer.bias == 0)
+
+    default = ActorCritic(obs, act, ortho_init=False, **kwargs)
+    std_linear = getattr(default.policy, "std_linear", None)
+    for layer in [m for m in default.modules() if isinstance(m, torch.nn.Linear)]:
+        if layer is std_linear:
+            torch.testing.assert_close(layer.bias.detach(), torch.full((2,), float(np.log(0.2))))
+            continue
+        bound = 1 / np.sqrt(layer.in_features)
+        assert layer.weight.abs().max() <= bound and layer.bias.abs().max() <= bound
+        assert layer.bias.abs().max() > 0 and layer.weight.std() > bound / 3  # not orthogonal with gain 0.01
+    if sde:
+        torch.testing.assert_close(default.policy.noise.log_std.detach().exp(), torch.full((16, 2), 0.2))
+    else:
+        dist, _ = default(torch.zeros(1, 6))
+        torch.testing.assert_close(dist.std.detach(), torch.full((1, 2), 0.2), atol=1e-2, rtol=0)
