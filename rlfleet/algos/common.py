@@ -15,6 +15,7 @@ from torch import nn
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from rlfleet.envs.wrappers import has_action_start
 from rlfleet.fields import bounded
 from rlfleet.nets.fast import (
     discrete_actions,
@@ -117,7 +118,7 @@ def check_action_space(action_space: gym.Space, algo: str, kinds: Sequence[str])
         raise UnsupportedSpaceError(f"algorithm {algo!r} takes 1-D {kind} actions, but the env has {action_space}")
     if kind == "Box" and not np.issubdtype(action_space.dtype, np.floating):
         raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
-    if np.any(getattr(action_space, "start", 0) != 0):
+    if has_action_start(action_space):
         raise UnsupportedSpaceError(
             f"algorithm {algo!r} takes actions that start at 0, but the env has {action_space}: wrap it in "
             "rlfleet.envs.wrappers.ZeroBasedActions (rlfleet's make_env does)"
