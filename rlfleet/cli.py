@@ -34,8 +34,10 @@ def _train(args: argparse.Namespace) -> int:
                 "--env-kwargs KEY=VALUE ...)"
             )
         given["env_kwargs"] = parse_env_kwargs(items)
-    if args.resume:
-        result = train(resume=args.resume, **given)
+    if args.resume:  # what may not change must equal the saved run (`resumed_config`): ALGO and --set included
+        if args.set:
+            given["overrides"] = parse_overrides(args.set)
+        result = train(args.algo, resume=args.resume, **given)
     else:
         if not args.algo or "env" not in given:
             raise ConfigError("train needs ALGO and --env ID (or --resume RUN_DIR)")
@@ -92,18 +94,21 @@ def _show_run_notes() -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     notes = logging.getLogger("rlfleet.run.config")
+    for old in [h for h in notes.handlers if getattr(h, "rlfleet_notes", False)]:  # an earlier command's, in-process
+        notes.removeHandler(old)
+    handler.rlfleet_notes = True
     notes.addHandler(handler)
     notes.setLevel(logging.INFO)
     notes.propagate = False
 
 
 def _list(args: argparse.Namespace) -> int:
-    from rlfleet.algos import REGISTRY, resolve
+    from rlfleet.algos import REGISTRY, resolve, summary
 
     print("algorithms (rlfleet train ALGO):")
     for name in sorted(REGISTRY):
         cls, config_cls, presets, _ = resolve(name)
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        doc = summary(name)
         preset_names = ", ".join(sorted(presets)) or "-"
         actions = ", ".join(cls.action_spaces)
         print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; actions: {actions}; presets: {preset_names}")
@@ -169,21 +174,27 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     from rlfleet.run.config import RunConfig
 
     skip = {"algo", "env_kwargs", "options", "overrides", "progress"}  # ALGO and 3 flags: by hand
-    _add_fields(parser.add_argument_group("run options"), RunConfig, [f.name for f in dataclasses.fields(RunConfig)
-                if f.name not in skip])  # fmt: skip
+    run_group = parser.add_argument_group("run options")
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in skip:
+            extra = f" Architectures: {', '.join(ARCHITECTURES)}." if f.name == "arch" else ""
+            _add_field(run_group, RunConfig, f.name, _field_help(RunConfig, f.name) + extra)
     owners: dict[str, list[str]] = {}  # option -> the architectures that have it
-    classes: dict[str, type] = {}
     for arch in ARCHITECTURES:
         for f in dataclasses.fields(runner_class(arch).Options):
             owners.setdefault(f.name, []).append(arch)
-            classes.setdefault(f.name, runner_class(arch).Options)
     groups: dict[tuple[str, ...], list[str]] = {}
     for name, archs in owners.items():
         groups.setdefault(tuple(archs), []).append(name)
     for archs, names in groups.items():
         group = parser.add_argument_group(f"options of {', '.join(archs)}")
         for name in names:
-            _add_fields(group, classes[name], [name])
+            helps = {arch: _field_help(runner_class(arch).Options, name) for arch in archs}
+            if len(set(helps.values())) == 1:  # one meaning
+                text = helps[archs[0]]
+            else:  # architectures that mean different things by one option name: each says its own
+                text = " | ".join(f"{arch}: {doc}" for arch, doc in helps.items())
+            _add_field(group, runner_class(archs[0]).Options, name, text)
 
 
 def _count_or_word(text: str) -> int | str:
@@ -194,26 +205,27 @@ def _count_or_word(text: str) -> int | str:
         return text
 
 
-def _add_fields(group, cls: type, names: list[str]) -> None:
-    """One option per field of the dataclass `cls` in `names`: `--field-name`, typed by its annotation."""
-    docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for name in names:
-        f = fields[name]
-        kinds = [t for t in typing.get_args(hints[name]) if t is not type(None)]
-        kind = kinds[0] if kinds else hints[name]
-        doc = " ".join(docs.get(name, "").split())
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if default not in (None, False, ""):
-            doc += f" (default: {default})"
-        flag = "--" + name.replace("_", "-")
-        if kind is bool:
-            group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=doc)
-        else:
-            convert = _count_or_word if {int, str} <= set(kinds) else {int: _count, float: float}.get(kind, str)
-            metavar = {int: "N", float: "X"}.get(kind, name.split("_")[-1].upper())
-            group.add_argument(flag, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=doc)
+def _field_help(cls: type, name: str) -> str:
+    """The help of the dataclass field `name` of `cls`: its docstring on one line, and its default."""
+    doc = " ".join(field_docs(cls).get(name, "").split())
+    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    if default not in (None, False, "", dataclasses.MISSING):
+        doc += f" (default: {default})"
+    return doc
+
+
+def _add_field(group, cls: type, name: str, doc: str) -> None:
+    """The option `--field-name` of the dataclass field `name` of `cls`, typed by its annotation."""
+    hint = typing.get_type_hints(cls)[name]
+    kinds = [t for t in typing.get_args(hint) if t is not type(None)]
+    kind = kinds[0] if kinds else hint
+    flag = "--" + name.replace("_", "-")
+    if kind is bool:
+        group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=doc)
+    else:
+        convert = _count_or_word if {int, str} <= set(kinds) else {int: _count, float: float}.get(kind, str)
+        metavar = {int: "N", float: "X"}.get(kind, name.split("_")[-1].upper())
+        group.add_argument(flag, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=doc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             _show_run_notes()
         return args.func(args)
+    except BrokenPipeError:  # `rlfleet list | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
     except (
         UnknownAlgorithmError,
         UnknownEnvError,

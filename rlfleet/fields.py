@@ -31,6 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 BOUNDS = "rlfleet.bounds"
+
+MAX_ROLES = 1024
+"""The most processes or threads one count may ask for (workers, learners, actors, shards, torch threads): far
+past the cores of any one machine, so that an absurd count (`--learners 1e9`, `--torch-threads 1e6`) is one line
+instead of an allocator error, a K x K matrix of 10^18 entries or a crash inside OpenMP."""
+MAX_ENVS = 4096
+"""The most envs one count may ask for (`--n-envs`, `n_envs`, `--eval-episodes`: one env each, a process each in
+async mode)."""
 CHECK = "rlfleet.check"
 
 

@@ -12,8 +12,9 @@ from typing import Any
 from rlfleet.algos import resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
+from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
-from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.config import ConfigError, RunConfig, parse_field
 from rlfleet.run.runner import RunBase, RunResult
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env", "options"}
@@ -38,13 +39,7 @@ def train(
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
-        resumable = {"steps", "time_limit", "progress"}
-        if set(options) - resumable:
-            raise ConfigError(
-                f"a resumed run keeps its configuration; only {sorted(resumable)} can be changed, "
-                f"got {sorted(set(options) - resumable)}"
-            )
-        cfg = _saved_config(payload["run_config"], options)
+        cfg = resumed_config(payload, algo, env, options)
         return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
@@ -52,6 +47,70 @@ def train(
     arch_options = {k: v for k, v in options.items() if k not in RUN_FIELDS}
     cfg = RunConfig(algo=algo, env=env, options=arch_options, **run)
     return _runner(cfg)(cfg, callbacks=callbacks).run()
+
+
+RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "progress"}) | {
+    f.name for f in dataclasses.fields(RoleOptions)
+}
+"""What a resumed run may change: how long it trains (`--steps`, `--time-limit`), and how and where it runs, which
+the checkpoint does not depend on (`--torch-threads`, the backend and its options: `--backend`, `--address`,
+`--placement`, `--cpus-per-role`, `--gpus-per-role`, `--heartbeat-s`, `--max-restarts`; each backend restarts
+its roles from the learner's saved state). Anything else given with a resume must equal the saved value."""
+
+
+def resumed_config(payload: dict[str, Any], algo: str | None, env: str | None, given: dict[str, Any]) -> RunConfig:
+    """The `RunConfig` a resumed run goes on with: the checkpoint's, with what `given` may change
+    (`RESUME_MAY_CHANGE`) applied. `algo`, `env` and every other option given must equal the saved value; those
+    that differ are one `ConfigError` naming each, never dropped in silence."""
+    cfg = _saved_config(payload["run_config"], {})
+    differ = []
+    for option, value, saved in (("ALGO", algo, cfg.algo), ("--env", env, cfg.env)):
+        if value is not None and value != saved:
+            differ.append(f"{option} {value} (the run's: {saved})")
+    for key, value in given.items():
+        if key == "overrides":
+            differ += _overrides_that_differ(cfg.algo, value, payload["algo_config"])
+        elif key in RESUME_MAY_CHANGE:
+            if key in RUN_FIELDS:
+                setattr(cfg, key, value)
+            else:
+                cfg.options[key] = value
+        else:
+            saved = getattr(cfg, key) if key in RUN_FIELDS else cfg.options.get(key, _default_option(cfg.arch, key))
+            if value != saved:
+                differ.append(f"--{key.replace('_', '-')} {value} (the run's: {saved})")
+    if given.get("backend", "ray") != "ray":  # off Ray, the saved run's Ray options no longer apply
+        for key in set(RAY_OPTIONS) - set(given):
+            cfg.options.pop(key, None)
+    if differ:
+        may = ", ".join(sorted("--" + k.replace("_", "-") for k in RESUME_MAY_CHANGE - {"progress"}))
+        raise ConfigError(
+            f"a resumed run keeps its configuration, and these differ from it: {', '.join(differ)}; a resume may "
+            f"change only {may} (start a new run for the rest)"
+        )
+    return cfg
+
+
+def _overrides_that_differ(algo: str, overrides: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """`--set` items of a resume whose value differs from the checkpoint's algorithm config."""
+    differ = []
+    for key, value in overrides.items():
+        parsed = parse_field(algo, key, value) if isinstance(value, str) else value
+        if _plain(parsed) != _plain(saved.get(key)):
+            differ.append(f"--set {key}={value} (the run's: {saved.get(key)})")
+    return differ
+
+
+def _plain(value: Any) -> Any:
+    """A config value as compared across a checkpoint (tuples and lists alike)."""
+    return list(value) if isinstance(value, tuple | list) else value
+
+
+def _default_option(arch: str | None, key: str) -> Any:
+    """The default of architecture option `key` (an option the architecture lacks: reported when the run starts)."""
+    fields = {f.name: f for f in dataclasses.fields(runner_class(arch or "single").Options)}
+    f = fields.get(key)
+    return None if f is None or f.default is dataclasses.MISSING else f.default
 
 
 def _saved_config(saved: dict[str, Any], changes: dict[str, Any]) -> RunConfig:

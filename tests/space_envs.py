@@ -10,6 +10,8 @@
   paid is then (s + c, s + 3 − c)).
 - `space_envs:BitMatch-v0`: one-step episodes. The observation is a `MultiBinary(3)` pattern; the action a
   `MultiBinary(3)` one, paid the fraction of bits that match the pattern.
+- `space_envs:HugeDiscrete-v0` and `space_envs:EmptyDict-v0`: observation spaces no network can take
+  (`Discrete(10**16)`, whose one-hot would not fit in memory, and `Dict({})`), for the bad-input tests.
 - `space_envs:DictPendulum-v0`: Pendulum-v1 with its observation as a Dict, the angle's (cos, sin) in one `Box`
   entry and the angular velocity in another: continuous control on a Dict observation.
 """
@@ -94,7 +96,27 @@ class DictPendulum(gym.ObservationWrapper):
         return {"angle": observation[:2], "velocity": observation[2:]}
 
 
+class _Unlearnable(_OneStep):
+    action_space = gym.spaces.Discrete(2)
+
+    def _observe(self):
+        return self.observation_space.sample()
+
+    def _pay(self, action) -> float:
+        return 0.0
+
+
+class HugeDiscrete(_Unlearnable):
+    observation_space = gym.spaces.Discrete(10**16)
+
+
+class EmptyDict(_Unlearnable):
+    observation_space = gym.spaces.Dict({})
+
+
 gym.register("DictCue-v0", entry_point="space_envs:DictCue", reward_threshold=0.99)
 gym.register("JointChoice-v0", entry_point="space_envs:JointChoice", reward_threshold=0.99)
 gym.register("BitMatch-v0", entry_point="space_envs:BitMatch", reward_threshold=0.99)
 gym.register("DictPendulum-v0", entry_point="space_envs:DictPendulum", max_episode_steps=200, reward_threshold=-250)
+gym.register("HugeDiscrete-v0", entry_point="space_envs:HugeDiscrete")
+gym.register("EmptyDict-v0", entry_point="space_envs:EmptyDict")

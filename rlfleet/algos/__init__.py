@@ -71,6 +71,14 @@ REGISTRY: dict[str, tuple] = {
     "a3c": ("rlfleet.algos.a2c", "A2C", "A3C_VARIANT", "A3C_PRESETS"),
 }
 
+# what `rlfleet list` says of a name that runs another's module (else the module docstring's first line)
+SUMMARIES: dict[str, str] = {
+    "a3c": "A3C: asynchronous advantage actor-critic (Mnih et al. 2016): a2c's loss on hogwild actor-learners "
+    "(1 env per worker, 5-step segments, Shared RMSProp, annealed learning rate).",
+    "onestep_q": "One-step Q-learning (Mnih et al. 2016, Algorithm 1): per-env ε from {0.1, 0.01, 0.5}, target net.",
+    "sarsa": "One-step Sarsa (Mnih et al. 2016): the one-step target with the action taken next, per-env ε.",
+    "nstep_q": "n-step Q-learning (Mnih et al. 2016, Algorithm S2): n-step returns on short segments, per-env ε.",
+}
 # the architecture an algorithm runs on when none is given
 DEFAULT_ARCH: dict[str, str] = {"a3c": "hogwild", "bc": "offline"}
 
@@ -92,6 +100,12 @@ def resolve(name: str) -> tuple[type, type, dict[str, dict[str, Any]], dict[str,
     presets = getattr(module, presets[0] if presets else "PRESETS", {})
     variant = getattr(module, variant) if isinstance(variant, str) else variant
     return getattr(module, cls_name), module.Config, presets, dict(variant)
+
+
+def summary(name: str) -> str:
+    """One line on a registered algorithm, as `rlfleet list` shows it."""
+    cls = resolve(name)[0]
+    return SUMMARIES.get(name) or (importlib.import_module(cls.__module__).__doc__ or "").strip().splitlines()[0]
 
 
 def config_fields(config_cls: type) -> dict[str, dataclasses.Field]:

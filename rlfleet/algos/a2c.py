@@ -46,7 +46,7 @@ from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
@@ -56,7 +56,7 @@ from rlfleet.nets.recurrent import LSTMCore
 class Config(NormOptions, SDEOptions):
     """A2C hyperparameters; the defaults solve CartPole-v1 (presets: atari, paper, continuous, lstm)."""
 
-    n_envs: int = bounded(8, ge=1)
+    n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
     """Parallel envs stepped in lockstep by one process."""
     rollout_len: int = bounded(16, ge=1)
     """Steps per env per update (the paper's t_max)."""

@@ -16,7 +16,7 @@ from torch import nn
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.envs.wrappers import has_action_start
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.fast import (
     discrete_actions,
     gaussian_log_prob,
@@ -42,7 +42,7 @@ class SDEOptions:
 class ReplayOptions:
     """The replay-loop fields the continuous off-policy algorithms' `Config`s share (ddpg, td3, sac)."""
 
-    n_envs: int = bounded(1, ge=1)
+    n_envs: int = bounded(1, ge=1, le=MAX_ENVS)
     """Parallel envs stepped in lockstep by one process."""
     buffer_size: int = bounded(100_000, ge=1)
     """Replay capacity in transitions."""

@@ -45,7 +45,7 @@ from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore
 
@@ -54,7 +54,7 @@ from rlfleet.nets.recurrent import LSTMCore
 class Config(PriorityOptions, NormOptions):
     """DQN hyperparameters; the defaults (double + dueling + prioritized, 3-step) solve CartPole-v1."""
 
-    n_envs: int = bounded(4, ge=1)
+    n_envs: int = bounded(4, ge=1, le=MAX_ENVS)
     """Parallel envs stepped in lockstep by one process."""
     buffer_size: int = bounded(50_000, ge=1)
     """Replay capacity in transitions."""

@@ -47,7 +47,7 @@ from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
 
 TARGETS = ("onestep_q", "sarsa", "nstep_q")
@@ -59,7 +59,7 @@ class Config(NormOptions):
 
     target: str = "nstep_q"
     """onestep_q, sarsa or nstep_q."""
-    n_envs: int = bounded(8, ge=1)
+    n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
     """Parallel envs (each with its own final ε)."""
     rollout_len: int = bounded(5, ge=1)
     """Steps per env between updates: t_max for n-step Q, I_AsyncUpdate for the one-step methods."""

@@ -34,7 +34,7 @@ from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 
@@ -43,7 +43,7 @@ from rlfleet.nets.models import ActorCritic
 class Config(NormOptions):
     """REINFORCE hyperparameters; the defaults solve CartPole-v1."""
 
-    n_envs: int = bounded(8, ge=1)
+    n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
     """Parallel envs stepped in lockstep by one process."""
     rollout_len: int = bounded(32, ge=1)
     """Steps per env per update; episodes unfinished at the segment end are dropped without a baseline."""

@@ -42,7 +42,7 @@ from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
@@ -52,7 +52,7 @@ from rlfleet.nets.recurrent import LSTMCore
 class Config(NormOptions, SDEOptions):
     """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous, mujoco)."""
 
-    n_envs: int = bounded(8, ge=1)
+    n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
     """Parallel envs stepped in lockstep by one process."""
     rollout_len: int = bounded(32, ge=1)
     """Steps per env per update."""

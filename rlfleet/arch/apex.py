@@ -72,7 +72,7 @@ from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.batch import Batch, map_obs, map_obs_pair
 from rlfleet.data.returns import NStepBuilder
 from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.run.config import ConfigError
 
 AHEAD = 2  # blocks an actor may have sent beyond what the learner has caught up with
@@ -280,9 +280,9 @@ class ApexOptions(RoleOptions):
     """apex's options: the actors, each a role with its own envs (the algorithm's `n_envs`) and its own rung of
     the exploration ladder, the replay shards, and the backend's options."""
 
-    actors: int = bounded(2, ge=1)
+    actors: int = bounded(2, ge=1, le=MAX_ROLES)
     """N: actors, each a role with its own envs and its own rung of the exploration ladder."""
-    replay_shards: int = bounded(1, ge=1)
+    replay_shards: int = bounded(1, ge=1, le=MAX_ROLES)
     """Replay shards (services), each holding buffer_size / replay_shards transitions; actors send them blocks
     in turn, the learner samples them in turn."""
     block: int = bounded(50, ge=1)
@@ -325,10 +325,18 @@ class ApexRunner(ParallelRunner):
                 f"start; use --backend {with_services}"
             )
         size, batch = self.algo_cfg.buffer_size, self.algo_cfg.batch_size
+        if size < batch:
+            raise ConfigError(f"{self.cfg.algo} config buffer_size={size} holds fewer transitions than a batch "
+                              f"(batch_size={batch}): set buffer_size >= {batch}")  # fmt: skip
         if size // self.opts.replay_shards < batch:
             raise ConfigError(
                 f"--replay-shards {self.opts.replay_shards} leaves {size // self.opts.replay_shards} transitions per "
-                f"shard, fewer than a batch ({batch}); use 1 to {max(1, size // batch)}"
+                f"shard, fewer than a batch ({batch}); use 1 to {size // batch}"
+            )
+        if self.opts.block > self.total_steps:  # the step count grows a block at a time: one block would overshoot
+            raise ConfigError(
+                f"--block {self.opts.block} is more than the run's {self.total_steps} steps (the run counts steps as "
+                f"blocks arrive, so it would run at least {self.opts.block}); use --block 1 to {self.total_steps}"
             )
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):

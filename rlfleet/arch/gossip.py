@@ -70,7 +70,7 @@ from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, Wo
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.backends.mailboxes import Mailboxes
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.run.config import ConfigError
 
 AHEAD = 2  # items a learner may have sent beyond those the coordinator has taken in
@@ -178,13 +178,15 @@ class Topology:
     def make(cls, name: str, n: int, peers: int = 1) -> Topology:
         """`ring` or `exp` with `peers` peers per round, or the matrices in the file `name`; checked."""
         if name == "ring":
-            if n > 1 and peers > n - 1:
+            if peers > max(n - 1, 1):  # one learner has no peer; its default --peers 1 is let pass
                 raise ConfigError(f"--peers {peers} needs at least {peers + 1} learners in a ring; got --learners {n}")
             matrices = [ring_matrix(n, min(peers, n - 1))]
             where = f"the {peers}-peer ring's mixing matrix"
         elif name == "exp":
             hops = math.ceil(math.log2(n)) if n > 1 else 0
-            if n > 1 and peers > hops:
+            if peers > max(hops, 1):
+                if n == 1:
+                    raise ConfigError(f"--peers {peers}: one learner has no peers; use --learners {peers + 1} or more")
                 raise ConfigError(f"--peers {peers} is more than the exponential graph of {n} learners has ({hops} "
                                   f"hops: 1, 2, ..., {2 ** (hops - 1)}); use --peers 1 to {hops}")  # fmt: skip
             matrices = exponential_matrices(n, peers)
@@ -419,7 +421,7 @@ class GossipLearner(WorkerActor):
 class GossipOptions(RoleOptions):
     """gossip's options."""
 
-    learners: int = bounded(4, ge=1)
+    learners: int = bounded(4, ge=1, le=MAX_ROLES)
     """Learners (K), each a complete agent with its own envs (the algorithm's n_envs) and optimizer."""
     topology: str = "ring"
     """Who averages with whom: ring (learner i sends to i+1, ..., i+peers), exp (GALA's time-varying

@@ -35,7 +35,7 @@ from rlfleet.backends import BACKENDS, RoleGroup, ServiceGroup, make_backend
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
-from rlfleet.fields import bounded, checked, one_of
+from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError
@@ -70,7 +70,7 @@ class WorkerSpec:
 class WorkerCount:
     """How many roles an architecture starts, as most architectures name it (`gossip` calls its roles learners)."""
 
-    workers: int = bounded(2, ge=1)
+    workers: int = bounded(2, ge=1, le=MAX_ROLES)
     """Worker processes."""
 
 
@@ -89,13 +89,17 @@ class RoleOptions:
     address: str = ""
     """ray: the Ray cluster to join (HOST:PORT, or auto); empty: a private Ray instance on 127.0.0.1, started and
     stopped with the run."""
-    cpus_per_role: float = bounded(1.0, gt=0)
+    cpus_per_role: float = bounded(1.0, ge=1e-4, le=MAX_ROLES)
     """ray: CPUs each worker's actor reserves (and its torch threads); services (parameter servers) reserve none."""
-    gpus_per_role: float = bounded(0.0, ge=0)
+    gpus_per_role: float = bounded(0.0, ge=0, le=MAX_ROLES)
     """ray: GPUs each worker's actor reserves (fractions share one GPU)."""
     placement: str = ""
     """ray: custom resources that place the workers (and services), comma-separated: worker i goes to a node
     offering names[i mod n] (nodes started with --resources '{"name": 8}')."""
+
+
+RAY_OPTIONS = ("address", "cpus_per_role", "gpus_per_role", "placement")
+"""The `RoleOptions` only the ray backend takes."""
 
 
 @dataclass
@@ -188,6 +192,7 @@ class ParallelRunner(RunBase):
 
     arch = "parallel"
     """Name of the architecture; also the checkpoint entry of its counters."""
+    runs_normalisation = False
     waiting_for: str | None = "item from the workers"
     """What the coordinator waits for, as its stall report names it ("no ... for 60 s"); None: no stall report."""
     restart_how: str = ""
@@ -214,7 +219,7 @@ class ParallelRunner(RunBase):
         BACKENDS[opts.backend].check_options(opts)
         if opts.backend != "ray":
             defaults = RoleOptions()
-            for name in ("address", "cpus_per_role", "gpus_per_role", "placement"):
+            for name in RAY_OPTIONS:
                 if getattr(opts, name) != getattr(defaults, name):
                     flag = "--" + name.replace("_", "-")
                     raise ConfigError(f"{flag} is an option of the ray backend; add --backend ray (not {opts.backend})")

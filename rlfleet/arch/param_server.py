@@ -58,7 +58,7 @@ from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, SharedOptimizerOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
 
@@ -268,7 +268,7 @@ class ShardWorker(WorkerActor):
 class ParamServerOptions(SharedOptimizerOptions):
     """param_server's options."""
 
-    shards: int = bounded(2, ge=1)
+    shards: int = bounded(2, ge=1, le=MAX_ROLES)
     """Server roles the parameters are split over (contiguous shards of the flat parameter vector, as even as
     possible; at most the number of trainable parameters). 1: one server, asynchronous gradients."""
 

@@ -87,6 +87,56 @@ ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
 
 
+RESOURCE_UNIT = 1e-4  # Ray reserves resources in multiples of this
+
+
+def _check_placement(placement: str, address: str) -> None:
+    """`--placement a,b`: names, none empty; and a cluster to find them on: the private instance (no `--address`,
+    no connection made before the run) has no custom resources, so no role could ever be placed."""
+    if not placement:
+        return
+    names = placement.split(",")
+    if not all(name.strip() for name in names):
+        raise ConfigError(f"--placement {placement!r} has an empty name: give resource names, comma-separated (a,b)")
+    ray = sys.modules.get("ray")
+    connected = ray is not None and ray.is_initialized()
+    if not address and not connected:
+        raise ConfigError(
+            f"--placement {placement} names custom resources of a Ray cluster's nodes, but without --address the run "
+            "starts a private Ray instance, which has none: join the cluster with --address HOST:PORT"
+        )
+    if connected:
+        missing = sorted({n for n in names} - set(ray.cluster_resources()))
+        if missing:
+            raise ConfigError(f"--placement: no node of the connected Ray cluster offers {', '.join(missing)}")
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
+def _grpc_problem(host: str, port: int) -> str | None:
+    """Why HOST:PORT is no Ray cluster to join (None: a gRPC server answers there, as Ray's GCS does), found
+    within `ADDRESS_TIMEOUT_S`: nothing listens, or what listens does not speak HTTP/2 (a web server, an SSH
+    daemon), where `ray.init` would retry for ever."""
+    try:
+        with socket.create_connection((host, port), timeout=ADDRESS_TIMEOUT_S) as conn:
+            conn.settimeout(ADDRESS_TIMEOUT_S)
+            conn.sendall(HTTP2_PREFACE)
+            reply = b""
+            while len(reply) < 9:  # the server's first frame header: 3 bytes length, 1 byte type (4: SETTINGS)
+                chunk = conn.recv(9 - len(reply))
+                if not chunk:
+                    break
+                reply += chunk
+    except TimeoutError:
+        return f"something listens but did not answer as a Ray cluster within {ADDRESS_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return f"nothing answers: {exc.strerror or exc}"
+    if len(reply) < 9 or reply[3] != 4:
+        return "something listens there, but not a Ray cluster (no gRPC server answered)"
+    return None
+
+
 def on_loopback(address: str) -> bool:
     """A HOST:PORT of this machine's loopback: a cluster on 127.0.0.1 (Ray must then keep to loopback too)."""
     host = address.rpartition(":")[0]
@@ -686,19 +736,25 @@ class RayBackend(Backend):
 
     @classmethod
     def check_options(cls, opts: Any) -> None:
-        """Ray is installed, and something listens at `--address` HOST:PORT (Ray itself retries for minutes)."""
+        """What can be checked before Ray starts or a run folder is written: Ray is installed; the resources asked
+        for are ones Ray can reserve; `--placement` names resources that the cluster can have; and a Ray server
+        answers at `--address` HOST:PORT (Ray itself retries its connection for minutes, or for ever where
+        something else listens)."""
         if importlib.util.find_spec("ray") is None:
             raise ConfigError("--backend ray needs Ray, an extra: pip install -e '.[ray]'")
+        gpus = getattr(opts, "gpus_per_role", 0.0)
+        if 0 < gpus < RESOURCE_UNIT:
+            raise ConfigError(f"--gpus-per-role={gpus:g} is below Ray's smallest share of a resource, {RESOURCE_UNIT}")
         address = getattr(opts, "address", "") or ""
+        _check_placement(getattr(opts, "placement", "") or "", address)
         if address in ("", "auto"):
             return
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"--address {address!r} is not HOST:PORT (or auto)")
-        try:
-            socket.create_connection((host, int(port)), timeout=ADDRESS_TIMEOUT_S).close()
-        except OSError as exc:
-            raise ConfigError(f"nothing answers at --address {address}: {exc.strerror or exc}") from None
+        problem = _grpc_problem(host, int(port))
+        if problem is not None:
+            raise ConfigError(f"--address {address}: {problem}")
 
     def __init__(self, opts: Any = None):
         super().__init__(opts)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import logging
 import multiprocessing
 import pickle
 import re
@@ -60,6 +61,8 @@ from rlfleet.envs.wrappers import (
     needs_flat_dict,
     sign_reward,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ATARI_OPTIONS",
@@ -253,6 +256,28 @@ def _make_atari(spec: EnvSpec, options: AtariOptions, *, training: bool, render_
     return env
 
 
+def route_mujoco_warnings() -> None:
+    """Send MuJoCo's warnings to the `rlfleet.envs` logger instead of stderr and a `MUJOCO_LOG.TXT` in the working
+    folder (MuJoCo's own handler writes both): a deprecation in a model file Gymnasium ships (HalfCheetah's
+    `settotalmass`) at DEBUG level, any other warning (an unstable simulation) once per text at WARNING level.
+    Set when the first MuJoCo env is built, not at import."""
+    import mujoco
+
+    if mujoco.get_mju_user_warning() is not None:  # set already (by rlfleet, or by the user's own handler)
+        return
+    seen: set[str] = set()
+
+    def warn(text: str) -> None:
+        text = text.strip()
+        if "deprecated" in text:
+            log.debug(f"MuJoCo: {text}")
+        elif text not in seen:
+            seen.add(text)
+            log.warning(f"MuJoCo: {text}")
+
+    mujoco.set_mju_user_warning(warn)
+
+
 def make_env(
     env: EnvSource,
     *,
@@ -309,6 +334,8 @@ def make_env(
             atari_only = sorted(set(env_kwargs) & (set(ATARI_OPTIONS) - {"max_episode_steps"}))
             if atari_only:
                 raise ValueError(f"option(s) {atari_only} only apply to Atari envs, not {env!r}")
+            if _is_mujoco_spec(spec):
+                route_mujoco_warnings()
             built = RecordEpisodeStatistics(gym.make(spec.id, render_mode=render_mode, **env_kwargs))
     elif callable(env):
         if env_kwargs or render_mode is not None:

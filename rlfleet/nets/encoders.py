@@ -47,8 +47,27 @@ def has_image(space: gym.Space) -> bool:
     return is_image(space)
 
 
+MAX_INPUT_WIDTH = 2**24
+"""The most floats `FlatInput` makes of one observation (16,777,216: a 4096 x 4096 image): past it the first layer
+alone would not fit in memory (a `Discrete(10**16)` one-hot), so the space is refused before any network is built."""
+
+
 def flat_size(space: gym.Space) -> int:
-    """How many floats `FlatInput` makes of one observation of `space` (an error for spaces no encoder takes)."""
+    """How many floats `FlatInput` makes of one observation of `space`; an `UnsupportedObservationError` for
+    spaces no encoder takes, an empty `Dict`, and encodings wider than `MAX_INPUT_WIDTH`."""
+    width = _flat_size(space)
+    if width == 0:
+        raise UnsupportedObservationError(f"observation space {space} is empty: the agent would see nothing")
+    if width > MAX_INPUT_WIDTH:
+        raise UnsupportedObservationError(
+            f"observation space {space} encodes to {width:,} floats per observation (one-hot for Discrete and "
+            f"MultiDiscrete), more than the {MAX_INPUT_WIDTH:,} a network's input can take: give the env a smaller "
+            "or a Box observation (an index as a number, not one-hot)"
+        )
+    return width
+
+
+def _flat_size(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.Box | gym.spaces.MultiBinary):
         return int(np.prod(space.shape))
     if isinstance(space, gym.spaces.Discrete):
@@ -56,7 +75,7 @@ def flat_size(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.MultiDiscrete):
         return int(np.sum(space.nvec))
     if isinstance(space, gym.spaces.Dict):
-        return sum(flat_size(sub) for sub in space.spaces.values())
+        return sum(_flat_size(sub) for sub in space.spaces.values())
     if isinstance(space, gym.spaces.Tuple):
         raise UnsupportedObservationError(
             f"Tuple observations reach an agent as Dict ones keyed '0', '1', ... (rlfleet's envs do that; "

@@ -14,6 +14,8 @@ from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
 from rlfleet.envs import VECTOR_MODES
 from rlfleet.fields import (
+    MAX_ENVS,
+    MAX_ROLES,
     ConfigError,
     bounded,
     check_fields,
@@ -32,6 +34,8 @@ __all__ = [
     "build_algo_config",
     "build_options",
     "check_run_config",
+    "drop_preset_normalisation",
+    "parse_field",
     "parse_overrides",
     "resolve_torch_threads",
 ]
@@ -43,10 +47,10 @@ AUTO_THREADS = "auto"
 
 
 def torch_threads_problem(value: Any) -> str | None:
-    """A `checked` test of `torch_threads`: a count >= 1 or "auto"."""
-    if value == AUTO_THREADS or (isinstance(value, int) and value >= 1):
+    """A `checked` test of `torch_threads`: a count in [1, `MAX_ROLES`] or "auto"."""
+    if value == AUTO_THREADS or (isinstance(value, int) and 1 <= value <= MAX_ROLES):
         return None
-    return f"must be >= 1, or {AUTO_THREADS}"
+    return f"must be in [1, {MAX_ROLES}], or {AUTO_THREADS}"
 
 
 @dataclass
@@ -64,15 +68,15 @@ class RunConfig:
     """Keyword arguments of the env (`--env-kwargs is_slippery=false`): they go to `gymnasium.make` (for Atari ids:
     the preprocessing options, `rlfleet.envs.ATARI_OPTIONS`) wherever the run builds its env."""
     arch: str | None = None
-    """Architecture (see `rlfleet list`): single, hogwild, data_parallel, grad_parallel, async_grad, offline;
-    None takes the algorithm's default (`single`; `hogwild` for a3c, `offline` for bc)."""
+    """Architecture; None takes the algorithm's default (`single`; `hogwild` for a3c, `offline` for bc);
+    `rlfleet list` describes each."""
     options: dict[str, Any] = field(default_factory=dict, metadata={"option": "the architecture's options"})
     """The architecture's own options (the fields of its `Options` dataclass: `workers`, `grad_sets`, ...)."""
     steps: int | None = bounded(None, ge=1)
     """Env steps to train for; None takes the algorithm's `total_steps`."""
     seed: int = bounded(0, ge=0)
     """Seed for envs, networks and sampling."""
-    n_envs: int | None = bounded(None, ge=1)
+    n_envs: int | None = bounded(None, ge=1, le=MAX_ENVS)
     """Parallel training envs; None takes the algorithm's `n_envs`."""
     preset: str | None = None
     """Named set of defaults from the algorithm's PRESETS (or an env id with a per-env preset, or `default`: none);
@@ -88,7 +92,7 @@ class RunConfig:
     `<algo>-<env>-s<seed>-<timestamp>`."""
     eval_every: int | None = bounded(None, ge=0)
     """Env steps between greedy evaluations; None or 0: max(2,000, steps / 50)."""
-    eval_episodes: int = bounded(10, ge=1)
+    eval_episodes: int = bounded(10, ge=1, le=MAX_ENVS)
     """Episodes per evaluation (run side by side on separate envs)."""
     stop_return: float | None = bounded(None, finite=False)
     """Stop once an evaluation's mean return reaches this (inf: never); default the env's reward_threshold."""
@@ -194,6 +198,15 @@ def _parse_value(text: str, annotation: Any, key: str) -> Any:
     return text
 
 
+def parse_field(algo: str, key: str, text: str) -> Any:
+    """`--set key=text` parsed as algorithm `algo`'s config field `key` (an unknown key: one `ConfigError`)."""
+    _, config_cls, _, _ = resolve(algo)
+    fields = config_fields(config_cls)
+    if key not in fields:
+        raise ConfigError(f"unknown config key {key!r} for {algo}; valid keys: {', '.join(sorted(fields))}")
+    return _parse_value(text, typing.get_type_hints(config_cls)[key], key)
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -217,6 +230,26 @@ def resolve_stop_return(given: float | None, threshold: float | None, env: str, 
             "set --stop-return if this variant's returns differ"
         )
     return threshold
+
+
+NORMALISATION = ("obs_norm", "reward_norm")
+"""Config fields whose running statistics live beside the training envs (`rlfleet.envs.normalize`)."""
+
+
+def drop_preset_normalisation(algo_cfg: Any, overrides: dict[str, Any], arch: str, preset: str | None) -> None:
+    """On an architecture whose workers step their own envs, switch off the normalisation a preset turned on (the
+    user did not ask for it; a plain `rlfleet train ppo --env Pendulum-v1 --arch data_parallel` must run) and say
+    so in one line. What the user set with `--set` is left for the architecture to refuse."""
+    dropped = [k for k in NORMALISATION if getattr(algo_cfg, k, False) and k not in overrides]
+    if not dropped:
+        return
+    for key in dropped:
+        setattr(algo_cfg, key, False)
+    names = " and ".join(dropped)
+    log.info(
+        f"{names}: off on the {arch} architecture (each worker steps its own envs; the preset {preset!r} sets "
+        f"{'them' if len(dropped) > 1 else 'it'} for --arch single)"
+    )
 
 
 DEFAULT_PRESET = "default"
@@ -248,14 +281,13 @@ def build_algo_config(
         if tuned is None:
             names = [*sorted(presets), *env_preset_names(algo), DEFAULT_PRESET]
             raise ConfigError(f"unknown preset {preset!r} for {algo}; choose one of: {', '.join(names)}")
-    fields = config_fields(config_cls)
     named = tuned if tuned is not None else presets.get(preset, {}) if preset else {}
     values: dict[str, Any] = {**variant, **named}
-    hints = typing.get_type_hints(config_cls)
+    fields = config_fields(config_cls)
     for key, value in overrides.items():
         if key not in fields:
             raise ConfigError(f"unknown config key {key!r} for {algo}; valid keys: {', '.join(sorted(fields))}")
-        values[key] = _parse_value(value, hints[key], key) if isinstance(value, str) else value
+        values[key] = parse_field(algo, key, value) if isinstance(value, str) else value
     cfg = config_cls(**values)
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
     if picked:  # once the config is valid: the run says which tuned settings it starts from

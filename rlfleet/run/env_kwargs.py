@@ -146,7 +146,10 @@ def env_info(env: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     variant. With keyword arguments the env is also reset and stepped once; a keyword it does not take or a
     value it rejects is a one-line `ConfigError` (an unknown id or a missing dependency keeps its own error)."""
     if not env_kwargs:
-        return env_spec_info(env)
+        try:
+            return env_spec_info(env)
+        except AssertionError as exc:  # Gymnasium's env checker asserts what it finds wrong with an env's spaces
+            raise ConfigError(f"env {env} fails Gymnasium's env checker: {str(exc).strip() or 'assertion'}") from None
     resolve_env_spec(env)  # an unknown id is reported as such
     try:
         info = env_spec_info(env, **env_kwargs)

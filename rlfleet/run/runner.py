@@ -31,7 +31,7 @@ from rlfleet.envs.normalize import (
     make_obs_stats,
     normalize_observations,
 )
-from rlfleet.nets.encoders import has_image
+from rlfleet.nets.encoders import UnsupportedObservationError, has_image
 from rlfleet.run.checkpoint import save_checkpoint
 from rlfleet.run.config import (
     ConfigError,
@@ -40,6 +40,7 @@ from rlfleet.run.config import (
     build_algo_config,
     build_options,
     check_run_config,
+    drop_preset_normalisation,
     resolve_stop_return,
     resolve_torch_threads,
 )
@@ -135,6 +136,10 @@ class RunBase(abc.ABC):
     single_process = False
     """True where the learner has its process to itself (no learner or sampler processes beside it): `torch_threads`
     "auto" then gives a CNN learner every usable core (`resolve_torch_threads`)."""
+    runs_normalisation = True
+    """False where workers step their own envs: `obs_norm` and `reward_norm`, whose running statistics live beside
+    the training envs, then run only if the user set them (and the architecture refuses them in `check_config`); a
+    preset's are switched off (`drop_preset_normalisation`)."""
 
     def __init__(
         self,
@@ -152,6 +157,8 @@ class RunBase(abc.ABC):
         self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env)
         if cfg.n_envs is not None:
             self.algo_cfg.n_envs = cfg.n_envs
+        if not self.runs_normalisation:
+            drop_preset_normalisation(self.algo_cfg, cfg.overrides, cfg.arch, self.preset)
         self.cfg = cfg
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
         self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
@@ -200,6 +207,8 @@ class RunBase(abc.ABC):
             return self.algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=seed)
         except UnsupportedSpaceError:
             raise
+        except UnsupportedObservationError as exc:  # one the encoders cannot take: a space error, not the config's
+            raise UnsupportedSpaceError(f"{self.cfg.env}: {exc}") from None
         except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
             raise ConfigError(f"bad {self.cfg.algo} config: {exc}") from None
 

@@ -212,9 +212,33 @@ def test_hogwild_and_ray_only_options_are_refused_clearly(run_opts):
         train("a2c", "CartPole-v1", arch="data_parallel", address="auto", **run_opts)
     with pytest.raises(ConfigError, match="^--address 'nowhere' is not HOST:PORT"):
         train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address="nowhere", **run_opts)
-    with pytest.raises(ConfigError, match="^nothing answers at --address 127.0.0.1:1: "):
+    with pytest.raises(ConfigError, match="^--address 127.0.0.1:1: nothing answers: "):
         train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address="127.0.0.1:1", **run_opts)
+    with pytest.raises(ConfigError, match="^--placement: no node of the connected Ray cluster offers node9$"):
+        train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", placement="node9", **run_opts)
     assert not any(Path(run_opts["logdir"]).iterdir())  # refused before anything was written
+
+
+def test_an_address_where_something_else_listens_is_refused_at_once_and_ray_itself_passes(ray_instance, run_opts):
+    """Ray retries its connection for ever where something that is not Ray listens (a web server here); the check
+    asks for an HTTP/2 answer, which Ray's GCS gives and the web server does not."""
+    import http.server
+    import threading
+
+    from rlfleet.backends.ray_backend import _grpc_problem
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(ConfigError, match=f"^--address {address}: something listens there, but not a Ray"):
+            train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address=address, **run_opts)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not any(Path(run_opts["logdir"]).iterdir())
+    host, _, port = ray_instance.get_runtime_context().gcs_address.rpartition(":")
+    assert _grpc_problem(host, int(port)) is None
 
 
 def test_without_ray_installed_the_ray_backend_says_how_to_get_it(run_opts, monkeypatch):

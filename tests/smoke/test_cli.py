@@ -168,9 +168,9 @@ RUN_OPTIONS = {
     "stop-return-nan": ((*TRAIN, "--stop-return", "nan"), ["--stop-return=nan is not a number"]),
     "steps-zero": ((*TRAIN[:4], "--steps", "0"), ["--steps=0", "must be >= 1"]),
     "seed-negative": ((*TRAIN, "--seed", "-1"), ["--seed=-1 is negative", ">= 0"]),
-    "eval-episodes-zero": ((*TRAIN, "--eval-episodes", "0"), ["--eval-episodes=0", ">= 1"]),
+    "eval-episodes-zero": ((*TRAIN, "--eval-episodes", "0"), ["--eval-episodes=0", "in [1, 4096]"]),
     "grad-sets-negative": ((*TRAIN, "--arch", "grad_parallel", "--grad-sets", "-2"), ["--grad-sets=-2"]),
-    "torch-threads-zero": ((*TRAIN, "--torch-threads", "0"), ["--torch-threads=0", ">= 1"]),
+    "torch-threads-zero": ((*TRAIN, "--torch-threads", "0"), ["--torch-threads=0", "in [1, 1024]"]),
     "eval-episodes-0": (("eval", "runs/old", "--episodes", "0"), ["--episodes=0", "must be >= 1"]),
     "eval-episodes-negative": (("eval", "runs/old", "--episodes", "-3"), ["--episodes=-3 is negative"]),
     "eval-seed-negative": (("eval", "runs/old", "--seed", "-1"), ["--seed=-1 is negative"]),
@@ -237,6 +237,57 @@ OUTPUT_PATHS = {
     "plot-over-a-user-file": (("plot", "runs/old", "-o", "notes.txt"), ["notes.txt", ".png"]),
 }
 
+# counts and sizes past what the machine or a library can take: refused before they reach the allocator or the OS
+DC = ("train", "a2c", "--env", "CartPole-v1", "--arch", "data_parallel", "--logdir", "runs", "--no-progress")
+ABSURD_SIZES = {
+    "torch-threads-1e6": ((*TRAIN, "--torch-threads", "1e6"), ["--torch-threads=1000000", "in [1, 1024], or auto"]),
+    "torch-threads-past-64-bits": ((*TRAIN, "--torch-threads", "1" + "0" * 23), ["--torch-threads=1000", "[1, 1024]"]),
+    "learners-1e9": ((*TRAIN, "--arch", "gossip", "--learners", "1e9"), ["--learners=1000000000", "in [1, 1024]"]),
+    "workers-1e6": ((*DC, "--workers", "1e6"), ["--workers=1000000", "in [1, 1024]"]),
+    "actors-1e6": (("train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--actors", "1e6"), ["--actors=1000000"]),
+    "n-envs-1e9": ((*TRAIN, "--n-envs", "1e9"), ["--n-envs=1000000000", "in [1, 4096]"]),
+    "set-n-envs-1e9": ((*TRAIN, "--set", "n_envs=1e9"), ["ppo config n_envs=1000000000", "in [1, 4096]"]),
+    "eval-episodes-1e7": ((*TRAIN, "--eval-episodes", "1e7"), ["--eval-episodes=10000000", "in [1, 4096]"]),
+    "huge-discrete-observations": (
+        ("train", "ppo", "--env", "space_envs:HugeDiscrete-v0", "--logdir", "runs"),
+        ["Discrete(10000000000000000)", "10,000,000,000,000,000 floats", "16,777,216"],
+    ),
+    "empty-dict-observations": (
+        ("train", "dqn", "--env", "space_envs:EmptyDict-v0", "--logdir", "runs"),
+        ["space_envs:EmptyDict-v0", "empty Dict observation space"],
+    ),
+}
+
+# the options of the architectures and the ray backend: what cannot be met is found before anything starts
+ARCH_OPTIONS = {
+    "placement-empty-names": ((*DC, "--backend", "ray", "--placement", ",,"), ["--placement ',,'", "empty name"]),
+    "placement-one-empty-name": ((*DC, "--backend", "ray", "--placement", "a,,b"), ["'a,,b'", "empty name"]),
+    "placement-on-private-instance": (
+        (*DC, "--backend", "ray", "--placement", "node0"),
+        ["--placement node0", "private Ray instance", "--address"],
+    ),
+    "cpus-per-role-1e9": ((*DC, "--backend", "ray", "--cpus-per-role", "1e9"), ["--cpus-per-role", "[0.0001, 1024]"]),
+    "cpus-per-role-1e-9": ((*DC, "--backend", "ray", "--cpus-per-role", "1e-9"), ["--cpus-per-role=1e-09", "0.0001"]),
+    "gpus-per-role-1e-9": ((*DC, "--backend", "ray", "--gpus-per-role", "1e-9"), ["--gpus-per-role=1e-09", "0.0001"]),
+    "address-not-host-port": ((*DC, "--backend", "ray", "--address", "nowhere"), ["'nowhere'", "HOST:PORT"]),
+    "apex-block-past-budget": (
+        ("train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--steps", "2000", "--block", "1e5"),
+        ["--block 100000 is more than the run's 2000 steps", "--block 1 to 2000"],
+    ),
+    "apex-buffer-below-a-batch": (
+        ("train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--set", "buffer_size=10"),
+        ["dqn config buffer_size=10 holds fewer transitions than a batch (batch_size=64)"],
+    ),
+    "gossip-one-learner-two-peers": (
+        (*TRAIN, "--arch", "gossip", "--learners", "1", "--peers", "2"),
+        ["--peers 2 needs at least 3 learners", "--learners 1"],
+    ),
+    "gossip-exp-one-learner-two-peers": (
+        (*TRAIN, "--arch", "gossip", "--topology", "exp", "--learners", "1", "--peers", "2"),
+        ["--peers 2: one learner has no peers"],
+    ),
+}
+
 MORE_USAGE_ERRORS = {
     **EARLIER_USAGE_ERRORS,
     **CONFIG_RANGES,
@@ -244,9 +295,23 @@ MORE_USAGE_ERRORS = {
     **RUN_NAMES,
     **FILE_ARGUMENTS,
     **OUTPUT_PATHS,
+    **ABSURD_SIZES,
+    **ARCH_OPTIONS,
 }
 assert len(MORE_USAGE_ERRORS) == sum(
-    map(len, (EARLIER_USAGE_ERRORS, CONFIG_RANGES, RUN_OPTIONS, RUN_NAMES, FILE_ARGUMENTS, OUTPUT_PATHS))
+    map(
+        len,
+        (
+            EARLIER_USAGE_ERRORS,
+            CONFIG_RANGES,
+            RUN_OPTIONS,
+            RUN_NAMES,
+            FILE_ARGUMENTS,
+            OUTPUT_PATHS,
+            ABSURD_SIZES,
+            ARCH_OPTIONS,
+        ),
+    )
 ), "a case id is used twice"
 
 

@@ -386,16 +386,16 @@ def test_param_server_resumes_its_servers_from_the_checkpoint(run_opts, tmp_path
 @pytest.mark.parametrize(
     "shards, problem",
     [
-        (0, "^--shards=0 is out of range: must be >= 1$"),
-        (
-            10**9,
-            "^--shards 1000000000 is more than the [0-9]+ trainable parameters of a2c.s networks; use 1 to [0-9]+$",
-        ),
+        (0, r"^--shards=0 is out of range: must be in \[1, 1024\]$"),
+        (10**9, r"^--shards=1000000000 is out of range: must be in \[1, 1024\]$"),
+        (1000, "^--shards 1000 is more than the [0-9]+ trainable parameters of a2c.s networks; use 1 to [0-9]+$"),
     ],
 )
 def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run_opts):
+    """(a2c with 2 hidden units has fewer parameters than 1,000.)"""
     with pytest.raises(ConfigError, match=problem):
-        train("a2c", "CartPole-v1", arch="param_server", shards=shards, backend="serial", **run_opts)
+        train("a2c", "CartPole-v1", arch="param_server", shards=shards, backend="serial", overrides={"hidden": "2"},
+              **run_opts)  # fmt: skip
 
 
 def test_param_server_refuses_a_backend_without_services(monkeypatch, run_opts):

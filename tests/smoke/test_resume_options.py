@@ -1,0 +1,118 @@
+"""What `--resume` may change (how long and how and where the run trains) and what it must keep (everything else):
+a change is applied, a value equal to the saved one is accepted, a difference is one error line that names it; and
+a preset's normalisation on an architecture that cannot run it is switched off with a line, never a refusal."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlfleet import train
+from rlfleet.cli import main
+from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import ConfigError
+
+
+def run_main(args) -> int:
+    return main([str(a) for a in args])
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+A2C = ("--steps", "256", "--eval-every", "256", "--eval-episodes", "1", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    """An a2c run on data_parallel (serial backend), stopped at 256 steps: the run every case resumes."""
+    logdir = tmp_path_factory.mktemp("runs")
+    args = ("train", "a2c", "--env", "CartPole-v1", "--arch", "data_parallel", "--backend", "serial")
+    assert run_main((*args, "--logdir", logdir, "--name", "run", *A2C)) == 0
+    return logdir / "run"
+
+
+# what a resume must keep: given with a different value, one line names each (the checkpoint untouched)
+KEPT = {
+    "another-algorithm": (("ppo",), ["ALGO ppo (the run's: a2c)"]),
+    "another-env": (("--env", "Acrobot-v1"), ["--env Acrobot-v1 (the run's: CartPole-v1)"]),
+    "a-set-value": (("--set", "lr=0.5"), ["--set lr=0.5 (the run's: 0.003)"]),
+    "two-set-values": (
+        ("--set", "lr=0.5", "--set", "gamma=0.9"),
+        ["--set lr=0.5", "--set gamma=0.9 (the run's: 0.99)"],
+    ),
+    "env-kwargs": (("--env-kwargs", "sutton_barto_reward=true"), ["--env-kwargs {'sutton_barto_reward': True}"]),
+    "seed": (("--seed", "3"), ["--seed 3 (the run's: 0)"]),
+    "workers": (("--workers", "3"), ["--workers 3 (the run's: 2)"]),
+    "n-envs": (("--n-envs", "2"), ["--n-envs 2 (the run's: None)"]),
+    "arch": (("--arch", "single"), ["--arch single (the run's: data_parallel)"]),
+    "preset": (("--preset", "paper"), ["--preset paper (the run's: None)"]),
+}
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_a_resume_refuses_what_it_must_keep_in_one_line(saved_run: Path, capsys, case: str):
+    given, expected = KEPT[case]
+    before = tree(saved_run)
+    algo = given[:1] if not given[0].startswith("--") else ()
+    code = run_main(("train", *algo, "--resume", saved_run, *given[len(algo) :], "--no-progress"))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    for text in ["rlfleet: error: a resumed run keeps its configuration", *expected, "--steps, --time-limit"]:
+        assert text in err
+    assert tree(saved_run) == before
+
+
+def test_a_resume_applies_what_it_may_change_and_accepts_equal_values(saved_run: Path, tmp_path: Path):
+    """The same ALGO, --env, --set and --env-kwargs as saved pass; --steps, --torch-threads and --backend apply."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)  # a copy: the module's run stays as the refusals expect it
+    same = ("--env", "CartPole-v1", "--set", "lr=3e-3", "--set", "hidden=64,64")
+    changes = ("--steps", "512", "--torch-threads", "2", "--backend", "local", "--max-restarts", "3")
+    assert run_main(("train", "a2c", "--resume", run, *same, *changes, "--no-progress")) == 0
+    payload = load_checkpoint(run)
+    assert payload["env_steps"] >= 512
+    saved = payload["run_config"]
+    assert saved["steps"] == 512 and saved["torch_threads"] == 2
+    assert saved["options"]["backend"] == "local" and saved["options"]["max_restarts"] == 3
+    assert json.loads((run / "config.json").read_text())["torch_threads"] == 2
+
+
+def test_resume_through_the_python_api_refuses_a_different_set_value(saved_run: Path):
+    with pytest.raises(ConfigError, match=r"--set gamma=0.5 \(the run's: 0.99\)"):
+        train(resume=saved_run, overrides={"gamma": 0.5}, progress=False)
+
+
+@pytest.mark.parametrize("arch", ["data_parallel", "allreduce", "gossip"])
+def test_a_presets_normalisation_is_switched_off_with_a_line_where_the_architecture_lacks_it(
+    arch: str, run_opts: dict, caplog
+):
+    """`ppo` on Pendulum-v1 picks the `continuous` preset, which sets reward_norm for --arch single."""
+    options = {"learners": 2} if arch == "gossip" else {"workers": 1 if arch == "allreduce" else 2}
+    with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+        result = train("ppo", "Pendulum-v1", arch=arch, backend="serial", steps=512, eval_every=512, eval_episodes=1,
+                       **options, **run_opts)  # fmt: skip
+    assert f"reward_norm: off on the {arch} architecture" in caplog.text
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert config["preset"] == "continuous" and config["algo"]["reward_norm"] is False
+
+
+def test_the_users_own_normalisation_is_still_refused_where_the_architecture_lacks_it(run_opts: dict):
+    with pytest.raises(ConfigError, match="reward_norm runs on the single architecture only"):
+        train("ppo", "Pendulum-v1", arch="data_parallel", backend="serial", overrides={"reward_norm": "true"},
+              **run_opts)  # fmt: skip
+    assert list(Path(run_opts["logdir"]).iterdir()) == []
+
+
+def test_a_per_env_presets_obs_norm_is_switched_off_too(run_opts: dict, caplog):
+    with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+        result = train("ppo", "MountainCarContinuous-v0", arch="data_parallel", backend="serial", steps=64,
+                       eval_every=64, eval_episodes=1, **run_opts)  # fmt: skip
+    assert "obs_norm and reward_norm: off on the data_parallel architecture" in caplog.text
+    algo = json.loads((result.run_dir / "config.json").read_text())["algo"]
+    assert algo["obs_norm"] is False and algo["reward_norm"] is False
