@@ -384,3 +384,20 @@ def test_atari_async_vector_env() -> None:
     assert truncated.all() and info["final_obs"][0].shape == (4, 84, 84)
     assert [length for _, _, length in finished_episodes(info)] == [20, 20]
     vector_env.close()
+
+
+def test_mujocos_warnings_reach_the_log_not_stderr_or_a_file_in_the_working_folder(tmp_path, monkeypatch, capfd, caplog):
+    """HalfCheetah's model file makes MuJoCo warn of a deprecated attribute each time it is compiled; MuJoCo's own
+    handler prints it and appends it to MUJOCO_LOG.TXT in the working folder."""
+    pytest.importorskip("mujoco")
+    import logging
+
+    from rlfleet.envs import make_env
+
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="rlfleet.envs.make"):
+        make_env("HalfCheetah-v5").close()
+        make_env("HalfCheetah-v5", ctrl_cost_weight=0.2).close()
+    assert list(tmp_path.iterdir()) == []
+    assert "settotalmass" not in capfd.readouterr().err
+    assert "MuJoCo: compiler attribute 'settotalmass' is deprecated" in caplog.text
