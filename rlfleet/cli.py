@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlfleet.algos import UnknownAlgorithmError
     from rlfleet.algos.common import UnsupportedSpaceError
+    from rlfleet.backends import RunFailure
     from rlfleet.data.demos import DatasetError
     from rlfleet.envs import UnknownEnvError
     from rlfleet.run.checkpoint import CheckpointError
@@ -305,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     ) as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except RunFailure as exc:  # stopped cleanly (checkpoint, result.json) by what it could not go on past
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = f"; its checkpoint is saved: rlfleet train --resume {exc.run_dir} goes on (details in " \
+            f"{exc.run_dir}/workers.log)" if exc.run_dir is not None else ""  # fmt: skip
+        print(f"rlfleet: error: the run stopped: {reason}{where}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
         # a path the checks above did not foresee (or that changed under the command): still one line
         print(f"rlfleet: error: {exc}", file=sys.stderr)

@@ -68,7 +68,7 @@ import torch
 
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
-from rlfleet.backends import BACKENDS, RoleGroup
+from rlfleet.backends import BACKENDS, RoleGroup, RunFailure
 from rlfleet.backends.mailboxes import Mailboxes
 from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.run.config import ConfigError
@@ -78,7 +78,7 @@ WAIT_SLICE_S = 1.0  # the longest a learner waits for its peers in one produce c
 TOPOLOGIES = ("ring", "exp")
 
 
-class GossipTimeout(RuntimeError):
+class GossipTimeout(RunFailure):
     """A learner waited longer than --gossip-timeout-s for a peer: the peer is missing."""
 
 

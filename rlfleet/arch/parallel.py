@@ -31,7 +31,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy, algo_modules
-from rlfleet.backends import BACKENDS, RoleGroup, ServiceGroup, make_backend
+from rlfleet.backends import BACKENDS, RoleGroup, RunFailure, ServiceGroup, make_backend
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
@@ -352,9 +352,10 @@ class ParallelRunner(RunBase):
             self.lags.clear()
         return reason
 
-    def _report(self, text: str) -> None:
-        """Worker trouble: printed, and appended to `<run>/workers.log`."""
-        print(text, file=sys.stderr, flush=True)
+    def _report(self, text: str, show: bool = True) -> None:
+        """Worker trouble: printed (`show`), and appended to `<run>/workers.log`."""
+        if show:
+            print(text, file=sys.stderr, flush=True)
         with open(self.run_dir / "workers.log", "a") as f:
             f.write(f"[step {self.env_steps}] {text}\n")
 
@@ -383,29 +384,39 @@ class ParallelRunner(RunBase):
         stopped_by = "steps"
         stop_flag = self.backend.stop_flag()
         pool = None
+        failure: RunFailure | None = None
         last_item = time.monotonic()
         try:
-            pool = self.start_workers(stop_flag, logger)
             with StopRequest() as stop:
-                while True:
-                    taken = self.coordinate(pool)
-                    if taken is not None:
-                        last_item = time.monotonic()
-                    elif self.waiting_for is not None and time.monotonic() - last_item > STALL_S:
-                        self._report(f"no {self.waiting_for} for {STALL_S:.0f} s ({pool.alive()} alive)")
-                        last_item = time.monotonic()
-                    self.restart_crashed(pool, logger, self.restart_how)
-                    new_returns, metrics, updates = taken if taken is not None else ([], {}, 0)
-                    reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
-                    if self.env_steps >= self.total_steps:
-                        break
-            self.wind_down(stop_flag, pool)
+                try:
+                    pool = self.start_workers(stop_flag, logger)
+                    while True:
+                        taken = self.coordinate(pool)
+                        if taken is not None:
+                            last_item = time.monotonic()
+                        elif self.waiting_for is not None and time.monotonic() - last_item > STALL_S:
+                            self._report(f"no {self.waiting_for} for {STALL_S:.0f} s ({pool.alive()} alive)")
+                            last_item = time.monotonic()
+                        self.restart_crashed(pool, logger, self.restart_how)
+                        new_returns, metrics, updates = taken if taken is not None else ([], {}, 0)
+                        reason = self.monitor_step(logger, start, new_returns, metrics, stop.requested, updates)
+                        if reason is not None:
+                            stopped_by = reason
+                            break
+                        if self.env_steps >= self.total_steps:
+                            break
+                except RunFailure as exc:  # the run cannot go on: it stops as cleanly as on Ctrl-C, then says why
+                    failure, stopped_by = exc, "failure"
+                    self._report(f"the run stops: {exc}", show=False)  # the caller says it (the CLI: one line)
+            if pool is not None:
+                self.wind_down(stop_flag, pool)
             self.finish(logger, start, stopped_by)
         finally:
             self.shut_down(stop_flag, pool)
             logger.close()
             self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+        result = self.write_result(stopped_by, time.perf_counter() - start, failure)
+        if failure is not None:
+            failure.run_dir = self.run_dir
+            raise failure
+        return result

@@ -55,7 +55,15 @@ from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 SPAWN = multiprocessing.get_context("spawn")
 
 
-class WorkerFailure(RuntimeError):
+class RunFailure(RuntimeError):
+    """Something a run cannot go on past (workers that keep crashing, roles that cannot be placed, a gossip peer
+    gone): the architecture stops cleanly (checkpoint, `result.json` with `stopped_by` "failure") and then raises
+    it, with `run_dir` set to the run's folder."""
+
+    run_dir = None
+
+
+class WorkerFailure(RunFailure):
     """Workers kept crashing: more restarts than the run allows."""
 
 

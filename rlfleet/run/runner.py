@@ -365,15 +365,18 @@ class RunBase(abc.ABC):
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
         """A final evaluation if the last one is not at this step (none when interrupted, and none once solved:
         the solving evaluation is the result, even if parallel workers stepped on), then the final checkpoint,
-        which holds that evaluation (a resumed run neither repeats nor forgets it)."""
+        which holds that evaluation (a resumed run neither repeats nor forgets it). A run stopped by a failure
+        (`RunFailure`) is not evaluated again: its checkpoint is what `--resume` goes on from."""
         last = self.state["last_eval"]
-        if stopped_by not in ("interrupted", "solved") and (last is None or last["step"] != self.env_steps):
+        if stopped_by not in ("interrupted", "solved", "failure") and (last is None or last["step"] != self.env_steps):
             self._evaluate(logger, time.perf_counter() - start)
         self.state["elapsed"] = time.perf_counter() - start
         self.save()
 
-    def write_result(self, stopped_by: str, wall: float) -> RunResult:
+    def write_result(self, stopped_by: str, wall: float, failure: Exception | None = None) -> RunResult:
+        """`result.json` (with `failure`: why a run stopped by one did, else None) and `curves.png`."""
         result = self._result(stopped_by, wall)
+        result["failure"] = None if failure is None else str(failure)
         result["exploration_hint"] = self._exploration_hint(result)
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
         try:

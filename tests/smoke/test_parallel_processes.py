@@ -76,6 +76,27 @@ def test_sigkilled_worker_is_restarted_and_the_run_finishes(tmp_path, algo, arch
     assert not (run / "workers.json").exists()  # every worker gone
 
 
+def test_the_restart_limit_ends_the_run_cleanly_with_a_checkpoint_and_one_line(tmp_path):
+    """A worker crashes once (CrashingCartPole) and --max-restarts 0 allows no restart: the run stops as cleanly as
+    on Ctrl-C (checkpoint, result.json saying how it stopped, no process left) and the command says why in one
+    line, exit 1."""
+    env = {**os.environ, "RLFLEET_TEST_CRASH_MARKER": str(tmp_path / "crashed")}
+    proc = subprocess.run(
+        [*RLFLEET, "train", "a2c", "--env", "crashing_env:CrashingCartPole-v0", "--arch", "data_parallel",
+         "--max-restarts", "0", "--steps", "1e6", "--logdir", str(tmp_path), "--name", "r", "--no-progress"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    run = tmp_path / "r"
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlfleet: error: the run stopped: workers crashed 1 times (limit 0)"), proc.stderr
+    assert f"rlfleet train --resume {run} goes on" in last and "Traceback" not in proc.stderr
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and "deliberate crash" in result["failure"], result
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"] > 0
+    assert not (run / "workers.json").exists()
+
+
 def wait_for_log(proc: subprocess.Popen, run: Path, text: str, timeout: float = 120) -> str:
     deadline = time.monotonic() + timeout
     while True:
@@ -328,3 +349,8 @@ def test_a_hung_gossip_learner_ends_the_run_with_an_error_naming_it(run_opts):
               steps=10**6, **run_opts)  # fmt: skip
     assert time.monotonic() - start_time < 90
     assert not list(Path(run_opts["logdir"]).glob("*/workers.json"))  # every learner stopped
+    (run,) = Path(run_opts["logdir"]).iterdir()  # stopped cleanly: a checkpoint to resume from, and result.json
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and re.search(waited, result["failure"]), result
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"]
+    assert "the run stops: learner" in (run / "workers.log").read_text()

@@ -386,7 +386,9 @@ def test_atari_async_vector_env() -> None:
     vector_env.close()
 
 
-def test_mujocos_warnings_reach_the_log_not_stderr_or_a_file_in_the_working_folder(tmp_path, monkeypatch, capfd, caplog):
+def test_mujocos_warnings_reach_the_log_not_stderr_or_a_file_in_the_working_folder(
+    tmp_path, monkeypatch, capfd, caplog
+):
     """HalfCheetah's model file makes MuJoCo warn of a deprecated attribute each time it is compiled; MuJoCo's own
     handler prints it and appends it to MUJOCO_LOG.TXT in the working folder."""
     pytest.importorskip("mujoco")
