@@ -18,6 +18,7 @@ entry under the architecture's name with the episode count, the recent returns a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -38,7 +39,7 @@ from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.optim import is_shared
 from rlfleet.run.collector import Collector
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, usable_cores
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.runner import RunBase, RunResult, StopRequest
 
@@ -96,9 +97,15 @@ class RoleOptions:
     placement: str = ""
     """ray: custom resources that place the workers (and services), comma-separated: worker i goes to a node
     offering names[i mod n] (nodes started with --resources '{"name": 8}')."""
+    oversubscribe: bool = False
+    """Start the roles even where they ask for more than OVERSUBSCRIBE_LIMIT times the CPUs this machine has (each
+    role is a process of its own; refused without this flag, since a machine that far oversubscribed thrashes or
+    runs out of memory). Not checked on a joined Ray cluster (--address), whose own scheduler places the roles."""
 
 
 RAY_OPTIONS = ("address", "cpus_per_role", "gpus_per_role", "placement")
+OVERSUBSCRIBE_LIMIT = 8
+"""Roles may ask for up to this many times the machine's cores (`usable_cores`) before `--oversubscribe` is needed."""
 """The `RoleOptions` only the ray backend takes."""
 
 
@@ -223,6 +230,7 @@ class ParallelRunner(RunBase):
                 if getattr(opts, name) != getattr(defaults, name):
                     flag = "--" + name.replace("_", "-")
                     raise ConfigError(f"{flag} is an option of the ray backend; add --backend ray (not {opts.backend})")
+        self.check_machine_fits()
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(
@@ -234,6 +242,22 @@ class ParallelRunner(RunBase):
                 is_shared(self.opts.optimizer)  # a known name (the renamed 'sgd' gets its own pointer)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+
+    def check_machine_fits(self) -> None:
+        """Refuse role counts far beyond this machine (`OVERSUBSCRIBE_LIMIT` times its cores) before any process
+        starts, unless `--oversubscribe`; roles that run in this process (serial) or on a joined cluster pass."""
+        opts = self.opts
+        if opts.backend == "serial" or opts.address or opts.oversubscribe:
+            return
+        cores = usable_cores()
+        cpus = opts.workers * (opts.cpus_per_role if opts.backend == "ray" else 1.0)
+        if cpus > OVERSUBSCRIBE_LIMIT * cores:
+            count = next(f.name for f in dataclasses.fields(opts) if f.name in ("workers", "learners", "actors"))
+            raise ConfigError(
+                f"--{count} {opts.workers} asks for {cpus:g} CPUs, more than {OVERSUBSCRIBE_LIMIT} times the {cores} "
+                f"core(s) of this machine (each role is a process of its own, some 300 MB or more): use fewer, or "
+                "--oversubscribe to start them anyway"
+            )
 
     def worker_spec(self, spec_cls: type[WorkerSpec] = WorkerSpec, **extra: Any) -> WorkerSpec:
         """The run's `WorkerSpec` (or a subclass of it, whose extra fields come as keywords)."""

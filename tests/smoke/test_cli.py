@@ -282,6 +282,11 @@ ARCH_OPTIONS = {
         (*TRAIN, "--arch", "gossip", "--learners", "1", "--peers", "2"),
         ["--peers 2 needs at least 3 learners", "--learners 1"],
     ),
+    "workers-past-the-machine": ((*DC, "--workers", "1000"), ["--workers 1000 asks for 1000 CPUs", "--oversubscribe"]),
+    "learners-past-the-machine": (
+        (*TRAIN, "--arch", "gossip", "--learners", "1000"),
+        ["--learners 1000 asks for 1000 CPUs", "--oversubscribe"],
+    ),
     "gossip-exp-one-learner-two-peers": (
         (*TRAIN, "--arch", "gossip", "--topology", "exp", "--learners", "1", "--peers", "2"),
         ["--peers 2: one learner has no peers"],

@@ -299,7 +299,14 @@ def test_a_checkpoint_with_the_options_among_the_run_fields_still_resumes(run_op
     resumed = load_checkpoint(path)["run_config"]["options"]
     expected = {"workers": 2, "grad_sets": 1, "optimizer": "shared_rmsprop", "backend": "serial", "max_restarts": 10}
     # options the old layout did not have: their defaults
-    expected |= {"heartbeat_s": 120.0, "address": "", "cpus_per_role": 1.0, "gpus_per_role": 0.0, "placement": ""}
+    expected |= {
+        "heartbeat_s": 120.0,
+        "address": "",
+        "cpus_per_role": 1.0,
+        "gpus_per_role": 0.0,
+        "placement": "",
+        "oversubscribe": False,
+    }
     assert resumed == expected
 
 
