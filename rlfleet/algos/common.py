@@ -374,8 +374,14 @@ def linear(start: float, end: float, duration: int, t: int) -> float:
 
 
 def epsilon_greedy(q: np.ndarray, eps: np.ndarray | float, rng: np.random.Generator) -> np.ndarray:
-    """Greedy actions from `[B, A]` values, each replaced by a uniform one with probability eps (per row)."""
+    """Greedy actions from `[B, A]` values, each replaced by a uniform one with probability eps (per row).
+
+    With eps 0 in every row (evaluation) nothing is drawn: evaluating, however often, never moves the
+    exploration stream, so a run that evaluates once more (stopping at its time limit) explores on as one
+    that did not."""
     actions = q.argmax(-1)
+    if not np.any(eps):
+        return actions
     batch, n_actions = q.shape
     explore = rng.random(batch) < eps
     if explore.any():

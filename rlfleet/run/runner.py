@@ -290,13 +290,18 @@ class RunBase(abc.ABC):
         return save_checkpoint(self.run_dir / "checkpoints" / f"{name}.pt", self._payload(with_data=name == "latest"))
 
     # ----------------------------------------------------------------------------------------- services
+    def eval_seed(self, step: int) -> int:
+        """The seed of the evaluation at `step` (its episode i: the seed + i): a function of the step, not of
+        how many evaluations came before, so an evaluation that the same run made in one go does not make (the
+        one at a time-limit stop) leaves the episodes of every later evaluation as they were. Below 2**31 at any
+        step: envs that seed a legacy `np.random.RandomState` take no larger seeds."""
+        return (self.cfg.seed + 10_000 * (1 + step)) % 2**31
+
     def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
         self.state["evals"] += 1
-        returns = evaluate(
-            self.algo, self.eval_envs, self.cfg.eval_episodes, self.cfg.seed + 10_000 * self.state["evals"]
-        )
-        mean, std = float(returns.mean()), float(returns.std())
         step = self.env_steps
+        returns = evaluate(self.algo, self.eval_envs, self.cfg.eval_episodes, self.eval_seed(step))
+        mean, std = float(returns.mean()), float(returns.std())
         self.state["last_eval"] = {"step": step, "mean": mean, "std": std}
         logger.log(step, {"eval/return_mean": mean, "eval/return_std": std}, elapsed)
         if mean > self.state["best_eval"]:

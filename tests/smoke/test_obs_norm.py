@@ -35,7 +35,7 @@ def test_checkpoint_restores_evaluation_exactly(run_opts: dict, capsys):
     before = stats.state_dict()
 
     # before saving: the run's own (last) evaluation, and the live agent on freshly built, frozen envs
-    last_eval_seed = run.cfg.seed + 10_000 * run.state["evals"]
+    last_eval_seed = run.eval_seed(run.state["last_eval"]["step"])
     episodes, seed = 6, 321
     envs = NormalizeObservation(make_vector_env("CartPole-v1", episodes, seed=seed, training=False), stats, False)
     live = evaluate(result.algo, envs, episodes, seed)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,63 @@ def test_a_resume_that_cannot_restore_the_envs_restarts_the_ou_noise(run_opts, m
     finally:
         runner.envs.close()
         runner.eval_envs.close()
+
+
+class RunnerClock:
+    """The runner's clock, moved past the time limit by a callback once a run reaches a given step: a stop there
+    takes the time-limit path, as a slow machine would make it, without waiting for it."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self.ahead = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.ahead
+
+    def run_out_at(self, step: int) -> Callable[[dict[str, Any]], bool]:
+        def callback(info: dict[str, Any]) -> bool:
+            if info["env_steps"] >= step:
+                self.ahead += self.limit
+            return False  # not a stop request: the time limit, checked next, stops the run
+
+        return callback
+
+
+# (env, total steps, steps at which the time limit runs out, overrides): two stops, a scheduled evaluation (every 600
+# steps) between them, and the off-policy ones with learning under way
+TIME_LIMIT_CASES = {
+    "ppo": ("CartPole-v1", 2_048, (300, 1_000), {}),
+    "dqn": ("CartPole-v1", 2_000, (700, 1_300), {"learning_starts": "300"}),
+    "sac": ("Pendulum-v1", 1_000, (500, 700), {"learning_starts": "300", "random_steps": "300"}),
+}
+
+WALL_CLOCK = (".episode_start_time:", ".time_queue.")  # the episode times of RecordEpisodeStatistics: each run's own
+
+
+@pytest.mark.parametrize("algo", sorted(TIME_LIMIT_CASES))
+def test_stops_at_the_time_limit_and_resumes_equal_uninterrupted(algo: str, run_opts: dict, monkeypatch):
+    """A run stopped by its time limit evaluates before its checkpoint; resumed, it ends where the run made in one
+    go ends: every tensor of the final checkpoint and the final evaluation."""
+    env, total, stops, overrides = TIME_LIMIT_CASES[algo]
+    clock = RunnerClock(limit=3_600.0)
+    monkeypatch.setattr("rlfleet.run.runner.time", clock)
+    opts = dict(seed=4, steps=total, eval_every=600, eval_episodes=2, stop_return=1e9, time_limit=clock.limit)
+    whole = train(algo, env, name="whole", overrides=overrides, **opts, **run_opts)
+    assert whole["stopped_by"] == "steps"
+
+    stopped = train(algo, env, name="stopped", overrides=overrides, callbacks=[clock.run_out_at(stops[0])],
+                    **opts, **run_opts)  # fmt: skip
+    for stop in (*stops[1:], None):
+        assert stopped["stopped_by"] == "time_limit" and stopped["env_steps"] < total
+        assert load_checkpoint(stopped.run_dir)["state"]["last_eval"]["step"] == stopped["env_steps"]
+        callbacks = [clock.run_out_at(stop)] if stop is not None else []
+        stopped = train(resume=stopped.run_dir, callbacks=callbacks, progress=False)
+
+    assert stopped["stopped_by"] == "steps"
+    for key in ("env_steps", "episodes", "updates", "eval_return_mean"):
+        assert stopped[key] == whole[key], key
+    # the networks, targets, optimisers and RNGs, replay buffer, collector and envs; not the run's name and times
+    ends = load_checkpoint(whole.run_dir), load_checkpoint(stopped.run_dir)
+    compared = [key for key in ends[0] if key not in ("run_config", "state")]
+    found = differences(*({key: end[key] for key in compared} for end in ends))
+    assert [path for path in found if not any(field in path for field in WALL_CLOCK)] == []
