@@ -72,7 +72,12 @@ def test_rate_is_the_second_largest_eigenvalue_modulus():
         (np.array([[1.5, -0.5], [0.5, 0.5]]), "has a negative or non-finite entry"),
         (np.eye(3), "is 3×3; it must be 2×2"),
         (np.eye(2), "not strongly connected (learner 0's parameters never reach learner 1"),
-        (np.array([[1.0, 0.0], [0.5, 0.5]]), "not strongly connected (learner 0 never hears from learner 1"),
+        (np.array([[1.0, 0.0], [0.5, 0.5]]), "column 0 sums to 1.5; every column must sum to 1 too (doubly"),
+        (
+            np.array([[0.6, 0.4], [0.6, 0.4]]),
+            "column 0 sums to 1.2; every column must sum to 1 too (doubly stochastic), or consensus is a weighted "
+            "average in which learner 0's parameters count more",
+        ),
     ],
 )
 def test_check_mixing_names_what_is_wrong(matrix, message):
