@@ -176,6 +176,13 @@ RUN_OPTIONS = {
     "eval-seed-negative": (("eval", "runs/old", "--seed", "-1"), ["--seed=-1 is negative"]),
     "collect-episodes-0": (("collect", "runs/old", "-o", "d.npz", "--episodes", "0"), ["--episodes=0"]),
     "collect-seed-negative": (("collect", "runs/old", "-o", "d.npz", "--seed", "-1"), ["--seed=-1"]),
+    "eval-max-steps-zero": ((*TRAIN, "--eval-max-steps", "0"), ["--eval-max-steps=0", "must be >= 1"]),
+    "eval-max-steps-0": (("eval", "runs/old", "--max-steps", "0"), ["--max-steps=0 is out of range", ">= 1"]),
+    "collect-max-steps-negative": (
+        ("collect", "runs/old", "-o", "d.npz", "--max-steps", "-2"),
+        ["--max-steps=-2 is negative", ">= 1"],
+    ),
+    "eval-max-steps-word": (("eval", "runs/old", "--max-steps", "many"), ["--max-steps", "'many'"]),
     "steps-float": (("train", "ppo", "--env", "CartPole-v1", "--steps", "2.5"), ["--steps", "'2.5'"]),
     "no-command": ((), ["command"]),
     "unknown-option": ((*TRAIN, "--stepz", "5"), ["--stepz"]),
@@ -414,6 +421,23 @@ def test_eval_records_a_gif(trained_run: Path, tmp_path: Path):
     assert len(gifs) == 1 and out["video_dir"] == str(video)
     with Image.open(gifs[0]) as gif:
         assert gif.format == "GIF" and gif.n_frames > 1
+
+
+def test_training_on_an_env_without_time_limit_ends(tmp_path: Path):
+    """CliffWalking-v1 has no time limit and a greedy policy may walk in circles there forever: its evaluations end
+    at --eval-max-steps (default 27,000), and the run says how many episodes were cut."""
+    args = ("train", "ppo", "--env", "CliffWalking-v1", "--steps", 2000, "--name", "cliff", "--no-progress")
+    proc = rlfleet(*args, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "runs" / "cliff" / "result.json").read_text())
+    assert result["eval_max_steps"] == 27_000 and 0 <= result["eval_episodes_cut"] <= 10
+    assert result["eval_return_mean"] >= -27_000 * 100  # at most 27,000 steps of at most -100 each
+    if result["eval_episodes_cut"]:
+        assert f"{result['eval_episodes_cut']} of 10 episodes were cut at 27000 steps" in proc.stdout
+    proc = rlfleet("eval", "runs/cliff", "--episodes", 2, "--max-steps", 40, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["max_steps"] == 40 and out["episodes_cut"] <= 2
 
 
 def test_plot_writes_a_png(trained_run: Path, tmp_path: Path):

@@ -158,6 +158,8 @@ RUN_OPTION_ERRORS = {
     "time-limit-inf": (dict(time_limit=math.inf), ["--time-limit=inf is not a finite number"]),
     "stop-return-nan": (dict(stop_return=math.nan), ["--stop-return=nan is not a number"]),
     "eval-episodes-zero": (dict(eval_episodes=0), ["--eval-episodes=0", "must be >= 1"]),
+    "eval-max-steps-zero": (dict(eval_max_steps=0), ["--eval-max-steps=0 is out of range", "must be >= 1"]),
+    "eval-max-steps-float": (dict(eval_max_steps=2.5), ["--eval-max-steps=2.5 is not an int"]),
     "eval-every-negative": (dict(eval_every=-5), ["--eval-every=-5 is negative"]),
     "workers-zero": (dict(arch="data_parallel", workers=0), ["--workers=0", "must be >= 1"]),
     "grad-sets-negative": (dict(arch="grad_parallel", grad_sets=-1), ["--grad-sets=-1 is negative"]),
