@@ -15,6 +15,10 @@ from rlfleet.fields import field_docs, parse_count
 USAGE_ERROR = 2
 
 
+MAX_STEPS_HELP = (
+    "steps an episode may take in an env without a time limit of its own (a greedy policy may loop forever); "
+    "an episode cut there counts with the return it had (default: the run's --eval-max-steps, 27000)"
+)
 CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress")
 
 
@@ -60,22 +64,33 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rlfleet.run.evaluate import evaluate_checkpoint
+    from rlfleet.run.evaluate import cut_note, evaluate_checkpoint
 
-    out = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed, video_dir=args.video)
+    out = evaluate_checkpoint(
+        args.checkpoint, episodes=args.episodes, seed=args.seed, video_dir=args.video, max_steps=args.max_steps
+    )
     print(json.dumps(out, indent=2))
+    note = cut_note(out["episodes_cut"], out["episodes"], out["max_steps"], "--max-steps")
+    if note:  # beside the JSON, which stays parseable
+        print(note, file=sys.stderr)
     return 0
 
 
 def _collect(args: argparse.Namespace) -> int:
     from rlfleet.run.collect import collect_demonstrations
+    from rlfleet.run.evaluate import cut_note
 
-    demos = collect_demonstrations(args.checkpoint, episodes=args.episodes, seed=args.seed, output=args.output)
+    demos, evaluation = collect_demonstrations(
+        args.checkpoint, episodes=args.episodes, seed=args.seed, output=args.output, max_steps=args.max_steps
+    )
     returns = demos.episode_returns
     print(
         f"{demos.env}: {len(returns)} episodes, {len(demos)} (obs, act) pairs, return {returns.mean():.1f} ± "
         f"{returns.std():.1f}\ndataset: {args.output}"
     )
+    note = cut_note(evaluation.cut, len(returns), evaluation.max_steps, "--max-steps")
+    if note:
+        print(note)
     return 0
 
 
@@ -254,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=_count, default=10)
     e.add_argument("--seed", type=_count, default=12345)
     e.add_argument("--video", metavar="DIR", help="record videos of the episodes into DIR")
+    e.add_argument("--max-steps", type=_count, metavar="N", help=MAX_STEPS_HELP)
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("collect", help="record a checkpoint's greedy episodes as demonstrations for bc")
@@ -261,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--episodes", type=_count, default=20)
     c.add_argument("--seed", type=_count, default=0)
     c.add_argument("-o", "--output", required=True, metavar="FILE", help="the .npz to write")
+    c.add_argument("--max-steps", type=_count, metavar="N", help=MAX_STEPS_HELP)
     c.set_defaults(func=_collect)
 
     p = sub.add_parser("plot", help="plot learning curves of run folders")

@@ -23,6 +23,7 @@ import functools
 import inspect
 import math
 import numbers
+import reprlib
 import textwrap
 import types
 import typing
@@ -149,6 +150,35 @@ def single_folder_name(value: Any) -> str | None:
     return None
 
 
+MAX_NESTING = 100
+"""How deep lists, tuples and dicts may nest in a value a run keeps (`--env-kwargs`, a dataset's env_kwargs): far
+deeper than any env keyword needs, and far from Python's recursion limit, which comparing, printing or saving a
+value nested thousands deep would reach (a RecursionError, not a line naming the value)."""
+
+
+def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:
+    """How deep lists, tuples and dicts nest in `value` (0 for a plain value), counted without recursion and only up
+    to `limit` + 1: a value nested thousands deep costs no more than one just over the limit."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            todo.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            todo.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def nesting_problem(value: Any) -> str | None:
+    """A `checked` test: lists, tuples and dicts nested at most `MAX_NESTING` deep."""
+    if nesting_depth(value) > MAX_NESTING:
+        return f"is nested more than {MAX_NESTING} deep (lists, tuples or dicts inside each other)"
+    return None
+
+
 def parse_count(text: str) -> int:
     """An integer from text (`--set n_envs=8`, `--steps 1e6`): float notation is fine for a whole number;
     anything else is a ValueError."""
@@ -206,10 +236,19 @@ def _article(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- the check
+def _shown(value: Any) -> Any:
+    """A value as a message shows it: text quoted; a value nested too deep to print whole, its first levels."""
+    if isinstance(value, str):
+        return repr(value)
+    if nesting_depth(value) > MAX_NESTING:
+        return reprlib.repr(value)
+    return value
+
+
 def check_value(label: str, value: Any, annotation: Any, bounds: Bounds | None = None, check=None) -> None:
     """Check one value as `check_fields` checks a field (for options that are no dataclass field: `rlfleet
     eval --episodes`); `label` names it in the message."""
-    shown = repr(value) if isinstance(value, str) else value
+    shown = _shown(value)
     if not _has_type(value, annotation):
         name = _type_name(annotation)
         raise ConfigError(f"{label}={shown!s} is not {_article(name)} {name}")

@@ -58,6 +58,7 @@ import io
 import math
 import os
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
@@ -122,6 +123,8 @@ def check_mixing(matrices: list[np.ndarray], n: int, where: str = "the mixing ma
     learners' parameters whose weights are the left Perron vector of P (measured: 0.2/0.4/0.4 for one 3×3
     matrix), so some learners' data count less than others'. Doubly stochastic matrices keep the plain average,
     as the papers' analyses assume; the ring, k-peer ring and exponential graph are."""
+    if not matrices:
+        raise ConfigError(f"{where} holds no rounds; it needs at least one {n}×{n} matrix")
     for t, p in enumerate(matrices):
         label = where if len(matrices) == 1 else f"{where} (round {t} of {len(matrices)})"
         if p.shape != (n, n):
@@ -165,24 +168,38 @@ def check_mixing(matrices: list[np.ndarray], n: int, where: str = "the mixing ma
 
 
 def load_matrices(path: str) -> list[np.ndarray]:
-    """Mixing matrices from a file: `.npy` ([K, K] or [T, K, K]) or text (one row per line, spaces or commas)."""
+    """Mixing matrices from a file: `.npy` ([K, K] or [T, K, K]) or text (one row per line, spaces or commas); a
+    file that cannot be read, holds anything but real numbers or holds no matrix is a one-line `ConfigError`."""
     if not os.path.isfile(path):
         raise ConfigError(f"--topology {path!r} is neither {' nor '.join(TOPOLOGIES)} nor a mixing-matrix file")
     try:
-        if path.endswith(".npy"):
-            data = np.load(path)
-        else:
-            with open(path) as f:
-                text = f.read()
-            data = np.loadtxt(io.StringIO(text), delimiter="," if "," in text else None, ndmin=2)
-    except (ValueError, OSError) as exc:
-        raise ConfigError(f"cannot read the mixing matrix in {path}: {exc}") from None
-    data = np.asarray(data, dtype=np.float64)
-    if data.ndim == 2:
-        return [data]
-    if data.ndim == 3:
-        return list(data)
-    raise ConfigError(f"the mixing matrix in {path} has {data.ndim} dimensions; it must be [K, K] or [T, K, K]")
+        data = np.load(path) if path.endswith(".npy") else _read_text_matrix(path)
+    except (ValueError, OSError, EOFError) as exc:
+        detail = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        raise ConfigError(f"cannot read the mixing matrix in {path}: {detail}") from None
+    if not isinstance(data, np.ndarray):  # np.load opens an .npz archive, whatever the file's name
+        data.close()
+        raise ConfigError(f"the mixing matrix in {path} is an .npz archive; it must be one array saved with np.save")
+    if data.dtype.kind not in "biuf":  # text, complex numbers
+        raise ConfigError(f"the mixing matrix in {path} holds {data.dtype} entries; mixing weights are real numbers")
+    data = data.astype(np.float64)
+    if data.ndim not in (2, 3):
+        raise ConfigError(f"the mixing matrix in {path} has {data.ndim} dimensions; it must be [K, K] or [T, K, K]")
+    if data.size == 0:
+        shape = "×".join(map(str, data.shape))
+        raise ConfigError(f"the mixing matrix in {path} is empty ({shape}); it needs at least one round of K×K weights")
+    return [data] if data.ndim == 2 else list(data)
+
+
+def _read_text_matrix(path: str) -> np.ndarray:
+    """The rows of a text matrix (spaces or commas between entries); [0, 0] for a file without any, which
+    `load_matrices` refuses in its own words (numpy would warn about the empty input on the terminal)."""
+    with open(path) as f:
+        text = f.read()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "loadtxt: input contained no data" (comments only)
+        data = np.loadtxt(io.StringIO(text), delimiter="," if "," in text else None, ndmin=2)
+    return data if data.size else np.zeros((0, 0))
 
 
 @dataclass(frozen=True)

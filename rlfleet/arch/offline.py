@@ -217,7 +217,9 @@ class OfflineRunner(RunBase):
         episodes = self.algo_cfg.dagger_episodes
         seed = self.cfg.seed + DAGGER_SEED + 1_000 * self.state["dagger_round"]
         recorder = EpisodeRecorder(labels=self._expert_labels())
-        returns = record_episodes(self.algo, self.cfg.env, episodes, seed, recorder, self.cfg.env_kwargs)
+        evaluation = record_episodes(
+            self.algo, self.cfg.env, episodes, seed, recorder, self.cfg.env_kwargs, self.eval_max_steps
+        )
         obs, act, _, _ = recorder.arrays()
         self.aggregated = Batch.cat([self.aggregated, Batch(obs=obs, act=act.astype(self.demos.act.dtype))])
         self.data = Batch.cat([self.data, self.algo.process(Batch(obs=obs, act=act))])
@@ -225,7 +227,7 @@ class OfflineRunner(RunBase):
         self.state["dagger_episodes"] += episodes
         self.state["epoch"] += 1  # a new pass that includes the new pairs
         self.state["position"] = 0
-        returns = [float(r) for r in returns]
+        returns = [float(r) for r in evaluation.returns]
         self.returns.extend(returns)
         return returns
 

@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.data.batch import obs_len
+from rlfleet.fields import MAX_NESTING, nesting_depth
 
 FORMAT = "rlfleet-demos-v1"
 
@@ -131,6 +132,9 @@ class Demonstrations:
                 f"dataset observations have shape {observation_shapes(self.obs)}, but {env} has "
                 f"{observation_shapes(observation_space)}: record it again"
             )
+        problem = observations_problem(self.obs) or actions_problem(self.act, action_space)
+        if problem is not None:
+            raise DatasetError(f"dataset does not fit {env}: {problem}: record it again")
 
 
 def observation_shapes(obs: np.ndarray | dict[str, np.ndarray] | gym.Space) -> tuple | dict[str, tuple]:
@@ -142,6 +146,52 @@ def observation_shapes(obs: np.ndarray | dict[str, np.ndarray] | gym.Space) -> t
     if isinstance(obs, dict):
         return {key: tuple(value.shape[1:]) for key, value in obs.items()}
     return tuple(obs.shape[1:])
+
+
+def actions_problem(act: np.ndarray, space: gym.Space) -> str | None:
+    """What keeps a batch of actions (`[N, *space.shape]`) from being actions of `space`, or None: the dtype (whole
+    numbers for Discrete, MultiDiscrete and MultiBinary, numbers for Box), the shape of each, and the range (a
+    Discrete's start to start + n − 1, a MultiDiscrete's per entry, 0 or 1, a Box's finite bounds). Checked before
+    training: an action the networks cannot take fails deep inside an update, after the run folder is written."""
+    shape = tuple(space.shape or ())
+    if act.ndim < 1 or act.shape[1:] != shape:
+        return f"each action has shape {act.shape[1:]}, but {space} takes shape {shape}"
+    if isinstance(space, gym.spaces.Box):
+        if act.dtype.kind not in "iuf":
+            return f"actions are {act.dtype}, but {space} takes numbers"
+        low, high = np.broadcast_to(space.low, shape), np.broadcast_to(space.high, shape)
+        return _first_outside(act, low, high, space)
+    if not isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        return f"{space} is not an action space of demonstrations"
+    if act.dtype.kind not in "iub":
+        return f"actions are {act.dtype}, but {space} takes whole numbers"
+    if isinstance(space, gym.spaces.MultiBinary):
+        return _first_outside(act, np.zeros(shape), np.ones(shape), space)
+    counts = space.n if isinstance(space, gym.spaces.Discrete) else space.nvec
+    start = np.broadcast_to(np.asarray(space.start), shape)
+    return _first_outside(act, start, start + np.broadcast_to(np.asarray(counts), shape) - 1, space)
+
+
+def _first_outside(act: np.ndarray, low: np.ndarray, high: np.ndarray, space: gym.Space) -> str | None:
+    """The first action (by index) that is NaN or outside [low, high], named; None when there is none."""
+    values = act.astype(np.float64).reshape(len(act), -1)
+    low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
+    bad = np.isnan(values) | (values < low) | (values > high)
+    rows = np.flatnonzero(bad.any(axis=1))
+    if rows.size == 0:
+        return None
+    i = int(rows[0])
+    return f"action {i} is {act[i].tolist()!r}, outside {space} ({int(rows.size)} of {len(act)} actions are)"
+
+
+def observations_problem(obs: np.ndarray | dict[str, np.ndarray]) -> str | None:
+    """What keeps dataset observations from being an agent's input, or None: every array holds numbers."""
+    arrays = obs.items() if isinstance(obs, dict) else [("", obs)]
+    for key, value in arrays:
+        if value.dtype.kind not in "biuf":
+            where = f" (entry {key!r})" if key else ""
+            return f"observations{where} are {value.dtype}, not numbers"
+    return None
 
 
 def same_action_space(a: gym.Space, b: gym.Space) -> bool:
@@ -195,7 +245,7 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
             source=str(arrays.get("source", "")),
             env_kwargs=_env_kwargs(arrays),
         )
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, TypeError) as exc:  # TypeError: an entry of the wrong kind (a 0-d act)
         raise DatasetError(f"{path} is not a valid rlfleet dataset: {exc}") from None
 
 
@@ -203,7 +253,12 @@ def _env_kwargs(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """The recorded env keyword arguments (none in files written before they were recorded)."""
     if "env_kwargs" not in arrays:
         return {}
-    value = json.loads(str(arrays["env_kwargs"]))
+    try:
+        value = json.loads(str(arrays["env_kwargs"]))
+    except RecursionError:  # the JSON nests deeper than Python's recursion limit
+        raise ValueError(f"env_kwargs is nested more than {MAX_NESTING} deep") from None
+    if nesting_depth(value) > MAX_NESTING:  # comparing or printing it would reach the recursion limit
+        raise ValueError(f"env_kwargs is nested more than {MAX_NESTING} deep")
     if not isinstance(value, dict):
         raise ValueError(f"env_kwargs is {value!r}, not a mapping")
     return value

@@ -16,7 +16,16 @@ from rlfleet.data.batch import map_obs, stack_obs
 from rlfleet.data.demos import Demonstrations, is_dataset_file
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.fields import check_value
-from rlfleet.run.evaluate import EPISODES, SEED, evaluate, load_agent
+from rlfleet.run.evaluate import (
+    EPISODES,
+    EVAL_MAX_STEPS,
+    MAX_STEPS,
+    SEED,
+    Evaluation,
+    checkpoint_bound,
+    evaluate,
+    load_agent,
+)
 from rlfleet.run.paths import check_output_file
 
 ENVS = 16  # episodes recorded side by side (one per env)
@@ -59,36 +68,50 @@ class EpisodeRecorder:
 
 
 def record_episodes(
-    algo, env_id: str, episodes: int, seed: int, recorder: EpisodeRecorder, env_kwargs: dict[str, Any] | None = None
-) -> np.ndarray:
-    """Run `episodes` greedy episodes of `algo` on `env_id` built with `env_kwargs` (at most `ENVS` at a time) into
-    `recorder`."""
-    returns = []
+    algo,
+    env_id: str,
+    episodes: int,
+    seed: int,
+    recorder: EpisodeRecorder,
+    env_kwargs: dict[str, Any] | None = None,
+    max_steps: int = EVAL_MAX_STEPS,
+) -> Evaluation:
+    """Run `episodes` greedy episodes of `algo` on `env_id` built with `env_kwargs` (at most `ENVS` at a time, each
+    at most `max_steps` steps: see `evaluate`) into `recorder`; their returns and how many were cut."""
+    parts = []
     done = 0
     with_envs = min(episodes, ENVS)
     envs = make_vector_env(env_id, with_envs, seed=seed, mode="sync", training=False, **(env_kwargs or {}))
     try:
         while done < episodes:
             group = min(with_envs, episodes - done)
-            returns.append(evaluate(algo, envs, group, seed + done, on_step=recorder))
+            parts.append(evaluate(algo, envs, group, seed + done, on_step=recorder, max_steps=max_steps))
             done += group
     finally:
         envs.close()
-    return np.concatenate(returns)
+    return Evaluation(np.concatenate([p.returns for p in parts]), sum(p.cut for p in parts), max_steps)
 
 
 def collect_demonstrations(
-    checkpoint: str | Path, episodes: int, seed: int = 0, output: str | Path | None = None
-) -> Demonstrations:
-    """`episodes` greedy episodes of a checkpoint's agent on its own env, as demonstrations; saved to `output`
-    if given (checked before anything runs: not a folder, not another kind of file, in a writable folder)."""
+    checkpoint: str | Path,
+    episodes: int,
+    seed: int = 0,
+    output: str | Path | None = None,
+    max_steps: int | None = None,
+) -> tuple[Demonstrations, Evaluation]:
+    """`episodes` greedy episodes of a checkpoint's agent on its own env (each at most `checkpoint_bound` steps), as
+    demonstrations, and the evaluation of those episodes (how many were cut); saved to `output` if given (checked
+    before anything runs: not a folder, not another kind of file, in a writable folder)."""
     check_value("--episodes", episodes, int, EPISODES)
     check_value("--seed", seed, int, SEED)
+    if max_steps is not None:
+        check_value("--max-steps", max_steps, int, MAX_STEPS)
     if output is not None:
         check_output_file(output, "-o", ours=is_dataset_file, kind="an rlfleet dataset")
     algo, run = load_agent(checkpoint)
     recorder = EpisodeRecorder()
-    record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"])
+    bound = checkpoint_bound(run, max_steps)
+    evaluation = record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"], bound)
     obs, act, rew, starts = recorder.arrays()
     action_space = env_spec_info(run["env"], **run["env_kwargs"])["action_space"]
     demos = Demonstrations(
@@ -96,4 +119,4 @@ def collect_demonstrations(
     )
     if output is not None:
         demos.save(output)
-    return demos
+    return demos, evaluation

@@ -26,6 +26,7 @@ from rlfleet.fields import (
     single_folder_name,
 )
 from rlfleet.run.env_kwargs import env_kwargs_problem
+from rlfleet.run.evaluate import EVAL_MAX_STEPS
 
 __all__ = [
     "ConfigError",
@@ -94,6 +95,12 @@ class RunConfig:
     """Env steps between greedy evaluations; None or 0: max(2,000, steps / 50)."""
     eval_episodes: int = bounded(10, ge=1, le=MAX_ENVS)
     """Episodes per evaluation (run side by side on separate envs)."""
+    eval_max_steps: int = bounded(EVAL_MAX_STEPS, ge=1)
+    """Steps an evaluation episode may take in an env without a time limit of its own (CliffWalking-v1: a greedy
+    policy may walk in circles forever); an episode cut there counts with the return it had, and the run says how
+    many were (`eval/episodes_cut`, `eval_episodes_cut` in result.json). The default is the ALE's 108,000-frame
+    cap in agent steps, the Atari convention and the longest limit of Gymnasium's registered envs. An env with a
+    limit (`max_episode_steps`) ends its episodes there."""
     stop_return: float | None = bounded(None, finite=False)
     """Stop once an evaluation's mean return reaches this (inf: never); default the env's reward_threshold."""
     time_limit: float | None = bounded(None, gt=0)

@@ -14,7 +14,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from rlfleet.envs import env_spec_info, make_env, make_vector_env, resolve_env_spec
 from rlfleet.envs.make import _is_atari_spec
-from rlfleet.fields import ConfigError
+from rlfleet.fields import ConfigError, nesting_problem
 
 __all__ = ["env_info", "env_keywords", "env_kwargs_problem", "parse_env_kwargs", "parse_env_value"]
 
@@ -84,7 +84,11 @@ def _plain_data(value: Any) -> bool:
 
 def env_kwargs_problem(value: Any) -> str | None:
     """The `checked` test of `RunConfig.env_kwargs` (a dict, which `check_fields` has made sure of): keyword
-    names, none that the run passes itself, and values it can save with its config."""
+    names, none that the run passes itself, and values it can save with its config, nested no deeper than
+    `rlfleet.fields.MAX_NESTING` (deeper, checking them would itself reach Python's recursion limit)."""
+    deep = nesting_problem(value)
+    if deep is not None:
+        return deep
     for key, item in value.items():
         if not isinstance(key, str) or not key.isidentifier():
             return f"has the key {key!r}, which is not a keyword argument name"

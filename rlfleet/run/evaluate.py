@@ -1,9 +1,16 @@
-"""Greedy evaluation on separate envs: K episodes run side by side, one per env, unclipped returns."""
+"""Greedy evaluation on separate envs: K episodes run side by side, one per env, unclipped returns.
+
+Every evaluation episode ends: at the env's own time limit where it has one (`max_episode_steps`, a `TimeLimit`),
+else after `EVAL_MAX_STEPS` steps or the run's `--eval-max-steps` (`rlfleet eval`/`collect`: `--max-steps`). A
+greedy policy can walk in circles forever in an env without a limit (CliffWalking-v1); an episode cut there
+counts with the return it had, and the evaluation says how many were cut (`Evaluation.cut`).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +28,40 @@ EPISODES = Bounds(ge=1)
 """Episodes `rlfleet eval` and `rlfleet collect` run (`--episodes`)."""
 SEED = Bounds(ge=0)
 """Seeds of evaluation envs (`--seed`)."""
+MAX_STEPS = Bounds(ge=1)
+"""Steps an evaluation episode of an env without a time limit may take (`--max-steps`, `--eval-max-steps`)."""
+EVAL_MAX_STEPS = 27_000
+"""The default of that bound: the ALE's cap of 108,000 frames in agent steps (frame skip 4), the Atari evaluation
+convention and the longest time limit of the envs Gymnasium registers, so that an env without a limit of its own
+is never cut shorter than an Atari game; a policy that loops on a cheap env costs seconds of it."""
 
 
-def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None] | None = None) -> np.ndarray:
-    """Run exactly one episode in each of `n_episodes` envs with the greedy policy; returns their returns.
+@dataclass(frozen=True)
+class Evaluation:
+    """What `evaluate` found: each counted episode's return, and how many of them it cut at `max_steps` (the env
+    had not ended them; their returns are those they had)."""
+
+    returns: np.ndarray
+    cut: int
+    max_steps: int
+
+
+def episode_bound(own_limit: int | None, max_steps: int) -> int:
+    """The steps an evaluation episode may take: the env's own time limit where it has one (its episodes end
+    there by themselves, as in training), else `max_steps`."""
+    return int(own_limit) if own_limit is not None else int(max_steps)
+
+
+def evaluate(
+    algo,
+    envs,
+    n_episodes: int,
+    seed: int,
+    on_step: Callable[..., None] | None = None,
+    max_steps: int = EVAL_MAX_STEPS,
+) -> Evaluation:
+    """Run exactly one episode in each of `n_episodes` envs with the greedy policy, each at most `max_steps`
+    steps (see `episode_bound`); their returns, and how many were cut at that bound.
 
     `envs` is a vector env with at least `n_episodes` sub-envs (built with `training=False`, so returns
     are the real, unclipped ones). Finished envs keep stepping (autoreset) but are no longer counted. A
@@ -32,21 +69,27 @@ def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None
     `algo.reset_state` where an episode ends, as the `Collector` does.
 
     `on_step(obs, act, rew, done, counted)`, if given, sees every vector step: the observations acted
-    on, the actions, rewards and `terminated | truncated`, and the `[num_envs]` mask of envs whose
-    episode is still counted (recording demonstrations, DAgger).
+    on, the actions, rewards and `terminated | truncated` (or cut at the bound), and the `[num_envs]` mask of
+    envs whose episode is still counted (recording demonstrations, DAgger).
     """
     if envs.num_envs < n_episodes:
         raise ValueError(f"evaluation needs {n_episodes} envs, got a vector env of {envs.num_envs}")
     obs, _ = envs.reset(seed=seed)
     n = envs.num_envs
     returns = np.zeros(n, dtype=np.float64)
+    lengths = np.zeros(n, dtype=np.int64)
     finished = np.zeros(n, dtype=bool)
+    cut = np.zeros(n, dtype=bool)
     state = None
     while not finished[:n_episodes].all():
         act, _, state = algo.act(obs, state, explore=False)
         next_obs, rew, terminated, truncated, _ = envs.step(act)
         returns += np.where(finished, 0.0, rew)
-        done = terminated | truncated
+        lengths += ~finished
+        ended = terminated | truncated
+        cut_now = ~finished & ~ended & (lengths >= max_steps)  # the env would go on: evaluation ends it here
+        cut |= cut_now
+        done = ended | cut_now
         if on_step is not None:
             counted = ~finished
             counted[n_episodes:] = False
@@ -55,7 +98,7 @@ def evaluate(algo, envs, n_episodes: int, seed: int, on_step: Callable[..., None
         if state is not None and done.any():  # a recurrent policy starts the next episode from a fresh state
             state = algo.reset_state(state, done)
         finished |= done
-    return returns[:n_episodes]
+    return Evaluation(returns[:n_episodes], int(cut[:n_episodes].sum()), int(max_steps))
 
 
 def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
@@ -94,40 +137,51 @@ def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
     images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
 
 
+def checkpoint_bound(run: dict[str, Any], max_steps: int | None) -> int:
+    """The step bound of a checkpoint's evaluation episodes (`episode_bound`): the env's own time limit, else
+    `max_steps`, else the run's `eval_max_steps` (`EVAL_MAX_STEPS` for a run saved before it had one)."""
+    if max_steps is None:
+        max_steps = run.get("eval_max_steps") or EVAL_MAX_STEPS
+    return episode_bound(env_info(run["env"], run["env_kwargs"])["max_episode_steps"], max_steps)
+
+
+def cut_note(cut: int, episodes: int, max_steps: int, option: str) -> str | None:
+    """The line that says evaluation episodes were cut at the bound (None when none was)."""
+    if not cut:
+        return None
+    return (
+        f"note: {cut} of {episodes} episodes were cut at {max_steps} steps (the env has no time limit of its own; "
+        f"{option} sets the bound); their returns are those they had"
+    )
+
+
 def evaluate_checkpoint(
-    checkpoint: str | Path, episodes: int = 10, seed: int = 12345, video_dir: str | Path | None = None
+    checkpoint: str | Path,
+    episodes: int = 10,
+    seed: int = 12345,
+    video_dir: str | Path | None = None,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Rebuild the agent of a checkpoint, run `episodes` greedy episodes, optionally save each as a GIF
-    (into `video_dir`, made if missing)."""
+    """Rebuild the agent of a checkpoint, run `episodes` greedy episodes (each at most `checkpoint_bound` steps),
+    optionally save each as a GIF (into `video_dir`, made if missing)."""
 
     check_value("--episodes", episodes, int, EPISODES)
     check_value("--seed", seed, int, SEED)
+    if max_steps is not None:
+        check_value("--max-steps", max_steps, int, MAX_STEPS)
     if video_dir is not None:
         check_output_folder(video_dir, "--video")
     algo, run = load_agent(checkpoint)
+    bound = checkpoint_bound(run, max_steps)
     if video_dir is None:
         envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False, **run["env_kwargs"])
         try:
-            returns = evaluate(algo, envs, episodes, seed)
+            result = evaluate(algo, envs, episodes, seed, max_steps=bound)
         finally:
             envs.close()
     else:
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
-        video_dir = Path(video_dir)
-        video_dir.mkdir(parents=True, exist_ok=True)
-        returns = np.zeros(episodes)
-        for i in range(episodes):
-            env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
-            obs, _ = env.reset(seed=seed + i)
-            frames, done, state = [env.render()], False, None
-            while not done:
-                act, _, state = algo.act(np.asarray(obs)[None], state, explore=False)
-                obs, rew, terminated, truncated, _ = env.step(act[0])
-                returns[i] += float(rew)
-                frames.append(env.render())
-                done = terminated or truncated
-            env.close()
-            _save_gif(frames, video_dir / f"episode-{i}.gif")
+        result = _evaluate_on_video(algo, run, episodes, seed, bound, Path(video_dir))
+    returns = result.returns
     return {
         "checkpoint": str(checkpoint),
         "algo": run["algo"],
@@ -137,5 +191,28 @@ def evaluate_checkpoint(
         "return_mean": float(returns.mean()),
         "return_std": float(returns.std()),
         "returns": [float(r) for r in returns],
+        "max_steps": result.max_steps,
+        "episodes_cut": result.cut,
         "video_dir": str(video_dir) if video_dir else None,
     }
+
+
+def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, bound: int, video_dir: Path) -> Evaluation:
+    """`evaluate`, one episode after another on a rendering env, each saved as `episode-<i>.gif` in `video_dir`."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
+    video_dir.mkdir(parents=True, exist_ok=True)
+    returns, cut = np.zeros(episodes), 0
+    for i in range(episodes):
+        env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
+        obs, _ = env.reset(seed=seed + i)
+        frames, done, state, steps = [env.render()], False, None, 0
+        while not done and steps < bound:
+            act, _, state = algo.act(np.asarray(obs)[None], state, explore=False)
+            obs, rew, terminated, truncated, _ = env.step(act[0])
+            returns[i] += float(rew)
+            frames.append(env.render())
+            done, steps = terminated or truncated, steps + 1
+        cut += not done
+        env.close()
+        _save_gif(frames, video_dir / f"episode-{i}.gif")
+    return Evaluation(returns, cut, bound)

@@ -11,7 +11,7 @@ import numpy as np
 
 from rlfleet.algos.noise import EXPLORATION_OPTIONS
 from rlfleet.data.batch import obs_len
-from rlfleet.run.evaluate import evaluate
+from rlfleet.run.evaluate import EVAL_MAX_STEPS, evaluate
 
 
 class DoNothing:
@@ -36,16 +36,17 @@ def exploration_hint(
     n_episodes: int,
     seed: int,
     algo_cfg: Any = None,
+    max_steps: int = EVAL_MAX_STEPS,
 ) -> str | None:
     """One line for a run of a continuous-control algorithm whose best evaluation never beat doing nothing
     (`DoNothing`, evaluated on envs from `make_envs` as the run's evaluations are), naming the exploration
     options; None when it did, or when the algorithm or the action space has no such options. `algo_cfg` (the
-    run's config) tells whether the option was already on."""
+    run's config) tells whether the option was already on; `max_steps` bounds its episodes as the run's are."""
     if algo not in EXPLORATION_OPTIONS or not isinstance(action_space, gym.spaces.Box):
         return None
     envs = make_envs()
     try:
-        baseline = float(evaluate(DoNothing(action_space), envs, n_episodes, seed).mean())
+        baseline = float(evaluate(DoNothing(action_space), envs, n_episodes, seed, max_steps=max_steps).returns.mean())
     finally:
         envs.close()
     if best_return > baseline:

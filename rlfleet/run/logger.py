@@ -93,6 +93,10 @@ class RunLogger:
                 {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in postfix.items()}, refresh=False
             )
 
+    def note(self, text: str) -> None:
+        """A line for the user on the terminal, above the progress bar (which it leaves intact)."""
+        tqdm.write(text)
+
     def flush(self) -> None:
         self.writer.flush()
         self._csv_file.flush()

@@ -45,7 +45,7 @@ from rlfleet.run.config import (
     resolve_torch_threads,
 )
 from rlfleet.run.env_kwargs import env_info
-from rlfleet.run.evaluate import evaluate
+from rlfleet.run.evaluate import cut_note, episode_bound, evaluate
 from rlfleet.run.hints import exploration_hint
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.paths import check_output_folder
@@ -162,6 +162,7 @@ class RunBase(abc.ABC):
         self.cfg = cfg
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
         self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
+        self.eval_max_steps = episode_bound(info["max_episode_steps"], cfg.eval_max_steps)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         # a CNN learner: images, and an algorithm whose `encoder` makes CNNs of them (ddpg, td3, sac have none)
         convolutional = has_image(info["observation_space"]) and getattr(self.algo_cfg, "encoder", "mlp") != "mlp"
@@ -199,6 +200,7 @@ class RunBase(abc.ABC):
             "last_eval": None,
         }
         self.stopped_by = "steps"
+        self._cut_noted = False  # `_note_cut` has said so in this invocation
 
     def build_algo(self, seed: int):
         """A fresh algorithm object with this run's config (architectures build one per worker)."""
@@ -300,10 +302,13 @@ class RunBase(abc.ABC):
     def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
         self.state["evals"] += 1
         step = self.env_steps
-        returns = evaluate(self.algo, self.eval_envs, self.cfg.eval_episodes, self.eval_seed(step))
-        mean, std = float(returns.mean()), float(returns.std())
-        self.state["last_eval"] = {"step": step, "mean": mean, "std": std}
-        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std}, elapsed)
+        result = evaluate(
+            self.algo, self.eval_envs, self.cfg.eval_episodes, self.eval_seed(step), max_steps=self.eval_max_steps
+        )
+        mean, std = float(result.returns.mean()), float(result.returns.std())
+        self.state["last_eval"] = {"step": step, "mean": mean, "std": std, "cut": result.cut}
+        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std, "eval/episodes_cut": result.cut}, elapsed)
+        self._note_cut(logger, result.cut)
         if mean > self.state["best_eval"]:
             self.state["best_eval"] = mean
             self.save("best")
@@ -311,6 +316,12 @@ class RunBase(abc.ABC):
             self.state["solved_at_step"] = step
             self.state["solved_at_s"] = elapsed
         return mean
+
+    def _note_cut(self, logger: RunLogger, cut: int) -> None:
+        """Say once per invocation, on the terminal, that evaluation episodes were cut at the bound."""
+        if cut and not self._cut_noted:
+            self._cut_noted = True
+            logger.note(cut_note(cut, self.cfg.eval_episodes, self.eval_max_steps, "--eval-max-steps"))
 
     def after_update(
         self,
@@ -397,10 +408,12 @@ class RunBase(abc.ABC):
         best, space = result["best_eval_return"], self.env_info["action_space"]
         seed = self.cfg.seed + 10_000
         n = self.cfg.eval_episodes
-        return exploration_hint(self.cfg.algo, best, space, self.make_eval_envs, n, seed, self.algo_cfg)
+        return exploration_hint(
+            self.cfg.algo, best, space, self.make_eval_envs, n, seed, self.algo_cfg, max_steps=self.eval_max_steps
+        )
 
     def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
-        last = self.state["last_eval"] or {"mean": None, "std": None}
+        last = self.state["last_eval"] or {"mean": None, "std": None, "cut": None}
         return {
             "algo": self.cfg.algo,
             "env": self.cfg.env,
@@ -413,6 +426,8 @@ class RunBase(abc.ABC):
             "stop_return": self.stop_return,
             "eval_return_mean": last["mean"],
             "eval_return_std": last["std"],
+            "eval_episodes_cut": last.get("cut"),
+            "eval_max_steps": self.eval_max_steps,
             "best_eval_return": self.state["best_eval"] if self.state["evals"] else None,
             "env_steps": self.env_steps,
             "wall_time_s": wall,

@@ -11,7 +11,7 @@ from rlfleet.run.evaluate import evaluate_checkpoint
 def test_bc_clones_a_ppo_expert_on_cartpole(tmp_path, run_opts):
     expert = train("ppo", "CartPole-v1", seed=0, steps=40_000, eval_every=2_000, **run_opts)
     assert expert["solved"], f"the PPO expert did not solve CartPole-v1: {expert['eval_return_mean']}"
-    demos = collect_demonstrations(expert.run_dir, episodes=20, seed=1)
+    demos, _ = collect_demonstrations(expert.run_dir, episodes=20, seed=1)
     assert demos.episode_returns.mean() >= 475 and demos.starts.sum() == 20
     path = demos.save(tmp_path / "demos.npz")
 

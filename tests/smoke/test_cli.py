@@ -61,7 +61,33 @@ def make_workdir(folder: Path) -> Path:
     (folder / "adir").mkdir()
     obs, act, starts = np.zeros((3, 4), np.float32), np.zeros(3, np.int64), np.array([True, False, False])
     Demonstrations(obs, act, np.ones(3), starts, "CartPole-v1", gym.spaces.Discrete(2)).save(folder / "demos.npz")
+    bad_datasets(folder, obs, starts)
     return folder
+
+
+def bad_datasets(folder: Path, obs: np.ndarray, starts: np.ndarray) -> None:
+    """Datasets whose arrays do not fit their env (actions out of range, of another dtype or shape) or whose
+    env_kwargs nest thousands deep."""
+    cartpole, pendulum = gym.spaces.Discrete(2), gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    pend_obs = np.zeros((3, 3), np.float32)
+    for name, observations, act, env, space in (
+        ("act-range", obs, np.array([0, 5, 1]), "CartPole-v1", cartpole),
+        ("act-negative", obs, np.array([0, -1, 1]), "CartPole-v1", cartpole),
+        ("act-float", obs, np.array([0.5, 1.0, 0.0]), "CartPole-v1", cartpole),
+        ("act-shape", obs, np.zeros((3, 2), np.int64), "CartPole-v1", cartpole),
+        ("box-range", pend_obs, np.full((3, 1), 5.0, np.float32), "Pendulum-v1", pendulum),
+        ("box-nan", pend_obs, np.full((3, 1), np.nan, np.float32), "Pendulum-v1", pendulum),
+        ("box-shape", pend_obs, np.zeros(3, np.float32), "Pendulum-v1", pendulum),
+        ("obs-text", np.full((3, 4), "x"), np.zeros(3, np.int64), "CartPole-v1", cartpole),
+    ):
+        Demonstrations(observations, act, np.ones(3), starts, env, space).save(folder / f"{name}.npz")
+    with np.load(folder / "demos.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    for name, text in (
+        ("deep-dict", '{"a": ' * 5_000 + "1" + "}" * 5_000),
+        ("deep-list", '{"a": ' + "[" * 200 + "]" * 200 + "}"),
+    ):
+        np.savez(folder / f"{name}.npz", **{**arrays, "env_kwargs": np.array(text)})
 
 
 CORRUPT_METRICS = {
@@ -176,6 +202,13 @@ RUN_OPTIONS = {
     "eval-seed-negative": (("eval", "runs/old", "--seed", "-1"), ["--seed=-1 is negative"]),
     "collect-episodes-0": (("collect", "runs/old", "-o", "d.npz", "--episodes", "0"), ["--episodes=0"]),
     "collect-seed-negative": (("collect", "runs/old", "-o", "d.npz", "--seed", "-1"), ["--seed=-1"]),
+    "eval-max-steps-zero": ((*TRAIN, "--eval-max-steps", "0"), ["--eval-max-steps=0", "must be >= 1"]),
+    "eval-max-steps-0": (("eval", "runs/old", "--max-steps", "0"), ["--max-steps=0 is out of range", ">= 1"]),
+    "collect-max-steps-negative": (
+        ("collect", "runs/old", "-o", "d.npz", "--max-steps", "-2"),
+        ["--max-steps=-2 is negative", ">= 1"],
+    ),
+    "eval-max-steps-word": (("eval", "runs/old", "--max-steps", "many"), ["--max-steps", "'many'"]),
     "steps-float": (("train", "ppo", "--env", "CartPole-v1", "--steps", "2.5"), ["--steps", "'2.5'"]),
     "no-command": ((), ["command"]),
     "unknown-option": ((*TRAIN, "--stepz", "5"), ["--stepz"]),
@@ -213,6 +246,43 @@ FILE_ARGUMENTS = {
     "dataset-empty": (("train", "bc", "--env", "CartPole-v1", "--dataset", "empty.npz"), ["empty.npz", "cannot read"]),
     "dataset-garbage": (("train", "bc", "--env", "CartPole-v1", "--dataset", "garbage.npz"), ["garbage.npz"]),
     "dataset-folder": (("train", "bc", "--env", "CartPole-v1", "--dataset", "adir"), ["adir", "is a folder"]),
+    "dataset-action-out-of-range": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "act-range.npz"),
+        ["does not fit CartPole-v1", "action 1 is 5, outside Discrete(2)"],
+    ),
+    "dataset-action-negative": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "act-negative.npz"),
+        ["action 1 is -1, outside Discrete(2)"],
+    ),
+    "dataset-action-float": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "act-float.npz"),
+        ["actions are float64, but Discrete(2) takes whole numbers"],
+    ),
+    "dataset-action-shape": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "act-shape.npz"),
+        ["each action has shape (2,), but Discrete(2) takes shape ()"],
+    ),
+    "dataset-box-out-of-range": (
+        ("train", "bc", "--env", "Pendulum-v1", "--dataset", "box-range.npz"),
+        ["does not fit Pendulum-v1", "action 0 is [5.0], outside Box(-2.0, 2.0"],
+    ),
+    "dataset-box-nan": (("train", "bc", "--env", "Pendulum-v1", "--dataset", "box-nan.npz"), ["action 0 is [nan]"]),
+    "dataset-box-shape": (
+        ("train", "bc", "--env", "Pendulum-v1", "--dataset", "box-shape.npz"),
+        ["each action has shape (), but Box(-2.0, 2.0, (1,), float32) takes shape (1,)"],
+    ),
+    "dataset-obs-text": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "obs-text.npz"),
+        ["observations are <U1, not numbers"],
+    ),
+    "dataset-env-kwargs-deep": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "deep-dict.npz"),
+        ["deep-dict.npz", "env_kwargs is nested more than 100 deep"],
+    ),
+    "dataset-env-kwargs-deep-list": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "deep-list.npz"),
+        ["deep-list.npz", "env_kwargs is nested more than 100 deep"],
+    ),
     "dataset-checkpoint": (("train", "bc", "--env", "CartPole-v1", "--dataset", "garbage.pt"), ["garbage.pt"]),
     "resume-loose-checkpoint": (("train", "--resume", "loose.pt"), ["loose.pt", "checkpoints/"]),
     "resume-folder-without-checkpoint": (("train", "--resume", "adir"), ["adir", "no checkpoint"]),
@@ -484,6 +554,23 @@ def test_eval_records_a_gif(trained_run: Path, tmp_path: Path):
     assert len(gifs) == 1 and out["video_dir"] == str(video)
     with Image.open(gifs[0]) as gif:
         assert gif.format == "GIF" and gif.n_frames > 1
+
+
+def test_training_on_an_env_without_time_limit_ends(tmp_path: Path):
+    """CliffWalking-v1 has no time limit and a greedy policy may walk in circles there forever: its evaluations end
+    at --eval-max-steps (default 27,000), and the run says how many episodes were cut."""
+    args = ("train", "ppo", "--env", "CliffWalking-v1", "--steps", 2000, "--name", "cliff", "--no-progress")
+    proc = rlfleet(*args, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "runs" / "cliff" / "result.json").read_text())
+    assert result["eval_max_steps"] == 27_000 and 0 <= result["eval_episodes_cut"] <= 10
+    assert result["eval_return_mean"] >= -27_000 * 100  # at most 27,000 steps of at most -100 each
+    if result["eval_episodes_cut"]:
+        assert f"{result['eval_episodes_cut']} of 10 episodes were cut at 27000 steps" in proc.stdout
+    proc = rlfleet("eval", "runs/cliff", "--episodes", 2, "--max-steps", 40, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["max_steps"] == 40 and out["episodes_cut"] <= 2
 
 
 def test_plot_writes_a_png(trained_run: Path, tmp_path: Path):

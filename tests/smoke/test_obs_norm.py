@@ -38,7 +38,7 @@ def test_checkpoint_restores_evaluation_exactly(run_opts: dict, capsys):
     last_eval_seed = run.eval_seed(run.state["last_eval"]["step"])
     episodes, seed = 6, 321
     envs = NormalizeObservation(make_vector_env("CartPole-v1", episodes, seed=seed, training=False), stats, False)
-    live = evaluate(result.algo, envs, episodes, seed)
+    live = evaluate(result.algo, envs, episodes, seed).returns
     envs.close()
     assert stats.state_dict()["count"] == before["count"], "evaluation changed the statistics"
 

@@ -99,7 +99,7 @@ def test_a_dict_observation_run_resumes_and_evaluates_from_its_checkpoint(tmp_pa
 
 def test_bc_learns_from_demonstrations_of_dict_observations(tmp_path, run_opts):
     expert = train("ppo", "space_envs:DictCue-v0", steps=2_000, eval_every=2_000, name="expert", **run_opts)
-    demos = collect_demonstrations(expert.run_dir, episodes=40, output=tmp_path / "cue.npz")
+    demos, _ = collect_demonstrations(expert.run_dir, episodes=40, output=tmp_path / "cue.npz")
     assert isinstance(demos.obs, dict) and set(demos.obs) == {"goal", "heading"} and len(demos) == 40
     r = train("bc", "space_envs:DictCue-v0", dataset=str(tmp_path / "cue.npz"), steps=200, eval_every=100, name="bc",
               **run_opts)  # fmt: skip

@@ -13,7 +13,7 @@ from rlfleet import train
 from rlfleet.algos import resolve
 from rlfleet.algos.bc import BC, Config
 from rlfleet.data.batch import Batch
-from rlfleet.data.demos import DatasetError, Demonstrations, load_demonstrations
+from rlfleet.data.demos import DatasetError, Demonstrations, actions_problem, load_demonstrations
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import RunConfig
 from rlfleet.run.evaluate import load_agent
@@ -186,3 +186,41 @@ def test_an_interrupted_dagger_run_resumes_exactly(tmp_path: Path, run_opts):
     np.testing.assert_array_equal(a["offline"]["aggregated_obs"], b["offline"]["aggregated_obs"])
     for name, tensor in a["algo"]["model"].items():
         assert (tensor == b["algo"]["model"][name]).all(), name
+
+
+MULTI_DISCRETE = gym.spaces.MultiDiscrete([3, 2], start=[1, 0])
+BOX = gym.spaces.Box(np.float32([-1, 0]), np.float32([1, np.inf]))
+
+
+@pytest.mark.parametrize(
+    ("space", "act", "problem"),
+    [
+        (gym.spaces.Discrete(3), np.array([0, 2, 1]), None),
+        (gym.spaces.Discrete(3), np.array([0, 3]), "action 1 is 3, outside Discrete(3)"),
+        (gym.spaces.Discrete(3, start=-1), np.array([-1, 1]), None),
+        (gym.spaces.Discrete(3), np.array([True, False]), None),
+        (gym.spaces.Discrete(3), np.array([0.0, 1.0]), "actions are float64, but Discrete(3) takes whole numbers"),
+        (MULTI_DISCRETE, np.array([[1, 0], [3, 1]]), None),
+        (MULTI_DISCRETE, np.array([[1, 0], [0, 1]]), "action 1 is [0, 1], outside MultiDiscrete"),
+        (MULTI_DISCRETE, np.array([[4, 0]]), "action 0 is [4, 0], outside MultiDiscrete"),
+        (
+            MULTI_DISCRETE,
+            np.array([1, 2]),
+            "each action has shape (), but MultiDiscrete([3 2], start=[1 0]) takes shape (2,)",
+        ),
+        (gym.spaces.MultiBinary(3), np.array([[0, 1, 1]], np.int8), None),
+        (gym.spaces.MultiBinary(3), np.array([[0, 2, 1]]), "action 0 is [0, 2, 1], outside MultiBinary(3)"),
+        (gym.spaces.MultiBinary(3), np.array([[0, 1]]), "each action has shape (2,), but MultiBinary(3) takes"),
+        (BOX, np.array([[-1.0, 1e9], [0.5, 0.0]], np.float32), None),
+        (BOX, np.array([[0.0, 0.0], [1.5, 0.0]]), "action 1 is [1.5, 0.0], outside Box"),
+        (BOX, np.array([[0.0, -0.1]]), "action 0 is [0.0, -0.1"),
+        (BOX, np.array([[np.nan, 0.0]]), "action 0 is [nan, 0.0]"),
+        (BOX, np.array([["a", "b"]]), "actions are <U1, but Box"),
+    ],
+)
+def test_actions_are_checked_against_the_action_space(space, act, problem):
+    found = actions_problem(act, space)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found and "\n" not in found

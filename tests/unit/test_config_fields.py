@@ -160,6 +160,8 @@ RUN_OPTION_ERRORS = {
     "eval-episodes-zero": (dict(eval_episodes=0), ["--eval-episodes=0", "must be in [1, 4096]"]),
     "eval-episodes-huge": (dict(eval_episodes=10**7), ["--eval-episodes=10000000", "must be in [1, 4096]"]),
     "n-envs-huge": (dict(n_envs=10**9), ["--n-envs=1000000000", "must be in [1, 4096]"]),
+    "eval-max-steps-zero": (dict(eval_max_steps=0), ["--eval-max-steps=0 is out of range", "must be >= 1"]),
+    "eval-max-steps-float": (dict(eval_max_steps=2.5), ["--eval-max-steps=2.5 is not an int"]),
     "eval-every-negative": (dict(eval_every=-5), ["--eval-every=-5 is negative"]),
     "workers-zero": (dict(arch="data_parallel", workers=0), ["--workers=0", "must be in [1, 1024]"]),
     # absurd counts are refused before they reach the allocator or the OS

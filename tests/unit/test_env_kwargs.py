@@ -116,6 +116,14 @@ def test_atari_ids_keep_their_options():
         env_info("ALE/Pong-v5", {"frame_stak": 2})
 
 
+def nested(depth: int, kind: type = list):
+    """A value `depth` lists (or dicts) deep: deeper than Python's recursion limit, printing it would fail."""
+    value: object = 1
+    for _ in range(depth):
+        value = [value] if kind is list else {"a": value}
+    return value
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
@@ -124,6 +132,8 @@ def test_atari_ids_keep_their_options():
         ({"seed": 3}, "cannot set 'seed'"),
         ({"not a name": 3}, "'not a name', which is not a keyword argument name"),
         ({"g": np.zeros(2)}, "a value for 'g' that the run cannot save with its config (ndarray)"),
+        ({"g": nested(5_000)}, "--env-kwargs={'g': [[[[[[...]]]]]]} is nested more than 100 deep"),
+        ({"g": nested(101, dict)}, "is nested more than 100 deep"),
     ],
 )
 def test_the_run_option_is_checked(value, expected: str):

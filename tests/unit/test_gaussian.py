@@ -289,7 +289,7 @@ def test_evaluate_resets_the_recurrent_state_when_an_episode_ends():
 
     envs = make_vector_env("rlfleet/CartPoleNoVel-v1", 3, seed=0, mode="sync", training=False)
     policy = CountingResets(make_algo("a2c", envs.single_action_space, envs.single_observation_space, lstm=8))
-    returns = evaluate(policy, envs, 3, seed=1)
+    returns = evaluate(policy, envs, 3, seed=1).returns
     assert returns.shape == (3,) and np.all(returns > 0)
     assert policy.calls >= 1
     envs.close()

@@ -117,6 +117,59 @@ def test_bad_options_are_refused_in_one_line(options, message, run_opts):
         train("a2c", "CartPole-v1", arch="gossip", **options, **run_opts)
 
 
+def save_archive(path) -> None:
+    """An .npz archive under an .npy name (np.savez adds .npz to a name, not to an open file)."""
+    with open(path, "wb") as f:
+        np.savez(f, p=np.eye(2))
+
+
+def write_text(text: str):
+    return lambda path: path.write_text(text)
+
+
+# a mixing-matrix file -> (how to write it, what the one error line says)
+TOPOLOGY_FILES = {
+    "zero-rounds.npy": (lambda path: np.save(path, np.zeros((0, 2, 2))), "is empty (0×2×2); it needs at least one"),
+    "no-rows.npy": (lambda path: np.save(path, np.zeros((0, 0))), "is empty (0×0)"),
+    "text.npy": (lambda path: np.save(path, np.array([["a", "b"], ["c", "d"]])), "holds <U1 entries; mixing weights"),
+    "complex.npy": (lambda path: np.save(path, np.eye(2) * (1 + 1j)), "holds complex128 entries"),
+    "objects.npy": (
+        lambda path: np.save(path, np.array([[1, None], [None, 1]], dtype=object), allow_pickle=True),
+        "cannot read the mixing matrix in objects.npy: Object arrays cannot be loaded",
+    ),
+    "archive.npy": (lambda path: save_archive(path), "is an .npz archive"),
+    "scalar.npy": (lambda path: np.save(path, np.array(0.5)), "has 0 dimensions; it must be [K, K] or [T, K, K]"),
+    "truncated.npy": (lambda path: path.write_bytes(b"\x93NUMPY\x01\x00"), "cannot read the mixing matrix in"),
+    "empty.txt": (write_text(""), "the mixing matrix in empty.txt is empty"),
+    "blank-lines.txt": (write_text("\n\n  \n"), "is empty"),
+    "comments-only.txt": (write_text("# a ring, to be filled in\n"), "is empty"),
+    "words.txt": (write_text("a b\nc d\n"), "cannot read the mixing matrix in words.txt: could not convert"),
+    "ragged.txt": (write_text("0.5 0.5\n1\n"), "the number of columns changed from 2 to 1"),
+}
+
+
+@pytest.mark.parametrize("name", list(TOPOLOGY_FILES))
+def test_a_bad_topology_file_is_one_line_without_warnings(name: str, tmp_path, monkeypatch, capsys):
+    """Checked before anything is written, and nothing but the error line on the terminal (no numpy warning)."""
+    import warnings
+
+    from rlfleet.cli import main
+
+    write, message = TOPOLOGY_FILES[name]
+    write(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    args = ["train", "a2c", "--env", "CartPole-v1", "--arch", "gossip", "--learners", "2", "--topology", name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main([*args, "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("rlfleet: error: ") and message in err, err
+    assert not [w for w in caught if "numpy" in w.filename or "gossip" in w.filename], [str(w.message) for w in caught]
+    assert sorted(tmp_path.rglob("*")) == before, "a failed command created files"
+
+
 def test_a_replay_algorithm_is_refused(run_opts):
     with pytest.raises(ConfigError, match="dqn learns from replay data; the gossip architecture runs on-policy"):
         train("dqn", "CartPole-v1", arch="gossip", **run_opts)

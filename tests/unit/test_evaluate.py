@@ -1,0 +1,82 @@
+"""Greedy evaluation ends: an episode of an env without a time limit is cut at the bound, counted with the return
+it had and reported; an env's own time limit ends its episodes first."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.envs import make_vector_env
+from rlfleet.run.collect import EpisodeRecorder, record_episodes
+from rlfleet.run.evaluate import EVAL_MAX_STEPS, episode_bound, evaluate
+
+
+class Endless(gym.Env):
+    """Two states and no end: action 0 goes back and forth between them, -1 a step; action 1 ends the episode
+    from state 1 (a policy that always picks 0 loops forever)."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state = 0
+        return self.state, {}
+
+    def step(self, action):
+        if action == 1 and self.state == 1:
+            return self.state, 0.0, True, False, {}
+        self.state = 1 - self.state
+        return self.state, -1.0, False, False, {}
+
+
+class Loops:
+    """A greedy policy that never leaves the loop, or (`finish_in=k`) one that ends the episode after k steps."""
+
+    def __init__(self, finish_in: int | None = None):
+        self.finish_in, self.t = finish_in, 0
+
+    def act(self, obs, state=None, explore=False):
+        self.t += 1
+        finish = self.finish_in is not None and self.t >= self.finish_in and obs[0] == 1
+        return np.full(len(obs), int(finish)), {}, state
+
+
+def test_an_endless_episode_is_cut_at_the_bound_with_the_return_it_had():
+    envs = make_vector_env(Endless, 3, seed=0, mode="sync", training=False)
+    try:
+        result = evaluate(Loops(), envs, 2, seed=0, max_steps=50)
+    finally:
+        envs.close()
+    assert result.cut == 2 and result.max_steps == 50
+    np.testing.assert_array_equal(result.returns, [-50.0, -50.0])
+
+
+def test_an_episode_that_ends_is_not_cut():
+    envs = make_vector_env(Endless, 2, seed=0, mode="sync", training=False)
+    try:
+        result = evaluate(Loops(finish_in=10), envs, 2, seed=0, max_steps=50)
+    finally:
+        envs.close()
+    assert result.cut == 0 and np.all(result.returns > -50)
+
+
+def test_recorded_episodes_end_at_the_cut():
+    """Demonstrations (collect, DAgger) of a cut episode hold its steps up to the bound, then the next episode."""
+    recorder = EpisodeRecorder()
+    result = record_episodes(Loops(), Endless, 3, 0, recorder, max_steps=7)
+    obs, act, rew, starts = recorder.arrays()
+    assert result.cut == 3 and len(rew) == 3 * 7 and starts.sum() == 3
+    assert np.flatnonzero(starts).tolist() == [0, 7, 14]
+
+
+def test_the_bound_is_the_envs_own_time_limit_where_it_has_one():
+    assert episode_bound(500, EVAL_MAX_STEPS) == 500
+    assert episode_bound(None, 123) == 123
+    envs = make_vector_env("CliffWalking-v1", 2, seed=0, mode="sync", training=False, max_episode_steps=20)
+    try:
+        result = evaluate(Loops(), envs, 2, seed=0, max_steps=episode_bound(20, 1_000))
+    finally:
+        envs.close()
+    assert result.cut == 0  # the env's TimeLimit truncated them: the env's own end, not a cut
+    assert np.all(result.returns <= -20)
