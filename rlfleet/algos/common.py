@@ -73,19 +73,21 @@ class PriorityOptions:
     alpha: float = bounded(0.6, ge=0)
     """Priority exponent."""
     beta: float = bounded(0.4, ge=0, le=1)
-    """Initial importance-sampling exponent, annealed to 1 over the run."""
+    """Importance-sampling exponent: its value at the start, annealed to 1 over the run if `beta_anneal`."""
+    beta_anneal: bool = True
+    """Anneal β linearly from `beta` to 1 over the run (Schaul et al.); False: β stays `beta` (Ape-X, Horgan et
+    al. 2018, and the `apex` presets)."""
 
 
 def make_replay_buffer(cfg, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
     """The n-step replay of a `ReplayOptions` + `PriorityOptions` config: prioritized (β annealed to 1 over the
-    run's updates) when `cfg.prioritized`, uniform otherwise."""
+    run's updates if `cfg.beta_anneal`) when `cfg.prioritized`, uniform otherwise."""
     common = dict(capacity=cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
     if not cfg.prioritized:
         return ReplayBuffer(**common)
     updates = max(1, (total_steps - cfg.learning_starts) // (cfg.train_freq * n_envs))
-    return PrioritizedReplayBuffer(
-        **common, alpha=cfg.alpha, beta=cfg.beta, beta_final=1.0, beta_anneal_steps=updates * cfg.gradient_steps
-    )
+    anneal = updates * cfg.gradient_steps if cfg.beta_anneal else 0  # 0: β stays `beta`
+    return PrioritizedReplayBuffer(**common, alpha=cfg.alpha, beta=cfg.beta, beta_final=1.0, beta_anneal_steps=anneal)
 
 
 class UnsupportedSpaceError(ValueError):

@@ -94,6 +94,22 @@ PRESETS: dict[str, dict] = {
         total_steps=1_000_000,
     ),
 }
+# Ape-X DPG (Horgan et al. 2018, section 4.2 and appendix) over the MuJoCo preset: batch 512, 5-step returns,
+# proportional priorities α = 0.6 with β = 0.4 fixed, a replay of 1M transitions (the paper's continuous-control
+# replay is smaller than its Atari one; its exact size is not restated here beyond that: 1M, the MuJoCo
+# preset's, is kept). Kept from the MuJoCo preset, unlike the paper: Polyak targets (τ = 0.005; the paper copies
+# the targets every 100 updates), Adam 3e-4 and no gradient clip. The `apex` architecture picks it by itself on
+# MuJoCo envs.
+PRESETS["apex"] = dict(
+    PRESETS["mujoco"],
+    batch_size=512,
+    n_step=5,
+    buffer_size=1_000_000,
+    prioritized=True,
+    alpha=0.6,
+    beta=0.4,
+    beta_anneal=False,
+)
 
 
 class DDPG:

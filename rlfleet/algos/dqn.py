@@ -121,6 +121,36 @@ PRESETS = {
         encoder="nature",
         total_steps=10_000_000,
     ),
+    # Ape-X DQN (Horgan et al. 2018, appendix), over the Atari preset: batch 512, 3-step double dueling Q,
+    # target copied every 2,500 updates, gradient norm clipped at 40, a replay of 2M transitions, proportional
+    # priorities α = 0.6 with β = 0.4 fixed (not annealed), learning once 50,000 transitions are stored, learning
+    # rate 0.00025/4. Differences: the paper's learner uses centered RMSProp (decay 0.95, ε 1.5e-7), this one
+    # Adam (ε 1e-5); the paper's learner is not paced, this one replays each transition about once (one update
+    # of 512 per 128 steps of the 4 envs; the paper's ~19 batches/s against ~12.5k env steps/s is ~0.8). The
+    # `apex` architecture picks it by itself on Atari envs; 2M stored transitions of 84×84×4 frames (obs and
+    # next_obs) take ~110 GB: `--set buffer_size=...` on a smaller machine (the rows are filled as they come).
+    "apex": dict(
+        n_envs=4,
+        buffer_size=2_000_000,
+        batch_size=512,
+        learning_starts=50_000,
+        train_freq=128,
+        gradient_steps=1,
+        n_step=3,
+        lr=0.00025 / 4,
+        target_update_every=2_500,
+        max_grad_norm=40.0,
+        double=True,
+        dueling=True,
+        prioritized=True,
+        alpha=0.6,
+        beta=0.4,
+        beta_anneal=False,
+        eps_final=0.01,
+        eps_anneal_steps=250_000,
+        encoder="nature",
+        total_steps=10_000_000,
+    ),
     # Recurrent replay for partially observed vector tasks: 64 LSTM cells after one 64-unit layer, sequences
     # of 8 burn-in + 8 trained steps. Each update trains on 32 x 8 steps, so fewer, larger updates than the
     # feed-forward default (8 per 64 env steps instead of 16 on 64 samples each). The target period was

@@ -24,17 +24,27 @@ Who sends what to whom::
   published weights (target networks included). After each block it reports its steps and finished episodes
   to the learner.
 - **Replay shards** (backend services, `--replay-shards S`): each a ring of `buffer_size / S` transitions
-  (`ReplayShard`) with a sum tree and a min tree over priority^α: `add` (a block; past capacity the oldest
-  rows are overwritten, so the newest data stays), `sample` (proportional, stratified, with importance weights
-  max-normalised as in `PrioritizedReplayBuffer`), `update_priorities`. Each stored row carries an id unique
-  over the shard's incarnations; a priority update for a row that was overwritten (or lost with a dead shard)
-  since it was sampled is dropped.
-- **Learner** (the coordinator): samples a batch from the shards in turn (the next one is asked for before the
-  current one is learned from, so the learner does not wait on a round trip), runs the algorithm's unchanged
+  (`ReplayShard`) whose priorities live in a `PriorityIndex` (rlfleet.data: the sum and min trees over
+  priority^α that `PrioritizedReplayBuffer` uses): `add` (a block; past capacity the oldest rows are
+  overwritten, so the newest data stays), `sample` (proportional, stratified, with the rows' p^α),
+  `update_priorities`. Every `add` and `sample` answer carries the shard's state (`ShardState`: its size, its
+  priority mass Σ p^α and its smallest p^α), so the learner holds a recent view of all shards without asking.
+  Each stored row carries an id unique over the shard's incarnations; a priority update for a row that was
+  overwritten (or lost with a dead shard) since it was sampled is dropped.
+- **Learner** (the coordinator): samples each batch from a shard drawn in proportion to its priority mass (among
+  those that hold a batch; its own seeded generator, so serial runs repeat), so that P(i) = p_i^α / Σ over all
+  shards of p^α, as one replay would sample, and a restarted shard is sampled as little as it holds; weights
+  w_i = (N·P(i))^−β / max_j w_j over the whole replay (N: all shards' transitions, the max from the smallest
+  p^α of any shard). The next batch is asked for before the current one is learned from, so the learner does
+  not wait on a round trip. It runs the algorithm's unchanged
   `update` (dqn: double, dueling, n-step, the target copy inside it; ddpg/td3: the critic loss weighted by the
   importance weights, the actor step, the Polyak targets), writes the new priorities back to the shard
-  the batch came from, and publishes the weights with a version (one per update). β anneals from the
-  algorithm's `beta` to 1 over the run's steps.
+  the batch came from, and publishes the weights with a version (one per update). β stays the algorithm's
+  `beta` when its `beta_anneal` is off (the paper; the `apex` presets), else anneals to 1 over the run's steps.
+
+Presets: on Atari envs (dqn) and MuJoCo envs (ddpg, td3) a run with no --preset picks the algorithm's `apex`
+preset, the paper's settings (docs/architectures/apex.md lists them and what differs); elsewhere (CartPole,
+Pendulum) the usual defaults or family preset.
 
 Pacing: the learner keeps the algorithm's replay ratio, `gradient_steps` updates per `train_freq × n_envs`
 env steps taken in once `learning_starts` transitions are stored (the sample efficiency of the
@@ -70,8 +80,8 @@ from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, RoleOptions,
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.batch import Batch, map_obs, map_obs_pair
+from rlfleet.data.priority import PriorityIndex, importance_weights
 from rlfleet.data.returns import NStepBuilder
-from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
 from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.run.config import ConfigError
 
@@ -90,25 +100,45 @@ def epsilon_ladder(n: int, epsilon: float = 0.4, alpha: float = 7.0) -> list[flo
 
 
 @dataclass
+class ShardState:
+    """What a shard reports with every block added and batch sampled, so that the learner holds a recent view of
+    all shards without asking for it: how many transitions it holds, their priority mass Σ p^α and their
+    smallest p^α."""
+
+    size: int
+    mass: float
+    min_mass: float
+    """+inf while the shard is empty."""
+
+
+EMPTY = ShardState(0, 0.0, float("inf"))
+
+
+@dataclass
 class SampledBatch:
     """What a shard sends the learner for one update."""
 
     shard: int
     data: dict[str, np.ndarray]
-    """FIELDS, plus `weight` (importance weights)."""
+    """FIELDS (the learner adds `weight`, the importance weights over all shards)."""
     ids: np.ndarray
     """The rows' ids, for `update_priorities`."""
     versions: np.ndarray
     """The weight version that acted, per transition."""
-    size: int
-    """Transitions the shard holds."""
+    mass: np.ndarray
+    """p^α of each sampled row."""
+    state: ShardState
+    """The shard when it was sampled."""
 
 
 class ReplayShard:
-    """One replay shard (a backend service): a ring of `capacity` n-step transitions with proportional priorities."""
+    """One replay shard (a backend service): a ring of `capacity` n-step transitions whose proportional priorities
+    live in a `PriorityIndex` (the sum and min trees `PrioritizedReplayBuffer` uses)."""
 
     def __init__(self, index: int, incarnation: int, capacity: int, alpha: float, eps: float = 1e-6, seed: int = 0):
-        self.index, self.capacity, self.alpha, self.eps = index, int(capacity), float(alpha), float(eps)
+        self.index, self.capacity = index, int(capacity)
+        self.priority = PriorityIndex(self.capacity, alpha, eps)
+        self.alpha, self.eps = self.priority.alpha, self.priority.eps
         self.rng = np.random.default_rng([seed, index, incarnation])
         self.storage: dict[str, np.ndarray] | None = None
         self.ids = np.full(self.capacity, -1, dtype=np.int64)
@@ -116,24 +146,17 @@ class ReplayShard:
         self.next_id = incarnation * ID_SPAN
         self.ptr = 0
         self.size = 0
-        self.max_priority = 1.0
-        self.sum_tree = SumTree(self.capacity)
-        self.min_tree = MinTree(self.capacity)
 
     def __len__(self) -> int:
         return self.size
 
-    def _set(self, rows: np.ndarray, priorities: np.ndarray) -> None:
-        p = np.abs(np.asarray(priorities, dtype=np.float64).reshape(-1))
-        if p.shape != rows.shape or not np.isfinite(p).all():
-            raise ValueError(f"{p.size} priorities for {rows.size} transitions (one finite value each)")
-        p = p + self.eps
-        self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
-        update_trees((self.sum_tree, self.min_tree), rows, p**self.alpha)
+    def state(self) -> ShardState:
+        """Its size, priority mass and smallest p^α."""
+        return ShardState(self.size, self.priority.total(), self.priority.min())
 
-    def add(self, block: dict[str, np.ndarray], priorities: np.ndarray, version: int) -> int:
+    def add(self, block: dict[str, np.ndarray], priorities: np.ndarray, version: int) -> ShardState:
         """Store a block (FIELDS, equally long) with its initial priorities; past capacity the oldest rows go.
-        Returns the transitions held."""
+        Returns the shard's state after it."""
         n = len(block["rew"])
         keep = min(n, self.capacity)  # a block larger than the ring keeps its newest rows
         block = {key: map_obs(lambda v: np.asarray(v)[n - keep :], block[key]) for key in FIELDS}
@@ -155,22 +178,22 @@ class ReplayShard:
         self.ids[rows] = self.next_id + np.arange(n - keep, n)
         self.next_id += n
         self.versions[rows] = version
-        self._set(rows, priorities[n - keep :])
+        self.priority.set(rows, priorities[n - keep :])
         self.ptr = (self.ptr + n) % self.capacity
         self.size = min(self.size + keep, self.capacity)
-        return self.size
+        return self.state()
 
-    def sample(self, batch_size: int, beta: float) -> SampledBatch | None:
-        """`batch_size` transitions drawn in proportion to priority^α (one per equal slice of the mass), with
-        importance weights (N·P(i))^−β / max_j (N·P(j))^−β; None while the shard holds fewer than `batch_size`."""
+    def sample(self, batch_size: int) -> SampledBatch | None:
+        """`batch_size` transitions drawn in proportion to priority^α (one per equal slice of the mass), with their
+        p^α (the learner weighs them against the smallest p^α of all shards); None while the shard holds fewer
+        than `batch_size`."""
         if self.size < max(batch_size, 1):
             return None
-        segment = self.sum_tree.total() / batch_size
-        rows = self.sum_tree.find_prefixsum((np.arange(batch_size) + self.rng.random(batch_size)) * segment)
-        weight = (self.sum_tree[rows] / self.min_tree.min()) ** (-beta)
+        rows = self.priority.draw(batch_size, self.rng)
         data = {key: map_obs(lambda v: v[rows], self.storage[key]) for key in FIELDS}
-        data["weight"] = weight.astype(np.float32)
-        return SampledBatch(self.index, data, self.ids[rows].copy(), self.versions[rows].copy(), self.size)
+        return SampledBatch(
+            self.index, data, self.ids[rows].copy(), self.versions[rows].copy(), self.priority[rows], self.state()
+        )
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> int:
         """New priorities of the rows sampled as `ids`; those overwritten since (or never here) are skipped.
@@ -184,7 +207,7 @@ class ReplayShard:
         rows = np.where(live, rows % self.capacity, 0)
         live &= self.ids[rows] == ids
         if live.any():
-            self._set(rows[live], priorities[live])
+            self.priority.set(rows[live], priorities[live])
         return int(live.sum())
 
     def incarnation_base(self) -> int:
@@ -192,7 +215,7 @@ class ReplayShard:
 
     def priorities(self) -> np.ndarray:
         """priority^α of every row (0 where empty): for tests and diagnostics."""
-        return self.sum_tree[np.arange(self.capacity)]
+        return self.priority[np.arange(self.capacity)]
 
 
 class ShardMaker:
@@ -216,8 +239,8 @@ class ActorReport:
     exploration: float
     """The actor's fixed ε (dqn) or noise σ (ddpg, td3)."""
     shard: int
-    size: int
-    """Transitions that shard held after the block."""
+    state: ShardState
+    """That shard after the block."""
 
 
 class Actor(Producer):
@@ -269,9 +292,9 @@ class Actor(Producer):
         priorities = self.initial_priorities(block)
         shard = self.next_shard
         self.next_shard = (shard + 1) % len(self.shards)
-        size = self.shards[shard].call("add", block, priorities, self.version)
+        state = self.shards[shard].call("add", block, priorities, self.version)
         return ActorReport(
-            self.worker_id, self.incarnation, c.env_steps - before, c.pop_new_returns(), self.exploration, shard, size
+            self.worker_id, self.incarnation, c.env_steps - before, c.pop_new_returns(), self.exploration, shard, state
         )
 
 
@@ -280,11 +303,14 @@ class ApexOptions(RoleOptions):
     """apex's options: the actors, each a role with its own envs (the algorithm's `n_envs`) and its own rung of
     the exploration ladder, the replay shards, and the backend's options."""
 
-    actors: int = bounded(2, ge=1, le=MAX_ROLES)
-    """N: actors, each a role with its own envs and its own rung of the exploration ladder."""
+    actors: int = bounded(3, ge=1, le=MAX_ROLES)
+    """N: actors, each a role with its own envs and its own rung of the exploration ladder. 3 by default: the
+    smallest ladder with a middle rung (ε 0.4, 0.016, 0.00066); with 2 it is ε 0.4 and 0.00066, half the data
+    near-greedy. Each actor is a process that steps its envs and computes priorities, so more actors than cores
+    only share them: 3 keeps a 2-core machine busy without crowding the learner."""
     replay_shards: int = bounded(1, ge=1, le=MAX_ROLES)
     """Replay shards (services), each holding buffer_size / replay_shards transitions; actors send them blocks
-    in turn, the learner samples them in turn."""
+    in turn, the learner samples each batch from one of them chosen in proportion to its priority mass."""
     block: int = bounded(50, ge=1)
     """B: n-step transitions an actor sends a shard at a time, with their initial priorities."""
     sync_every: int = bounded(400, ge=1)
@@ -305,6 +331,7 @@ class ApexRunner(ParallelRunner):
 
     arch = "apex"
     Options = ApexOptions
+    presets = {"atari": "apex", "mujoco": "apex"}  # the paper's settings where it ran: dqn on Atari, dpg on MuJoCo
     waiting_for = "block from the actors"
     restart_how = "with the learner's newest weights"
 
@@ -349,13 +376,13 @@ class ApexRunner(ParallelRunner):
         self.shard_maker = ShardMaker(acfg.buffer_size // self.opts.replay_shards, acfg.alpha, cfg.seed)
         self.services = None
         self.logger = None
-        self.sizes = [0] * self.opts.replay_shards
+        self.shard_states = [EMPTY] * self.opts.replay_shards  # the learner's view, from the shards' reports
+        self.choice_rng = np.random.default_rng([cfg.seed, 0xA9E])  # the shard of each batch
         self.ready_at: int | None = None  # env steps when the replay first held learning_starts transitions
         self.learned = 0  # updates since then
         self.starved = False  # the last pass owed updates but no shard held a batch (one restarted empty)
         self.held: list[ActorReport] = []  # blocks taken in whose credit waits for the learner to catch up
         self.prefetch: Pending | None = None
-        self.next_shard = 0
         self.writes: list[list[Pending]] = [[] for _ in range(self.opts.replay_shards)]
         self.staleness: list[float] = []
         self.actor_returns: list[list[float]] = [[] for _ in range(self.opts.actors)]  # since the last log line
@@ -392,30 +419,52 @@ class ApexRunner(ParallelRunner):
 
     def restart_crashed_shards(self) -> None:
         for crash in self.services.check():
-            lost = self.sizes[crash.worker]
-            self.sizes[crash.worker] = 0
+            lost = self.shard_states[crash.worker].size
+            self.shard_states[crash.worker] = EMPTY
             self._report(f"{crash.describe()}\nrestarting it empty: its {lost} transitions are lost, the run goes on")
             if self.logger is not None:
                 self.logger.log(self.env_steps, {"charts/replay_shard_restarts": self.services.restarts})
 
+    @property
+    def sizes(self) -> list[int]:
+        """Transitions each shard holds (as last reported)."""
+        return [state.size for state in self.shard_states]
+
     def beta(self) -> float:
-        """Importance-sampling exponent: the algorithm's `beta` at the start, 1 at the end of the budget."""
+        """Importance-sampling exponent: the algorithm's `beta`, fixed if its `beta_anneal` is off (the paper's, and
+        the `apex` preset's), else annealed to 1 at the end of the budget."""
         start = self.algo_cfg.beta
+        if not self.algo_cfg.beta_anneal:
+            return start
         return start + (1.0 - start) * min(1.0, self.env_steps / max(1, self.total_steps))
 
+    def choose_shard(self) -> int | None:
+        """The shard of the next batch, drawn in proportion to the priority masses Σ p^α the shards last reported
+        (among those that hold a batch), so that a transition is sampled in proportion to its priority over the
+        whole replay; None while none holds a batch."""
+        batch = self.algo_cfg.batch_size
+        mass = np.array([s.mass if s.size >= batch else 0.0 for s in self.shard_states])
+        if not (mass > 0).any():
+            return None
+        return int(self.choice_rng.choice(len(mass), p=mass / mass.sum()))
+
     def _ask(self) -> Pending | None:
-        """Ask the next shard that holds a batch for one (round-robin)."""
-        n = len(self.sizes)
-        for k in range(n):
-            shard = (self.next_shard + k) % n
-            if self.sizes[shard] >= self.algo_cfg.batch_size:
-                self.next_shard = (shard + 1) % n
-                return self.services.handles[shard].submit("sample", self.algo_cfg.batch_size, self.beta())
-        return None
+        """Ask a shard chosen in proportion to its priority mass for a batch."""
+        shard = self.choose_shard()
+        if shard is None:
+            return None
+        return self.services.handles[shard].submit("sample", self.algo_cfg.batch_size)
+
+    def weigh(self, sampled: SampledBatch) -> None:
+        """The batch's importance weights over the whole replay: w_i = (N·P(i))^−β / max_j (N·P(j))^−β with N the
+        transitions of all shards, P(i) = p_i^α / Σ over all shards of p^α and max_j over all of them (the smallest
+        p^α of any shard, as last reported; its own shard's is fresh, so no weight exceeds 1)."""
+        min_mass = min(state.min_mass for state in self.shard_states)
+        sampled.data["weight"] = importance_weights(sampled.mass, min_mass, self.beta())
 
     def next_batch(self) -> SampledBatch | None:
         """The batch asked for last time (or now), once the next one has been asked for."""
-        for _ in range(len(self.sizes)):
+        for _ in range(len(self.shard_states)):
             pending = self.prefetch if self.prefetch is not None else self._ask()
             self.prefetch = None
             if pending is None:
@@ -423,7 +472,8 @@ class ApexRunner(ParallelRunner):
             sampled = self.wait(pending)
             if sampled is None:  # the shard had too little (restarted empty meanwhile): try the next
                 continue
-            self.sizes[sampled.shard] = sampled.size
+            self.shard_states[sampled.shard] = sampled.state
+            self.weigh(sampled)
             for write in self.writes[sampled.shard]:  # answered before the sample: calls run in order
                 self.wait(write)
             self.writes[sampled.shard] = []
@@ -435,7 +485,7 @@ class ApexRunner(ParallelRunner):
     def take_in(self, report: ActorReport) -> None:
         self.counter.add(report.steps)
         self.count_returns(report.returns)
-        self.sizes[report.shard] = report.size
+        self.shard_states[report.shard] = report.state
         self.actor_returns[report.worker] += report.returns
         self.exploration[report.worker] = report.exploration
         self.added += self.opts.block

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from rlfleet.data.batch import Batch, map_obs, map_obs_pair
-from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
+from rlfleet.data.priority import PriorityIndex
+from rlfleet.data.segment_tree import MinTree, SumTree
 
 Obs = np.ndarray | dict[str, np.ndarray]
 _FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
@@ -313,23 +314,29 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: int | None = None,
     ) -> None:
         super().__init__(capacity, n_envs, n_step=n_step, gamma=gamma, frame_stack=frame_stack, seed=seed)
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        self._priority = PriorityIndex(self.capacity, alpha, eps)  # checks alpha and eps
         if beta < 0 or beta_final < 0:
             raise ValueError(f"beta and beta_final must be >= 0, got {beta} and {beta_final}")
         if beta_anneal_steps < 0:
             raise ValueError(f"beta_anneal_steps must be >= 0 (0 = constant beta), got {beta_anneal_steps}")
-        if eps <= 0:
-            raise ValueError(f"eps must be > 0 so every transition can be drawn, got {eps}")
-        self.alpha = float(alpha)
-        self.eps = float(eps)
+        self.alpha = self._priority.alpha
+        self.eps = self._priority.eps
         self._beta_start = float(beta)
         self._beta_final = float(beta_final)
         self._beta_anneal_steps = int(beta_anneal_steps)
         self._sample_calls = 0
-        self._max_priority = 1.0
-        self._sum_tree = SumTree(self.capacity)
-        self._min_tree = MinTree(self.capacity)
+
+    @property
+    def _sum_tree(self) -> SumTree:
+        return self._priority.sum_tree
+
+    @property
+    def _min_tree(self) -> MinTree:
+        return self._priority.min_tree
+
+    @property
+    def _max_priority(self) -> float:
+        return self._priority.max_priority
 
     @property
     def beta(self) -> float:
@@ -346,16 +353,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._beta_start = float(beta)
         self._beta_anneal_steps = 0
 
-    def _set_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        update_trees((self._sum_tree, self._min_tree), indices, priorities**self.alpha)
-
     def _checked_priorities(self, priorities: np.ndarray, n: int) -> np.ndarray:
-        p = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)
-        if p.shape != (n,):
-            raise ValueError(f"got {p.size} priorities for {n} transitions; give one per transition")
-        if not np.isfinite(p).all():
-            raise ValueError("priorities must be finite (check the TD errors for NaN/inf)")
-        return p + self.eps
+        return self._priority.checked(priorities, n)
 
     def add(
         self,
@@ -370,18 +369,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """As ``ReplayBuffer.add``; ``priority`` (``[n_envs]``, e.g. actor-side |td|) replaces the max."""
         indices = super().add(obs, act, rew, next_obs, terminated, truncated)
         if priority is None:
-            p = np.full(self.n_envs, self._max_priority)
+            self._priority.set_max(indices)
         else:
-            p = self._checked_priorities(priority, self.n_envs)
-            self._max_priority = max(self._max_priority, float(p.max()))
-        self._set_priorities(indices, p)
+            self._priority.set(indices, priority)
         return indices
 
     def _draw_indices(self, batch_size: int) -> np.ndarray:
         """One draw per equal slice of the total priority mass (stratified)."""
-        segment = self._sum_tree.total() / batch_size
-        prefix = (np.arange(batch_size) + self._rng.random(batch_size)) * segment
-        return self._sum_tree.find_prefixsum(prefix)
+        return self._priority.draw(batch_size, self._rng)
 
     def sample(self, batch_size: int) -> Batch:
         """``batch_size`` transitions drawn in proportion to ``priority**alpha``, with importance weights."""
@@ -389,8 +384,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._sample_calls += 1
         indices = self._indices_for(batch_size)
         batch = self._gather(indices)
-        ratio = self._sum_tree[indices] / self._min_tree.min()  # P(i) / min_j P(j)
-        batch["weight"] = (ratio ** (-beta)).astype(np.float32)
+        batch["weight"] = self._priority.weights(indices, beta)
         batch["index"] = indices
         return batch
 
@@ -401,8 +395,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise ValueError(f"indices must be stored transitions in [0, {len(self)}); pass batch.index")
         if idx.size:
-            self._max_priority = max(self._max_priority, float(p.max()))
-            self._set_priorities(idx, p)
+            self._priority.max_priority = max(self._priority.max_priority, float(p.max()))
+            self._priority.set_checked(idx, p)
 
     def schedule_state(self) -> dict[str, Any]:
         """β's annealing: its start, end, length and how far it has gone (``sample`` calls)."""
@@ -433,7 +427,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().load_state_dict(state)
         self._sum_tree.load_state(state["sum_tree"].numpy())
         self._min_tree.load_state(state["min_tree"].numpy())
-        self._max_priority = float(state["max_priority"])
+        self._priority.max_priority = float(state["max_priority"])
         self.load_schedule_state(state)
 
 

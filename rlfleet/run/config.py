@@ -7,6 +7,7 @@ import logging
 import os
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,21 +265,32 @@ DEFAULT_PRESET = "default"
 
 
 def build_algo_config(
-    algo: str, preset: str | None, overrides: dict[str, Any], env_family: str | None = None, env: str | None = None
+    algo: str,
+    preset: str | None,
+    overrides: dict[str, Any],
+    env_family: str | None = None,
+    env: str | None = None,
+    arch: str | None = None,
+    arch_presets: Mapping[str, str] | None = None,
 ):
     """The algorithm's Config with preset and overrides applied (string values are parsed by field type).
 
     With no preset given, the env's entry in the per-env presets (`rlfleet.algos.env_presets`, by `env` id) is
     used if there is one (and logged at INFO level once the config is valid: "preset for ENV: ..."), else an
     env family (`env_spec_info(...)["family"]`: "atari", "mujoco", "continuous") picks the algorithm's preset
-    of the same name, if it has one. A preset may also name an env with an entry
+    of the same name, if it has one; before it, an architecture's own preset for that family (`arch_presets`:
+    family -> preset name, e.g. apex's paper settings for Atari envs), if the algorithm has one of that name (and
+    logged at INFO level: "preset apex for --arch apex on atari envs"). A preset may also name an env with an entry
     (its tuned settings on another env), or be "default" (no preset). Returns the config and the preset's
     name (an env id for a per-env preset; None for none)."""
     _, config_cls, presets, variant = resolve(algo)
     tuned = env_preset(algo, env) if preset is None and env is not None else None
     picked = tuned is not None
+    for_arch = (arch_presets or {}).get(env_family) if preset is None and not picked else None
     if picked:
         preset = env_id_of(env)
+    elif for_arch is not None and for_arch in presets:
+        preset = for_arch
     elif preset is None and env_family is not None and env_family in presets:
         preset = env_family
     elif preset == DEFAULT_PRESET:
@@ -299,4 +311,8 @@ def build_algo_config(
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
     if picked:  # once the config is valid: the run says which tuned settings it starts from
         log.info(describe(algo, env, tuned))
+    elif preset is not None and preset == for_arch:
+        log.info(
+            f"preset {preset} for --arch {arch} on {env_family} envs (--preset default or another --preset instead)"
+        )
     return cfg, preset

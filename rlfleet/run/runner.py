@@ -136,6 +136,9 @@ class RunBase(abc.ABC):
     single_process = False
     """True where the learner has its process to itself (no learner or sampler processes beside it): `torch_threads`
     "auto" then gives a CNN learner every usable core (`resolve_torch_threads`)."""
+    presets: dict[str, str] = {}
+    """The architecture's own presets by env family (e.g. apex's paper settings for Atari envs: {"atari": "apex"}):
+    picked, when the algorithm has a preset of that name, where no --preset is given, before the family's own."""
     runs_normalisation = True
     """False where workers step their own envs: `obs_norm` and `reward_norm`, whose running statistics live beside
     the training envs, then run only if the user set them (and the architecture refuses them in `check_config`); a
@@ -154,7 +157,9 @@ class RunBase(abc.ABC):
         self.env_info = info
         algo_cls, _, _, _ = resolve(cfg.algo)
         self.algo_cls = algo_cls
-        self.algo_cfg, self.preset = build_algo_config(cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env)
+        self.algo_cfg, self.preset = build_algo_config(
+            cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, self.presets
+        )
         if cfg.n_envs is not None:
             self.algo_cfg.n_envs = cfg.n_envs
         if not self.runs_normalisation:

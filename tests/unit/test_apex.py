@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.apex import ID_SPAN, Actor, ApexRunner, ReplayShard, epsilon_ladder
+from rlfleet.arch.apex import EMPTY, ID_SPAN, Actor, ApexRunner, ReplayShard, ShardState, epsilon_ladder
 from rlfleet.arch.parallel import WorkerSpec
 from rlfleet.arch.shared import share_algo
 from rlfleet.backends.serial import SerialHandle
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.batch import Batch
+from rlfleet.data.priority import importance_weights
 from rlfleet.data.returns import NStepBuilder
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
@@ -45,7 +46,8 @@ class Recorder:
 
     def add(self, block, priorities, version):
         self.calls.append((block, np.asarray(priorities), version))
-        return sum(len(b["rew"]) for b, _, _ in self.calls)
+        n = sum(len(b["rew"]) for b, _, _ in self.calls)
+        return ShardState(n, float(n), 1.0)
 
 
 # --------------------------------------------------------------------------------------------- exploration
@@ -179,8 +181,8 @@ def test_eviction_keeps_the_newest_transitions():
         shard.add(block_of(range(start, start + 4)), np.ones(4), version=start)
     assert len(shard) == 10
     assert sorted(shard.storage["rew"].tolist()) == list(range(6, 16))  # 0-5 evicted
-    assert shard.sample(11, beta=0.4) is None  # fewer than a batch
-    sampled = [shard.sample(10, beta=0.4) for _ in range(10)]
+    assert shard.sample(11) is None  # fewer than a batch
+    sampled = [shard.sample(10) for _ in range(10)]
     drawn = np.concatenate([s.data["rew"] for s in sampled])
     assert set(drawn.tolist()) == set(range(6, 16))  # only the newest, each of them
     np.testing.assert_array_equal(np.concatenate([s.ids for s in sampled]), drawn.astype(int))  # id k: k-th added
@@ -193,18 +195,20 @@ def test_eviction_keeps_the_newest_transitions():
 def test_sampling_follows_priority_and_importance_weights_are_max_normalised():
     shard = ReplayShard(0, 0, capacity=4, alpha=1.0, eps=1e-9)
     shard.add(block_of([0, 1, 2, 3]), np.array([1.0, 1.0, 1.0, 7.0]), version=0)
-    draws = np.concatenate([shard.sample(4, beta=0.5).data["rew"] for _ in range(500)])
+    draws = np.concatenate([shard.sample(4).data["rew"] for _ in range(500)])
     assert abs(np.mean(draws == 3) - 0.7) < 0.05
-    s = shard.sample(4, beta=0.5)
-    expected = np.where(s.data["rew"] == 3, 7.0**-0.5, 1.0)
-    np.testing.assert_allclose(s.data["weight"], expected, rtol=1e-6)
+    s = shard.sample(4)
+    assert s.state == ShardState(4, pytest.approx(10.0), pytest.approx(1.0))  # size, Σ p^α, min p^α
+    np.testing.assert_allclose(s.mass, np.where(s.data["rew"] == 3, 7.0, 1.0), rtol=1e-6)
+    expected = np.where(s.data["rew"] == 3, 7.0**-0.5, 1.0)  # one shard: the whole replay
+    np.testing.assert_allclose(importance_weights(s.mass, s.state.min_mass, 0.5), expected, rtol=1e-6)
 
 
 def test_priority_updates_skip_rows_overwritten_since_they_were_sampled():
     shard = ReplayShard(0, 2, capacity=4, alpha=1.0, eps=1e-9)
     shard.add(block_of([0, 1, 2, 3]), np.ones(4), version=0)
     assert shard.ids.min() == 2 * ID_SPAN  # ids are unique over incarnations
-    sampled = shard.sample(4, beta=0.4)
+    sampled = shard.sample(4)
     shard.add(block_of([10, 11]), np.full(2, 5.0), version=1)  # overwrites the rows of ids base+0, base+1
     set_now = shard.update_priorities(sampled.ids, np.full(4, 3.0))
     assert set_now == len({i for i in sampled.ids.tolist() if i >= 2 * ID_SPAN + 2})
@@ -226,7 +230,9 @@ def test_learner_writes_priorities_back_to_the_rows_and_shard_the_batch_came_fro
         shards = [h.service for h in runner.services.handles]
         for i, shard in enumerate(shards):
             shard.add(block_of(np.arange(20) + 100 * i), np.ones(20), version=0)
-        runner.sizes = [20, 20]
+        runner.shard_states = [shard.state() for shard in shards]
+        order = iter([0, 1, 0])  # which shard is drawn is another test's: here each batch's priorities go back to it
+        monkeypatch.setattr(runner, "choose_shard", lambda: next(order))
         sampled = []
         next_batch = runner.next_batch
         monkeypatch.setattr(runner, "next_batch", lambda: sampled.append(next_batch()) or sampled[-1])
@@ -235,7 +241,7 @@ def test_learner_writes_priorities_back_to_the_rows_and_shard_the_batch_came_fro
         monkeypatch.setattr(runner.algo, "update", lambda batch: {"loss": 0.0, "priorities": next(calls).copy()})
         before = [s.priorities().copy() for s in shards]
         runner.learn(2)
-        assert [s.shard for s in sampled] == [0, 1]  # the shards in turn
+        assert [s.shard for s in sampled] == [0, 1]
         for s, prios in zip(sampled, written, strict=True):
             assert (s.data["rew"] // 100 == s.shard).all()  # the batch holds that shard's rows
             p = shards[s.shard].priorities()
@@ -329,7 +335,7 @@ def test_the_learner_lets_actors_refill_a_replay_shard_that_lost_its_data(tmp_pa
             runner.state["updates"] += taken.updates if taken is not None else 0
         shard = runner.services.handles[0]
         shard.service = ReplayShard(0, 1, shard.service.capacity, shard.service.alpha)  # as a restart leaves it
-        runner.sizes[0] = 0
+        runner.shard_states[0] = EMPTY
         steps, updates = runner.env_steps, runner.state["updates"]
         for _ in range(200):
             taken = runner.coordinate(pool)
@@ -375,3 +381,83 @@ def test_actors_act_with_ever_newer_weights_and_their_returns_exploration_and_ra
     for rate in ("charts/replay_add_rate", "charts/replay_sample_rate", "charts/actor_sps", "charts/learner_ups"):
         values = [float(r[-1]) for r in rows if r[2] == rate]
         assert values and max(values) > 0, rate
+
+
+# --------------------------------------------------------------------------------------------- the paper's sampling
+def two_shard_learner(tmp_path, rows, priorities, beta_anneal=True):
+    """A serial apex learner with two shards holding `rows[k]` transitions of priority `priorities[k]` (α = 1)."""
+    cfg = RunConfig(algo="dqn", env="CartPole-v1", arch="apex", logdir=str(tmp_path), progress=False, seed=5,
+                    options={"backend": "serial", "replay_shards": 2, "actors": 1},
+                    overrides={"batch_size": 8, "alpha": 1.0, "beta_anneal": beta_anneal})  # fmt: skip
+    runner = ApexRunner(cfg)
+    runner.services = runner.backend.start_services(runner.shard_maker, 2)
+    shards = [h.service for h in runner.services.handles]
+    if rows[1] < rows[0]:  # the small one restarted empty and refilled since
+        shards[1] = runner.services.handles[1].service = ReplayShard(1, 1, shards[1].capacity, 1.0, seed=5)
+    for i, shard in enumerate(shards):
+        runner.shard_states[i] = shard.add(block_of(np.arange(rows[i]) + 1000 * i), np.full(rows[i], priorities[i]), 0)
+    return runner, shards
+
+
+def test_the_learner_draws_shards_in_proportion_to_their_priority_mass_and_weighs_over_the_whole_replay(tmp_path):
+    runner, shards = two_shard_learner(tmp_path, rows=(100, 100), priorities=(1.0, 9.0))
+    try:
+        batches = [runner.next_batch() for _ in range(1_000)]
+        share = np.mean([b.shard == 1 for b in batches])
+        assert abs(share - 0.9) < 0.04, share  # mass 900 of 1000 (in turn: 0.5)
+        mass = np.concatenate([s.priorities()[: len(s)] for s in shards])  # p^α of every stored transition
+        n, total, beta = mass.size, mass.sum(), runner.beta()
+        for b in (next(b for b in batches if b.shard == 0), next(b for b in batches if b.shard == 1)):
+            p = b.mass / total  # P(i) over the whole replay
+            w = (n * p) ** -beta / ((n * mass / total) ** -beta).max()
+            np.testing.assert_allclose(b.data["weight"], w, rtol=1e-5)
+        heavy = next(b for b in batches if b.shard == 1)  # weighed against shard 0's p = 1, not its own 9
+        np.testing.assert_allclose(heavy.data["weight"], (9.0 / 1.0) ** -beta, rtol=1e-5)
+    finally:
+        runner.services.stop()
+        runner.eval_envs.close()
+
+
+def test_a_restarted_small_shard_is_not_over_sampled(tmp_path):
+    """A shard restarted empty that holds one batch again is drawn for its share of the mass, not every other time."""
+    runner, shards = two_shard_learner(tmp_path, rows=(1_000, 8), priorities=(1.0, 1.0))
+    try:
+        share = np.mean([runner.next_batch().shard == 1 for _ in range(1_000)])
+        assert share < 0.03, share  # 8 of 1008 transitions: 0.8% (in turn: 50%)
+    finally:
+        runner.services.stop()
+        runner.eval_envs.close()
+
+
+def test_apex_picks_the_papers_preset_on_atari_and_keeps_beta_fixed(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="rlfleet.run.config"):
+        cfg, preset = build_algo_config("dqn", None, {}, "atari", "ALE/Pong-v5", "apex", ApexRunner.presets)
+    assert preset == "apex" and "preset apex for --arch apex on atari envs" in caplog.text
+    assert (cfg.batch_size, cfg.buffer_size, cfg.n_step, cfg.target_update_every) == (512, 2_000_000, 3, 2_500)
+    assert (cfg.max_grad_norm, cfg.lr, cfg.alpha, cfg.beta, cfg.beta_anneal) == (40.0, 0.00025 / 4, 0.6, 0.4, False)
+    for algo in ("ddpg", "td3"):  # Ape-X DPG
+        cfg, preset = build_algo_config(algo, None, {}, "mujoco", "HalfCheetah-v5", "apex", ApexRunner.presets)
+        assert preset == "apex" and (cfg.batch_size, cfg.n_step, cfg.beta_anneal) == (512, 5, False)
+    # the user's preset or --set wins; other architectures and other families keep theirs
+    assert build_algo_config("dqn", "default", {}, "atari", "ALE/Pong-v5", "apex", ApexRunner.presets)[1] is None
+    cfg, _ = build_algo_config("dqn", None, {"batch_size": "32"}, "atari", "ALE/Pong-v5", "apex", ApexRunner.presets)
+    assert cfg.batch_size == 32 and cfg.buffer_size == 2_000_000
+    assert build_algo_config("dqn", None, {}, "atari", "ALE/Pong-v5")[1] == "atari"
+    assert build_algo_config("dqn", None, {}, None, "CartPole-v1", "apex", ApexRunner.presets)[1] is None
+    # a run: the preset is picked, and β stays 0.4 to the end of the budget
+    run = RunConfig(algo="dqn", env="ALE/Pong-v5", arch="apex", logdir=str(tmp_path), progress=False,
+                    options={"backend": "serial", "actors": 1})  # fmt: skip
+    runner = ApexRunner(run)
+    try:
+        assert runner.preset == "apex" and runner.beta() == 0.4
+        runner.counter.add(runner.total_steps)
+        assert runner.beta() == 0.4
+    finally:
+        runner.eval_envs.close()
+    runner, _ = two_shard_learner(tmp_path / "cartpole", rows=(8, 8), priorities=(1.0, 1.0))  # defaults: annealed
+    try:
+        runner.counter.add(runner.total_steps)
+        assert runner.beta() == 1.0
+    finally:
+        runner.services.stop()
+        runner.eval_envs.close()
