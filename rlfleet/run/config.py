@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
 from rlfleet.envs import VECTOR_MODES
@@ -37,6 +39,7 @@ __all__ = [
     "build_options",
     "check_run_config",
     "drop_preset_normalisation",
+    "fit_preset_replay",
     "parse_field",
     "parse_overrides",
     "resolve_torch_threads",
@@ -258,6 +261,40 @@ def drop_preset_normalisation(algo_cfg: Any, overrides: dict[str, Any], arch: st
         f"{names}: off on the {arch} architecture (each worker steps its own envs; the preset {preset!r} sets "
         f"{'them' if len(dropped) > 1 else 'it'} for --arch single)"
     )
+
+
+REPLAY_MEMORY_SHARE = 0.5
+"""The share of this machine's memory a replay a preset sized may take once full (`fit_preset_replay`)."""
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fit_preset_replay(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, preset: str | None) -> None:
+    """Shrink a replay that a preset sized (not the user's `--set buffer_size`) to what fits in
+    `REPLAY_MEMORY_SHARE` of this machine's memory once full, and say so in one line: the paper's 2M Atari
+    transitions (each an observation and its next, 2 x 28 KB of frames) take ~110 GB, and a plain command must not
+    end, hours in, out of memory. The rows are written as they come, so nothing is allocated up front either way."""
+    size = getattr(algo_cfg, "buffer_size", None)
+    if size is None or "buffer_size" in overrides:
+        return
+    per_transition = 2 * sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in _leaf_spaces(obs_space)) + 64
+    fits = int(REPLAY_MEMORY_SHARE * machine_memory() // per_transition)
+    if size <= fits:
+        return
+    algo_cfg.buffer_size = max(fits, getattr(algo_cfg, "batch_size", 1))
+    log.info(
+        f"buffer_size {size:,} (preset {preset!r}) would take ~{size * per_transition / 1e9:.0f} GB once full, more "
+        f"than half of this machine's {machine_memory() / 1e9:.0f} GB: the replay holds {algo_cfg.buffer_size:,} "
+        "transitions (--set buffer_size=N to choose)"
+    )
+
+
+def _leaf_spaces(space: Any) -> list[Any]:
+    """The entries of a (Dict) observation space."""
+    return [s for sub in space.spaces.values() for s in _leaf_spaces(sub)] if hasattr(space, "spaces") else [space]
 
 
 DEFAULT_PRESET = "default"

@@ -41,6 +41,7 @@ from rlfleet.run.config import (
     build_options,
     check_run_config,
     drop_preset_normalisation,
+    fit_preset_replay,
     resolve_stop_return,
     resolve_torch_threads,
 )
@@ -164,6 +165,7 @@ class RunBase(abc.ABC):
             self.algo_cfg.n_envs = cfg.n_envs
         if not self.runs_normalisation:
             drop_preset_normalisation(self.algo_cfg, cfg.overrides, cfg.arch, self.preset)
+        fit_preset_replay(self.algo_cfg, cfg.overrides, info["observation_space"], self.preset)
         self.cfg = cfg
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
         self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)

@@ -226,3 +226,25 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path,
     second = train("a2c", "CartPole-v1", steps=64, eval_every=64, eval_episodes=1, logdir=str(tmp_path), progress=False)
     assert first.run_dir.name == "same-second" and second.run_dir.name == "same-second-2"
     assert (first.run_dir / "result.json").exists() and (second.run_dir / "result.json").exists()
+
+
+def test_a_presets_replay_is_shrunk_to_half_the_machines_memory_and_the_users_is_kept(monkeypatch, caplog):
+    """The paper's 2M Atari transitions (2 x 4 x 84 x 84 bytes each, with the next observation) on a machine of
+    1 GB: half of it holds 1e9 / 2 / (2 * 28,224 + 64) = 8,847 transitions."""
+    import logging
+
+    import gymnasium as gym
+    import numpy as np
+
+    import rlfleet.run.config as config
+
+    monkeypatch.setattr(config, "machine_memory", lambda: 10**9)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    cfg, preset = build_algo_config("dqn", "apex", {})
+    with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+        config.fit_preset_replay(cfg, {}, frames, preset)
+    assert cfg.buffer_size == 10**9 // 2 // (2 * 4 * 84 * 84 + 64) == 8_847
+    assert "buffer_size 2,000,000 (preset 'apex') would take ~113 GB once full" in caplog.text
+    mine, _ = build_algo_config("dqn", "apex", {"buffer_size": "2e6"})
+    config.fit_preset_replay(mine, {"buffer_size": "2e6"}, frames, preset)
+    assert mine.buffer_size == 2_000_000  # the user's own choice stands
