@@ -56,11 +56,14 @@ def send_then_hang(worker_id, incarnation, outbox):
     time.sleep(WORKER_TIMEOUT_S)
 
 
+SLOW_ITEM_S = 0.7  # an item of ScriptedRole(fail="slow"): longer than half of its test's 1 s heartbeat
+
+
 class ScriptedRole:
     """A role for backend tests (built by `make_role(worker_id, incarnation)` in a worker): each item is
     `(worker_id, incarnation, n, version, weight)` — the how-manieth item, the published weight version it saw and
     the first weight of the published network `net`. `fail` says what incarnation 0 does at its second item:
-    "raise", "hang" (no sign of life) or nothing."""
+    "raise", "hang" (no sign of life) or nothing; "slow": every item takes SLOW_ITEM_S."""
 
     def __init__(self, worker_id, incarnation, shared, weights, fail=None):
         self.worker_id, self.incarnation = worker_id, incarnation
@@ -71,6 +74,8 @@ class ScriptedRole:
         import time
 
         self.n += 1
+        if self.fail == "slow":
+            time.sleep(SLOW_ITEM_S)
         if self.incarnation == 0 and self.n == 2:
             if self.fail == "raise":
                 raise RuntimeError(f"role {self.worker_id} fails on purpose")

@@ -254,7 +254,7 @@ class Worker:
     def __init__(self, actor, incarnation: int, started: float):
         self.actor = actor
         self.incarnation = incarnation
-        self.calls: deque = deque()  # (object ref, time issued)
+        self.calls: deque = deque()  # (object ref, when the actor could start it: issued, or the call before ended)
         self.ready: deque = deque()  # items received and not yet handed out
         self.credits = 0  # calls it may still be given
         self.version = -1  # the weight version its actor has
@@ -347,6 +347,9 @@ class RayGroup(RoleGroup):
         worker = self.workers[wid]
         worker.calls.popleft()
         worker.answered = True
+        if worker.calls:  # the actor runs one call at a time: the next one starts now, not when it was issued
+            ref, issued = worker.calls[0]
+            worker.calls[0] = (ref, max(issued, time.monotonic()))
         try:
             item = pickle.loads(self.ray.get(ref))
         except Exception as exc:  # the actor died (killed, out of memory, its node gone): Ray's reason
@@ -433,8 +436,10 @@ class RayGroup(RoleGroup):
         return crashes
 
     def _find_hung(self) -> None:
-        """A call outstanding for longer than the heartbeat (the first one: plus the start-up grace) is a
-        hung role: its actor is killed, and `check` restarts it."""
+        """A call the actor has been on for longer than the heartbeat (the first one: plus the start-up grace) is
+        a hung role: its actor is killed, and `check` restarts it. A call is timed from when the actor could start it
+        (`_collect` moves the next call's clock to the end of the one before), since with several calls in flight
+        each waits for the earlier ones."""
         if self.heartbeat_s is None:
             return
         now = time.monotonic()

@@ -136,6 +136,23 @@ def test_a_hung_role_is_killed_for_want_of_a_heartbeat_and_restarted(tmp_path):
         group.stop()
 
 
+def test_the_heartbeat_counts_from_when_the_actor_starts_a_call_not_from_when_it_was_issued(tmp_path):
+    """Two calls in flight (credits 2), each item 0.7 s against a 1 s heartbeat: the second call waits for the first
+    in the actor, and counted from its issue it looked hung after every item (killed and restarted each time)."""
+    backend, group, *_ = start_group(tmp_path, n=1, credits=2, fail="slow", heartbeat_s=1.0)
+    try:
+        items = []
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            assert group.check() == []
+            if (item := group.get(0, 0.1)) is not None:
+                items.append(item)
+                group.release(0, item[1])
+        assert len(items) >= 4 and {item[1] for item in items} == {0} and group.restarts == 0
+    finally:
+        group.stop()
+
+
 def test_services_are_named_actors_that_keep_their_handles_across_a_restart(tmp_path):
     backend = RayBackend(ParallelOptions(backend="ray"))
     services = backend.start_services(make_tally, 2, max_restarts=3, pids_file=tmp_path / "servers.json",
