@@ -127,6 +127,10 @@ def make_tally_failing_first(index, incarnation):
     return Tally(index, incarnation)
 
 
+def make_tally_never_starting(index, incarnation):
+    raise RuntimeError(f"service {index} cannot start (incarnation {incarnation})")
+
+
 def call_service(handle, method, args, times, conn):
     """Client process: call `handle.method(*args)` `times` times and send each result home."""
     for _ in range(times):

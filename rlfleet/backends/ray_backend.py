@@ -468,6 +468,7 @@ class RayGroup(RoleGroup):
 
 # --------------------------------------------------------------------------------------------------- services
 RECONNECT_S = 60.0  # how long a handle waits for a dead service's next incarnation before it gives up
+RESENDS = 3  # how many times a call goes to a service's next incarnation after its actor died under it
 
 
 class ServiceActor:
@@ -492,7 +493,9 @@ class ServiceActor:
 
 
 class RayPending(Pending):
-    """A call sent to a service actor; sent again to the service's next incarnation if the actor dies first."""
+    """A call sent to a service actor; sent again to the service's next incarnation if the actor dies first, up to
+    `RESENDS` times: an actor that dies under every incarnation (one that cannot start: out of threads or memory,
+    a constructor that raises) is a `ServiceUnavailable` with Ray's reason, not a retry loop."""
 
     def __init__(self, handle: RayServiceHandle, method: str, args: tuple):
         self.handle, self.method, self.args = handle, method, args
@@ -502,6 +505,7 @@ class RayPending(Pending):
         import ray
 
         deadline = None if timeout is None else time.monotonic() + timeout
+        deaths = 0
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -509,7 +513,14 @@ class RayPending(Pending):
                 break
             except ray.exceptions.GetTimeoutError:
                 raise TimeoutError(f"service {self.handle.index}: no answer within {timeout} s") from None
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                deaths += 1
+                if deaths > RESENDS or (deadline is not None and time.monotonic() >= deadline):
+                    reason = (ANSI.sub("", str(exc)).strip().splitlines() or [type(exc).__name__])[0]
+                    raise ServiceUnavailable(
+                        f"service {self.handle.index}'s actor died under its {self.method} call {deaths} times; "
+                        f"last: {reason}"
+                    ) from None
                 self.handle.lost()  # its death is the coordinator's to report and restart: wait for that
                 self.ref = self.handle.actor().call.remote(self.method, *self.args)
         if isinstance(value, RoleError):

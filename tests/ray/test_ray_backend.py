@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from spawned import ScriptedRole, make_tally
+from spawned import ScriptedRole, make_tally, make_tally_never_starting
 
 from rlfleet.arch.parallel import ParallelOptions
 from rlfleet.backends import ServiceError, WorkerFailure
@@ -179,6 +179,34 @@ def test_services_are_named_actors_that_keep_their_handles_across_a_restart(tmp_
         assert (index, incarnation) == (1, 1) and new_pid != pid
         assert services.handles[0].call("add", 1) == 7  # the other one was left alone
     finally:
+        services.stop()
+
+
+def test_a_call_to_a_service_that_never_starts_ends_with_its_cause_instead_of_retrying_for_ever(tmp_path):
+    """The coordinator restarts the service each time its actor dies (its constructor raises: as an actor that cannot
+    get a thread would); the call is sent again to each new incarnation a few times, then given up with the cause."""
+    import threading
+
+    from rlfleet.backends import ServiceUnavailable
+
+    backend = RayBackend(ParallelOptions(backend="ray"))
+    services = backend.start_services(make_tally_never_starting, 1, max_restarts=1000, name="server")
+    done = threading.Event()
+
+    def restart_them():  # what the coordinator's loop does
+        while not done.is_set():
+            services.check()
+            time.sleep(0.1)
+
+    checker = threading.Thread(target=restart_them, daemon=True)
+    checker.start()
+    try:
+        with pytest.raises(ServiceUnavailable, match="service 0's actor died under its add call 4 times; last: "):
+            services.handles[0].submit("add", 1).result()
+        assert services.restarts >= 1
+    finally:
+        done.set()
+        checker.join(timeout=10)
         services.stop()
 
 
