@@ -248,6 +248,52 @@ class RoleActor:
         return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+class Places:
+    """Where a group's actors run: `{index: pid}` in `pids_file` (tests kill them through it) and `{index: {pid,
+    node, ip}}` in `places_file`, from each actor's `where()`. After a restart the new actor's answer is recorded
+    when it comes (`poll`), so that neither the learner nor the healthy roles wait on a restart."""
+
+    def __init__(self, ray, pids_file, places_file):
+        self.ray, self.pids_file, self.places_file = ray, pids_file, places_file
+        self.places: dict[str, dict[str, Any]] = {}
+        self.pending: dict[int, Any] = {}  # index -> the where() call of its newest actor
+
+    def ask(self, index: int, actor) -> None:
+        self.places.pop(str(index), None)
+        self.pending[index] = actor.where.remote()
+
+    def wait_all(self, timeout: float) -> int:
+        """Wait up to `timeout` for every answer outstanding, record them; returns how many did not come."""
+        refs = list(self.pending.values())
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        missing = len(refs) - len(ready)
+        self.poll()
+        return missing
+
+    def poll(self) -> None:
+        """Record the answers that have come (a dead actor's is dropped: the group reports it)."""
+        if not self.pending:
+            return
+        ready, _ = self.ray.wait(list(self.pending.values()), num_returns=len(self.pending), timeout=0)
+        if not ready:
+            return
+        for index, ref in list(self.pending.items()):
+            if ref in ready:
+                del self.pending[index]
+                with contextlib.suppress(Exception):
+                    self.places[str(index)] = self.ray.get(ref)
+        self._write()
+
+    def _write(self) -> None:
+        if self.pids_file is None:
+            return
+        pids = {index: place["pid"] for index, place in self.places.items()}
+        for path, data in ((self.pids_file, pids), (self.places_file, self.places)):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+
+
 class Worker:
     """The coordinator's record of one worker: its actor, its calls in flight (oldest first) and its state."""
 
@@ -286,7 +332,12 @@ class RayGroup(RoleGroup):
         self.stopping = False
         self._next = 0
         self.workers = [self._start(w) for w in range(n_workers)]
-        self._write_pids()
+        self.places = Places(self.ray, pids_file, None if pids_file is None else pids_file.with_name("actors.json"))
+        for wid, worker in enumerate(self.workers):
+            self.places.ask(wid, worker.actor)
+        missing = self.places.wait_all(STARTUP_GRACE_S)
+        if missing:
+            self._unplaceable(missing)
         for w in range(n_workers):
             self._issue(w)
 
@@ -300,25 +351,6 @@ class RayGroup(RoleGroup):
         worker = Worker(actor, incarnation, time.monotonic())
         worker.credits = self.n_credits
         return worker
-
-    def _write_pids(self) -> None:
-        """Once the actors have started: `{worker_id: pid}` in `pids_file` (tests kill them through it) and
-        `{worker_id: {pid, node, ip}}` in `actors.json` beside it (where each worker runs)."""
-        refs = [w.actor.where.remote() for w in self.workers]
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=STARTUP_GRACE_S)
-        if len(ready) < len(refs):
-            self._unplaceable(len(refs) - len(ready))
-        places = {}
-        for wid, ref in enumerate(refs):
-            with contextlib.suppress(Exception):  # a dead actor: check() reports it
-                places[str(wid)] = self.ray.get(ref)
-        if self.pids_file is None:
-            return
-        for path, content in ((self.pids_file, {w: p["pid"] for w, p in places.items()}),
-                              (self.pids_file.with_name("actors.json"), places)):  # fmt: skip
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(content))
-            os.replace(tmp, path)
 
     def _unplaceable(self, missing: int) -> None:
         opts = self.backend.opts
@@ -347,9 +379,10 @@ class RayGroup(RoleGroup):
         worker = self.workers[wid]
         worker.calls.popleft()
         worker.answered = True
+        self.places.poll()  # a restarted actor answered its where() before this call
         if worker.calls:  # the actor runs one call at a time: the next one starts now, not when it was issued
-            ref, issued = worker.calls[0]
-            worker.calls[0] = (ref, max(issued, time.monotonic()))
+            following, issued = worker.calls[0]
+            worker.calls[0] = (following, max(issued, time.monotonic()))
         try:
             item = pickle.loads(self.ray.get(ref))
         except Exception as exc:  # the actor died (killed, out of memory, its node gone): Ray's reason
@@ -429,10 +462,10 @@ class RayGroup(RoleGroup):
                 self.ray.kill(worker.actor, no_restart=True)
             self.incarnations[wid] += 1
             self.workers[wid] = self._start(wid)
-        if crashes:
-            self._write_pids()
-            for crash in crashes:
-                self._issue(crash.worker)
+            self.places.ask(wid, self.workers[wid].actor)  # recorded when it answers: nobody waits on a restart
+        for crash in crashes:
+            self._issue(crash.worker)
+        self.places.poll()
         return crashes
 
     def _find_hung(self) -> None:
@@ -458,6 +491,7 @@ class RayGroup(RoleGroup):
         if self.stopping:
             return
         self.stopping = True
+        self.places.pending.clear()  # nothing more is recorded: the pids file goes
         for worker in self.workers:
             with contextlib.suppress(Exception):
                 self.ray.kill(worker.actor, no_restart=True)
@@ -573,7 +607,9 @@ class RayServices(ServiceGroup):
         self.pids_file, self.name = pids_file, name
         # where each service runs, `{index: {pid, node, ip}}` (as `actors.json` for the workers): `shards.json`'s
         # is `shards_actors.json`
-        self.places_file = None if pids_file is None else pids_file.with_name(f"{pids_file.stem}_actors.json")
+        self.places = Places(
+            self.ray, pids_file, None if pids_file is None else pids_file.with_name(f"{pids_file.stem}_actors.json")
+        )
         self.namespace = self.ray.get_runtime_context().namespace
         self.prefix = f"rlfleet-{uuid.uuid4().hex[:12]}-{name}"
         self.incarnations = [0] * n
@@ -582,7 +618,9 @@ class RayServices(ServiceGroup):
         self.actors = [self._start(i) for i in range(n)]
         self.handles = [RayServiceHandle(i, f"{self.prefix}-{i}", self.namespace) for i in range(n)]
         self.pings = [actor.ping.remote() for actor in self.actors]
-        self._write_pids()
+        for index, actor in enumerate(self.actors):
+            self.places.ask(index, actor)
+        self.places.wait_all(STARTUP_GRACE_S)
 
     def _start(self, index: int):
         """The next incarnation of service `index`: `make_service` pickled now, with what it holds now."""
@@ -595,22 +633,6 @@ class RayServices(ServiceGroup):
                 .options(**options)
                 .remote(payload, index, self.incarnations[index], self.backend.threads())
             )
-
-    def _write_pids(self) -> None:
-        if self.pids_file is None:
-            return
-        refs = [actor.where.remote() for actor in self.actors]
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=STARTUP_GRACE_S)
-        places = {}
-        for index, ref in enumerate(refs):
-            if ref in ready:
-                with contextlib.suppress(Exception):  # a dead actor: check() reports it
-                    places[str(index)] = self.ray.get(ref)
-        pids = {index: place["pid"] for index, place in places.items()}
-        for path, data in ((self.pids_file, pids), (self.places_file, places)):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, path)
 
     def check(self) -> list[Crash]:
         """Each service answers a ping in turn (queued behind its calls); one whose actor died is restarted."""
@@ -638,8 +660,8 @@ class RayServices(ServiceGroup):
             self.incarnations[index] += 1
             self.actors[index] = self._start(index)
             self.pings[index] = self.actors[index].ping.remote()
-        if crashes:
-            self._write_pids()
+            self.places.ask(index, self.actors[index])
+        self.places.poll()
         return crashes
 
     def alive(self) -> int:
@@ -649,6 +671,7 @@ class RayServices(ServiceGroup):
         if self.stopping:
             return
         self.stopping = True
+        self.places.pending.clear()
         for actor in self.actors:
             with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
