@@ -47,10 +47,12 @@ before the final evaluation and checkpoint, which pull the servers, and the serv
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -63,6 +65,7 @@ from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
+PULL_RETRY_S = 0.001  # a worker's pause before it pulls again, its shards having come at two versions
 
 
 def shard_bounds(size: int, shards: int) -> list[tuple[int, int]]:
@@ -128,6 +131,7 @@ class ParamShard:
     """A server: one shard of the flat parameters, an optimizer over it, its version (a backend service)."""
 
     def __init__(self, state: ShardState, optimizer: str, lr: float):
+        self.optimizer_name, self.lr = optimizer, lr
         self.param = nn.Parameter(state.params.detach().clone())
         self.optimizer = build_optimizer(optimizer, [self.param], lr)
         if state.optimizer is not None:
@@ -139,11 +143,17 @@ class ParamShard:
         """(version, the shard, the target networks on server 0)."""
         return self.version, self.param.detach().clone(), self.frozen
 
-    def push(self, grad: torch.Tensor, lr: float, frozen: list[torch.Tensor] | None = None) -> int:
-        """One optimizer step with a worker's gradient shard at `lr` (and the target networks it synced, if it
-        did); returns the version the step was applied to."""
+    def push(
+        self, grad: torch.Tensor, lr: float, frozen: list[torch.Tensor] | None = None, expected: int | None = None
+    ) -> int | None:
+        """One optimizer step with a gradient shard at `lr` (and the target networks the worker synced, if it did);
+        returns the version the step was applied to. With `expected` (the coordinator's version, which every
+        server should be at) a server at another version (restarted from an older snapshot) applies nothing and
+        returns None: the coordinator then rolls every server back to one snapshot."""
         if grad.shape != self.param.shape:
             raise ValueError(f"a gradient shard of {tuple(grad.shape)} values for {self.param.numel()}: another model?")
+        if expected is not None and expected != self.version:
+            return None
         version = self.version
         set_lr(self.optimizer, lr)
         self.param.grad = grad
@@ -153,6 +163,12 @@ class ParamShard:
         if frozen is not None:
             self.frozen = frozen
         return version
+
+    def load(self, state: ShardState) -> int:
+        """Everything from `state` (the coordinator's last snapshot: a roll-back), as a server started from it;
+        returns the version loaded."""
+        self.__init__(state, self.optimizer_name, self.lr)
+        return self.version
 
     def state(self) -> ShardState:
         """Everything the server holds (a copy), for the coordinator's evaluations, checkpoints and restarts."""
@@ -175,16 +191,21 @@ class ShardServers:
 
 @dataclass
 class Progress:
-    """What a worker tells the coordinator about a segment (the gradient itself went to the servers)."""
+    """What a worker sends the coordinator about a segment: its books and the gradient the coordinator pushes."""
 
     worker: int
     incarnation: int
     steps: int
     returns: list[float]
     metrics: dict[str, float]
-    lag: int | None
-    """Servers' version at the push minus the version pulled (the largest over the shards); None: nothing was
-    pushed (a segment with nothing to learn from)."""
+    version: int
+    """The servers' version the worker pulled (every shard at it) and computed the gradient at."""
+    grad: np.ndarray | None
+    """float32, the clipped flat gradient; None: nothing to learn from (only steps)."""
+    lr: float
+    """The learning rate of the step (the worker's `schedule` at the global step)."""
+    frozen: list[torch.Tensor] | None
+    """The target networks, if the worker's `schedule` copied them (they go to server 0 with the push)."""
 
 
 def wait_all(pendings: list[Pending]) -> list[Any]:
@@ -211,9 +232,18 @@ class ShardWorker(WorkerActor):
         self.frozen = frozen_state(modules)
 
     @torch.no_grad()
-    def pull(self) -> list[int]:
-        """Every shard into the local networks (and server 0's target networks); the versions pulled."""
-        replies = wait_all([server.submit("pull") for server in self.servers])
+    def pull(self, stop=None) -> int | None:
+        """Every shard into the local networks (and server 0's target networks), all at one version: the
+        coordinator pushes to every server before the next push, so a pull that straddles a push (or a
+        roll-back) sees two versions and is made again. The version pulled; None if `stop` was set meanwhile."""
+        while True:
+            replies = wait_all([server.submit("pull") for server in self.servers])
+            versions = {version for version, _, _ in replies}
+            if len(versions) == 1:
+                break
+            if stop is not None and stop.is_set():
+                return None
+            time.sleep(PULL_RETRY_S)
         flat = torch.cat([shard for _, shard, _ in replies])
         offset = 0
         for p in self.params:
@@ -221,7 +251,7 @@ class ShardWorker(WorkerActor):
             offset += p.numel()
         for local, pulled in zip(self.frozen, replies[0][2], strict=True):
             local.copy_(pulled)
-        return [version for version, _, _ in replies]
+        return versions.pop()
 
     def clipped_gradient(self, loss: torch.Tensor) -> tuple[torch.Tensor, float]:
         """The flat gradient of `loss` with its global norm clipped to `max_grad_norm`, and the norm before."""
@@ -235,33 +265,29 @@ class ShardWorker(WorkerActor):
         norm = float(nn.utils.clip_grad_norm_(self.params, limit))
         return torch.cat([p.grad.flatten() for p in self.params]), norm
 
-    def produce(self, global_steps: int, stop=None) -> Progress:
+    def produce(self, global_steps: int, stop=None) -> Progress | None:
         total = self.spec.total_steps
         before = self.collector.env_steps
         self.algo.schedule(global_steps, total)  # ε and the like follow the whole run
-        versions = self.pull()  # after schedule: the servers' target networks win
+        version = self.pull(stop)  # after schedule: the servers' target networks win
+        if version is None:
+            return None
         segment = self.collector.collect_rollout(self.storage)
         batch = self.algo.process(segment)
         metrics: dict[str, float] = {}
-        lag = None
+        grad, frozen = None, None
         if len(batch) > 0:
             loss, metrics = self.algo.loss(batch)
-            grad, norm = self.clipped_gradient(loss)
+            flat, norm = self.clipped_gradient(loss)
+            grad = flat.numpy()
             targets = [t.clone() for t in self.frozen]
             self.algo.schedule(global_steps, total)  # a target copy due now copies the weights just pulled
             changed = any(not torch.equal(a, b) for a, b in zip(targets, self.frozen, strict=True))
             frozen = [t.clone() for t in self.frozen] if changed else None
-            lr = self.algo.lr
-            applied = wait_all(
-                [
-                    server.submit("push", grad[start:end].clone(), lr, frozen if i == 0 else None)
-                    for i, (server, (start, end)) in enumerate(zip(self.servers, self.bounds, strict=True))
-                ]
-            )
-            lag = max(a - v for a, v in zip(applied, versions, strict=True))
             metrics = {**metrics, "grad_norm": norm}
         steps = self.collector.env_steps - before
-        return Progress(self.worker_id, self.incarnation, steps, self.collector.pop_new_returns(), metrics, lag)
+        returns = self.collector.pop_new_returns()
+        return Progress(self.worker_id, self.incarnation, steps, returns, metrics, version, grad, self.algo.lr, frozen)
 
 
 @dataclass
@@ -316,6 +342,8 @@ class ParamServerRunner(ParallelRunner):
         self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr)
         self.services = None
         self.pulled_at = self.env_steps  # the step of the state a restarted server starts from
+        self.pushing = False  # a push (or roll-back) is in flight: a crash's roll-back waits for its answers
+        self.rollback_due = False
         self.evaluating = False
         self.logger = None
         self.eval_envs = self.make_eval_envs()
@@ -335,7 +363,8 @@ class ParamServerRunner(ParallelRunner):
 
     # ----------------------------------------------------------------------------------------- servers
     def wait(self, pending: Pending) -> Any:
-        """A server's answer; servers that die meanwhile are restarted (the coordinator is who restarts them)."""
+        """A server's answer; servers that die meanwhile are reported (the backend restarts them, and re-sends
+        the call cut short) and, once no push is in flight, every server is rolled back."""
         while True:
             try:
                 return pending.result(timeout=WAIT_S)
@@ -345,10 +374,14 @@ class ParamServerRunner(ParallelRunner):
     @torch.no_grad()
     def pull_servers(self) -> None:
         """The servers' state into the coordinator's networks (for evaluation and checkpoints), and kept as the
-        state a restarted server starts from."""
+        snapshot a restarted server starts from and every server is rolled back to. Only the coordinator
+        pushes, and not meanwhile: every shard is at the same version, so the snapshot is one version."""
         if self.services is None:
             return
         states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
+        if len({s.version for s in states}) != 1:  # a server restarted meanwhile, not rolled back yet
+            self.roll_back()
+            return
         flat = torch.cat([s.params for s in states])
         offset = 0
         for p in self.params:
@@ -357,19 +390,64 @@ class ParamServerRunner(ParallelRunner):
         for local, pulled in zip(self.frozen, states[0].frozen, strict=True):
             local.copy_(pulled)
         self.servers.states[:] = states
-        self.version = max(s.version for s in states)
+        self.version = states[0].version
         self.pulled_at = self.env_steps
 
+    def push(self, item: Progress) -> int:
+        """Push `item`'s gradient, shard i to server i, and wait for every server (so that every server applies
+        the pushes in the same order, the coordinator's, and is at the same version between them); the policy
+        lag of the gradient (pushes applied since the version it was computed at)."""
+        grad = torch.from_numpy(item.grad)
+        expected = self.version
+        self.pushing = True
+        try:
+            applied = [
+                self.wait(p)
+                for p in [
+                    server.submit("push", grad[a:b].clone(), item.lr, item.frozen if i == 0 else None, expected)
+                    for i, (server, (a, b)) in enumerate(zip(self.services.handles, self.bounds, strict=True))
+                ]
+            ]
+        finally:
+            self.pushing = False
+        if any(version is None for version in applied):  # a restarted server, at its snapshot's version
+            self.rollback_due = True
+        else:
+            self.version += 1
+        if self.rollback_due:
+            self.roll_back()
+        return max(0, expected - item.version)  # a gradient from before a roll-back: 0
+
+    def roll_back(self) -> None:
+        """Every server to the coordinator's last snapshot (where a restarted server starts from): all shards of
+        one version again, at the price of the pushes since the snapshot."""
+        while True:
+            self.rollback_due = False
+            self.pushing = True  # crashes meanwhile: rolled back again below, not from within `wait`
+            try:
+                loaded = [self.wait(p) for p in [h.submit("load", s) for h, s in zip(
+                    self.services.handles, self.servers.states, strict=True)]]  # fmt: skip
+            finally:
+                self.pushing = False
+            if not self.rollback_due:
+                break
+        self.version = loaded[0]
+        self._report(f"every server rolled back to the snapshot of step {self.pulled_at} (version {self.version})")
+
     def restart_crashed_servers(self) -> None:
-        """Report the servers that crashed since the last check; the backend has restarted them."""
+        """Report the servers that crashed since the last check (the backend has restarted them from the last
+        snapshot), and roll the others back to it too (once no push is in flight)."""
         for crash in self.services.check():
             state = self.servers.states[crash.worker]
             self._report(
-                f"{crash.describe()}\nrestarting it from the state pulled at step {self.pulled_at} "
-                f"(version {state.version})"
+                f"{crash.describe()}\nrestarting it from the snapshot of step {self.pulled_at} "
+                f"(version {state.version}), and the other servers with it"
             )
+            self.rollback_due = True
             if self.logger is not None:
                 self.logger.log(self.env_steps, {"charts/server_restarts": self.services.restarts})
+        if self.rollback_due and not self.pushing:
+            self.roll_back()
 
     def _evaluate(self, logger, elapsed: float) -> float:
         self.pull_servers()
@@ -400,17 +478,18 @@ class ParamServerRunner(ParallelRunner):
         return self.start_roles(partial(ShardWorker, self.spec, self.services.handles, self.bounds), stop_flag, AHEAD)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
-        """The books of the next item of any worker (its gradient went to the servers); then it may make the next."""
+        """The next item of any worker: its gradient pushed to the servers, its books kept; then it may make the
+        next."""
         item = pool.get_any(WAIT_S)
         if item is None:
             return None
-        self.counter.add(item.steps)
-        self.count_returns(item.returns)
         metrics: dict[str, float] = {}
         updates = 0
-        if item.lag is not None:
-            self.lags.append(item.lag)
+        if item.grad is not None:
+            self.lags.append(self.push(item))
             metrics, updates = item.metrics, 1
+        self.counter.add(item.steps)
+        self.count_returns(item.returns)
         pool.release(item.worker, item.incarnation)
         return Taken(item.returns, metrics, updates)
 
