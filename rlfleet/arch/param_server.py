@@ -1,47 +1,58 @@
-"""`param_server`: a sharded parameter server — the parameters split over S server roles; workers push gradient
-shards and pull parameter shards (the RLlib paper's appendix; with S = 1 it is asynchronous gradients).
+"""`param_server`: a sharded parameter server — the parameters split over S server roles; the coordinator pushes
+the workers' gradient shards, workers pull parameter shards (the RLlib paper's appendix; with S = 1 it is
+asynchronous gradients).
 
 Who sends what to whom::
 
                     pull: (version, shard i, target networks from server 0)    ┌──────────────┐
     worker 0 ──┐  ◀──────────────────────────────────────────────────────────  │ server 0     │  shard 0 of θ,
-    worker 1 ──┼──────────────────────────────────────────────────────────────▶│ ...          │  its optimizer
-      ...      │    push: (clipped gradient shard i, learning rate, [targets])   │ server S−1   │  state, version
+    worker 1 ──┤                                                                │ ...          │  its optimizer
+      ...      │                                                                │ server S−1   │  state, version
     worker N ──┘                                                                └──────────────┘
-        │  steps, returns, loss metrics, policy lag                                   ▲ state: evaluation,
-        └─────────────────────────────▶ coordinator (main process) ──────────────────┘ checkpoints, restarts
+        │  clipped gradient, learning rate, [targets],       push: shard i to server i ▲ state: evaluation,
+        │  version pulled, steps, returns, loss metrics      (all answered, then next) │ checkpoints, roll-backs
+        └─────────────────────────────▶ coordinator (main process) ──────────────────┘
 
 The flat vector of the algorithm's trainable parameters (in the order of `trainable_params`) is split into S
 contiguous shards, as evenly as possible. Server i (a backend service) holds shard i as one flat tensor, an
 optimizer over it (`--optimizer`, built with `rlfleet.optim.build_optimizer`) and a version, bumped at every
 push it applies. Server 0 also keeps the state of the networks without trainable parameters (target networks
 and their sync clocks). A worker (a role) has its own envs and algorithm object; per segment it runs the
-algorithm's `schedule` at the global step, pulls every shard (sent to all servers, then waited for) into its
-local networks, collects a segment, computes the gradient of the algorithm's loss, clips its global norm to
-`max_grad_norm` (it has the whole gradient) and pushes shard i to server i with the learning rate of the step.
-Before the push it runs `schedule` again on the pulled networks: a target-network copy that falls due copies
-the weights just pulled, and goes to server 0 with the push. That is what `async_grad`'s centre does at its
-step (its `schedule` before its optimizer step), so with one server and the serial backend both end with the
-same weights, bit for bit; elementwise optimizers (all of `--optimizer`'s) step a shard exactly as they step
-the whole vector, so any S ends there too.
+algorithm's `schedule` at the global step, pulls every shard (sent to all servers, then waited for; made again
+until every shard answers at one version) into its local networks, collects a segment, computes the gradient
+of the algorithm's loss, clips its global norm to `max_grad_norm` (it has the whole gradient) and sends it to
+the coordinator with the learning rate of the step. Before that it runs `schedule` again on the pulled
+networks: a target-network copy that falls due copies the weights just pulled, and goes to server 0 with the
+push. The coordinator, as RLlib's driver does, pushes shard i of each gradient to server i and waits for every
+server before it takes the next item: every server applies the same gradients in the same order and, between
+two pushes, all are at one version, so a worker's pull (and the coordinator's snapshot) is one version of θ.
 
-`charts/policy_lag` is, per push, the servers' version when they applied it minus the version pulled (the
-largest over the shards). The coordinator only keeps the books (steps, episodes, metrics, lag) from the items
-the workers send it, and pulls the servers' state (shards, optimizer states, versions, target networks) when it
-evaluates or saves a checkpoint: its algorithm object then holds the current weights. A worker computes its
-next gradient only once the coordinator has taken its last item (one credit, as in `async_grad`), so the step
-budget is kept.
+What equals what: with one worker, or on the serial backend with any number, the servers apply the gradients
+in the order `async_grad`'s centre would, with the same `schedule` before each step, so any S ends with
+`async_grad`'s weights bit for bit (elementwise optimizers, all of `--optimizer`'s, step a shard exactly as
+they step the whole vector). With several workers on local or ray the order is the one the coordinator takes
+the items in, which timing decides: the run is then `async_grad` with that order of gradients (each computed
+at one version of θ, applied to every shard in that order), not one fixed trajectory.
+
+`charts/policy_lag` is, per push, the pushes applied between the version the worker pulled and its own (0 for
+a gradient from before a roll-back). The coordinator keeps the books (steps, episodes, metrics, lag) and pulls
+the servers' state (shards, optimizer states, version, target networks) when it evaluates or saves a
+checkpoint: its algorithm object then holds the current weights, and that state is its snapshot. A worker
+computes its next gradient only once the coordinator has pushed its last one (one credit, as in `async_grad`),
+so the step budget is kept.
 
 A crashed worker is restarted like any role (its next segment pulls the current weights). A crashed server is
-reported in `workers.log` and restarted from the state the coordinator last pulled (its shard, optimizer state
-and version, as of the last evaluation or checkpoint: up to `eval_every` steps old), while the other shards
-stay current; a push cut short by its death is sent again to the restarted server. The servers' pids are in
+reported in `workers.log` and restarted from the coordinator's snapshot (shard, optimizer state and version as
+of the last evaluation or checkpoint: up to `eval_every` steps old), and once no push is in flight the
+coordinator rolls every other server back to that snapshot too, so all shards are again of one version (the
+pushes since the snapshot are lost, on every shard alike). A push cut short by the death is sent again to the
+restarted server, which, at another version than the coordinator's, applies nothing. The servers' pids are in
 `<run>/servers.json`, the workers' in `<run>/workers.json`. Only on-policy algorithms whose update is one
 gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on every backend:
 `ParallelRunner.run`, with the servers started before the workers (`start_workers`), one worker's item a pass
-(`coordinate`), the servers checked after the workers (`restart_crashed`), and at the end the workers stopped
-before the final evaluation and checkpoint, which pull the servers, and the servers after (`wind_down`,
-`shut_down`).
+(`coordinate`: the push, the books), the servers checked after the workers (`restart_crashed`), and at the end
+the workers stopped before the final evaluation and checkpoint, which pull the servers, and the servers after
+(`wind_down`, `shut_down`).
 """
 
 from __future__ import annotations
