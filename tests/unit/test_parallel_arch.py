@@ -339,6 +339,29 @@ def test_async_gradients_are_grad_parallel_with_one_gradient_per_step(run_opts):
         train("a2c", "CartPole-v1", arch="async_grad", grad_sets=2, **run_opts)
 
 
+def test_async_gradients_policy_lag_is_at_most_workers_minus_one_on_average_over_the_run(run_opts, monkeypatch):
+    """With one credit a worker's intervals from its read of the weights to its step do not overlap, and each step
+    in one is another worker's: the lags of a run sum to at most (workers - 1) x steps, whatever the timing (worker
+    processes here). One gradient's lag is not bounded: a fast worker may step several times during a slow one's
+    segment (a 2-worker run logged policy_lag_max 10)."""
+    from rlfleet.arch.grad_parallel import GradParallelRunner
+
+    lags = []
+    step = GradParallelRunner.step
+
+    def step_and_record(self, items):
+        lags.extend(self.weights.version - item.version for item in items)
+        return step(self, items)
+
+    monkeypatch.setattr(GradParallelRunner, "step", step_and_record)
+    workers = 3
+    result = train("a2c", "CartPole-v1", arch="async_grad", workers=workers, backend="local", steps=6_000,
+                   eval_every=6_000, eval_episodes=1, stop_return=1e9, **run_opts)  # fmt: skip
+    assert len(lags) == result["updates"] > 0
+    assert sum(lags) <= (workers - 1) * len(lags), (np.mean(lags), max(lags))
+    assert min(lags) >= 0
+
+
 def test_param_server_with_one_shard_is_async_gradients_and_sharding_changes_nothing(run_opts):
     """A worker pulls the shards, clips its whole gradient and pushes shard i to server i: on the serial backend
     with one seed, one server ends exactly where `async_grad` does, and 2 or 3 servers exactly where one does
