@@ -4,7 +4,10 @@ Each worker collects a segment with the weights it last received, computes the g
 loss on it and sends it; the learner applies every gradient as it arrives (one optimizer step each, clipped
 to the algorithm's `max_grad_norm`) and the worker goes on with the weights that step produced. The other
 workers' gradients may have been computed at older weights: `charts/policy_lag` (the learner's version at the
-step minus the version a gradient was computed at) is that staleness. Unlike `hogwild`, whose lock-free
+step minus the version a gradient was computed at) is that staleness: its mean over a run is at most
+workers − 1 (one credit per worker), its maximum is not bounded (a fast worker may step several times during
+a slow one's segment), as in RLlib, which sends the weights with each task, as here at each segment's start.
+Unlike `hogwild`, whose lock-free
 shared memory is one machine by nature, every update goes through the one learner, so the same loop runs on
 any backend.
 

@@ -25,8 +25,11 @@ the step minus the version each gradient was computed at, `charts/policy_lag_max
 last log line. A worker computes its next gradient only once the centre has applied its last one
 (`AHEAD` credits per worker, more if k needs them): with k = workers (the default) every step sums
 gradients taken at the newest weights (lag 0, a synchronous sum); with k = 1 each worker goes on from
-the weights its own gradient produced while the others' may be older (lag ≤ workers − 1, RLlib's
-AsyncGradients). Letting workers run ahead instead (no credits) gave A2C on
+the weights its own gradient produced while the others' may be older (RLlib's AsyncGradients): a worker's
+intervals from its read of the weights to its step do not overlap and each step inside one is another
+worker's, so the lags of a run sum to at most (workers − 1) × steps (a mean ≤ workers − 1), while one
+gradient's lag is unbounded (a fast worker steps several times during a slow one's segment: 10 with 2
+workers). Letting workers run ahead instead (no credits) gave A2C on
 CartPole-v1 a lag of 1–2 and up to 140k steps to solve instead of 55k: ~35% more env steps/s on 2 cores,
 but about twice the time to solve. `env_steps` counts the steps behind the gradients the centre has
 applied (and segments with nothing to learn from); a gradient still waiting for the rest of its set is

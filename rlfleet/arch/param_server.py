@@ -1,56 +1,69 @@
-"""`param_server`: a sharded parameter server — the parameters split over S server roles; workers push gradient
-shards and pull parameter shards (the RLlib paper's appendix; with S = 1 it is asynchronous gradients).
+"""`param_server`: a sharded parameter server — the parameters split over S server roles; the coordinator pushes
+the workers' gradient shards, workers pull parameter shards (the RLlib paper's appendix; with S = 1 it is
+asynchronous gradients).
 
 Who sends what to whom::
 
                     pull: (version, shard i, target networks from server 0)    ┌──────────────┐
     worker 0 ──┐  ◀──────────────────────────────────────────────────────────  │ server 0     │  shard 0 of θ,
-    worker 1 ──┼──────────────────────────────────────────────────────────────▶│ ...          │  its optimizer
-      ...      │    push: (clipped gradient shard i, learning rate, [targets])   │ server S−1   │  state, version
+    worker 1 ──┤                                                                │ ...          │  its optimizer
+      ...      │                                                                │ server S−1   │  state, version
     worker N ──┘                                                                └──────────────┘
-        │  steps, returns, loss metrics, policy lag                                   ▲ state: evaluation,
-        └─────────────────────────────▶ coordinator (main process) ──────────────────┘ checkpoints, restarts
+        │  clipped gradient, learning rate, [targets],       push: shard i to server i ▲ state: evaluation,
+        │  version pulled, steps, returns, loss metrics      (all answered, then next) │ checkpoints, roll-backs
+        └─────────────────────────────▶ coordinator (main process) ──────────────────┘
 
 The flat vector of the algorithm's trainable parameters (in the order of `trainable_params`) is split into S
 contiguous shards, as evenly as possible. Server i (a backend service) holds shard i as one flat tensor, an
 optimizer over it (`--optimizer`, built with `rlfleet.optim.build_optimizer`) and a version, bumped at every
 push it applies. Server 0 also keeps the state of the networks without trainable parameters (target networks
 and their sync clocks). A worker (a role) has its own envs and algorithm object; per segment it runs the
-algorithm's `schedule` at the global step, pulls every shard (sent to all servers, then waited for) into its
-local networks, collects a segment, computes the gradient of the algorithm's loss, clips its global norm to
-`max_grad_norm` (it has the whole gradient) and pushes shard i to server i with the learning rate of the step.
-Before the push it runs `schedule` again on the pulled networks: a target-network copy that falls due copies
-the weights just pulled, and goes to server 0 with the push. That is what `async_grad`'s centre does at its
-step (its `schedule` before its optimizer step), so with one server and the serial backend both end with the
-same weights, bit for bit; elementwise optimizers (all of `--optimizer`'s) step a shard exactly as they step
-the whole vector, so any S ends there too.
+algorithm's `schedule` at the global step, pulls every shard (sent to all servers, then waited for; made again
+until every shard answers at one version) into its local networks, collects a segment, computes the gradient
+of the algorithm's loss, clips its global norm to `max_grad_norm` (it has the whole gradient) and sends it to
+the coordinator with the learning rate of the step. Before that it runs `schedule` again on the pulled
+networks: a target-network copy that falls due copies the weights just pulled, and goes to server 0 with the
+push. The coordinator, as RLlib's driver does, pushes shard i of each gradient to server i and waits for every
+server before it takes the next item: every server applies the same gradients in the same order and, between
+two pushes, all are at one version, so a worker's pull (and the coordinator's snapshot) is one version of θ.
 
-`charts/policy_lag` is, per push, the servers' version when they applied it minus the version pulled (the
-largest over the shards). The coordinator only keeps the books (steps, episodes, metrics, lag) from the items
-the workers send it, and pulls the servers' state (shards, optimizer states, versions, target networks) when it
-evaluates or saves a checkpoint: its algorithm object then holds the current weights. A worker computes its
-next gradient only once the coordinator has taken its last item (one credit, as in `async_grad`), so the step
-budget is kept.
+What equals what: with one worker, or on the serial backend with any number, the servers apply the gradients
+in the order `async_grad`'s centre would, with the same `schedule` before each step, so any S ends with
+`async_grad`'s weights bit for bit (elementwise optimizers, all of `--optimizer`'s, step a shard exactly as
+they step the whole vector). With several workers on local or ray the order is the one the coordinator takes
+the items in, which timing decides: the run is then `async_grad` with that order of gradients (each computed
+at one version of θ, applied to every shard in that order), not one fixed trajectory.
+
+`charts/policy_lag` is, per push, the pushes applied between the version the worker pulled and its own (0 for
+a gradient from before a roll-back). The coordinator keeps the books (steps, episodes, metrics, lag) and pulls
+the servers' state (shards, optimizer states, version, target networks) when it evaluates or saves a
+checkpoint: its algorithm object then holds the current weights, and that state is its snapshot. A worker
+computes its next gradient only once the coordinator has pushed its last one (one credit, as in `async_grad`),
+so the step budget is kept.
 
 A crashed worker is restarted like any role (its next segment pulls the current weights). A crashed server is
-reported in `workers.log` and restarted from the state the coordinator last pulled (its shard, optimizer state
-and version, as of the last evaluation or checkpoint: up to `eval_every` steps old), while the other shards
-stay current; a push cut short by its death is sent again to the restarted server. The servers' pids are in
+reported in `workers.log` and restarted from the coordinator's snapshot (shard, optimizer state and version as
+of the last evaluation or checkpoint: up to `eval_every` steps old), and once no push is in flight the
+coordinator rolls every other server back to that snapshot too, so all shards are again of one version (the
+pushes since the snapshot are lost, on every shard alike). A push cut short by the death is sent again to the
+restarted server, which, at another version than the coordinator's, applies nothing. The servers' pids are in
 `<run>/servers.json`, the workers' in `<run>/workers.json`. Only on-policy algorithms whose update is one
 gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on every backend:
 `ParallelRunner.run`, with the servers started before the workers (`start_workers`), one worker's item a pass
-(`coordinate`), the servers checked after the workers (`restart_crashed`), and at the end the workers stopped
-before the final evaluation and checkpoint, which pull the servers, and the servers after (`wind_down`,
-`shut_down`).
+(`coordinate`: the push, the books), the servers checked after the workers (`restart_crashed`), and at the end
+the workers stopped before the final evaluation and checkpoint, which pull the servers, and the servers after
+(`wind_down`, `shut_down`).
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -63,6 +76,7 @@ from rlfleet.optim import build_optimizer
 from rlfleet.run.config import ConfigError
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
+PULL_RETRY_S = 0.001  # a worker's pause before it pulls again, its shards having come at two versions
 
 
 def shard_bounds(size: int, shards: int) -> list[tuple[int, int]]:
@@ -128,6 +142,7 @@ class ParamShard:
     """A server: one shard of the flat parameters, an optimizer over it, its version (a backend service)."""
 
     def __init__(self, state: ShardState, optimizer: str, lr: float):
+        self.optimizer_name, self.lr = optimizer, lr
         self.param = nn.Parameter(state.params.detach().clone())
         self.optimizer = build_optimizer(optimizer, [self.param], lr)
         if state.optimizer is not None:
@@ -139,11 +154,17 @@ class ParamShard:
         """(version, the shard, the target networks on server 0)."""
         return self.version, self.param.detach().clone(), self.frozen
 
-    def push(self, grad: torch.Tensor, lr: float, frozen: list[torch.Tensor] | None = None) -> int:
-        """One optimizer step with a worker's gradient shard at `lr` (and the target networks it synced, if it
-        did); returns the version the step was applied to."""
+    def push(
+        self, grad: torch.Tensor, lr: float, frozen: list[torch.Tensor] | None = None, expected: int | None = None
+    ) -> int | None:
+        """One optimizer step with a gradient shard at `lr` (and the target networks the worker synced, if it did);
+        returns the version the step was applied to. With `expected` (the coordinator's version, which every
+        server should be at) a server at another version (restarted from an older snapshot) applies nothing and
+        returns None: the coordinator then rolls every server back to one snapshot."""
         if grad.shape != self.param.shape:
             raise ValueError(f"a gradient shard of {tuple(grad.shape)} values for {self.param.numel()}: another model?")
+        if expected is not None and expected != self.version:
+            return None
         version = self.version
         set_lr(self.optimizer, lr)
         self.param.grad = grad
@@ -153,6 +174,12 @@ class ParamShard:
         if frozen is not None:
             self.frozen = frozen
         return version
+
+    def load(self, state: ShardState) -> int:
+        """Everything from `state` (the coordinator's last snapshot: a roll-back), as a server started from it;
+        returns the version loaded."""
+        self.__init__(state, self.optimizer_name, self.lr)
+        return self.version
 
     def state(self) -> ShardState:
         """Everything the server holds (a copy), for the coordinator's evaluations, checkpoints and restarts."""
@@ -175,16 +202,21 @@ class ShardServers:
 
 @dataclass
 class Progress:
-    """What a worker tells the coordinator about a segment (the gradient itself went to the servers)."""
+    """What a worker sends the coordinator about a segment: its books and the gradient the coordinator pushes."""
 
     worker: int
     incarnation: int
     steps: int
     returns: list[float]
     metrics: dict[str, float]
-    lag: int | None
-    """Servers' version at the push minus the version pulled (the largest over the shards); None: nothing was
-    pushed (a segment with nothing to learn from)."""
+    version: int
+    """The servers' version the worker pulled (every shard at it) and computed the gradient at."""
+    grad: np.ndarray | None
+    """float32, the clipped flat gradient; None: nothing to learn from (only steps)."""
+    lr: float
+    """The learning rate of the step (the worker's `schedule` at the global step)."""
+    frozen: list[torch.Tensor] | None
+    """The target networks, if the worker's `schedule` copied them (they go to server 0 with the push)."""
 
 
 def wait_all(pendings: list[Pending]) -> list[Any]:
@@ -211,9 +243,18 @@ class ShardWorker(WorkerActor):
         self.frozen = frozen_state(modules)
 
     @torch.no_grad()
-    def pull(self) -> list[int]:
-        """Every shard into the local networks (and server 0's target networks); the versions pulled."""
-        replies = wait_all([server.submit("pull") for server in self.servers])
+    def pull(self, stop=None) -> int | None:
+        """Every shard into the local networks (and server 0's target networks), all at one version: the
+        coordinator pushes to every server before the next push, so a pull that straddles a push (or a
+        roll-back) sees two versions and is made again. The version pulled; None if `stop` was set meanwhile."""
+        while True:
+            replies = wait_all([server.submit("pull") for server in self.servers])
+            versions = {version for version, _, _ in replies}
+            if len(versions) == 1:
+                break
+            if stop is not None and stop.is_set():
+                return None
+            time.sleep(PULL_RETRY_S)
         flat = torch.cat([shard for _, shard, _ in replies])
         offset = 0
         for p in self.params:
@@ -221,7 +262,7 @@ class ShardWorker(WorkerActor):
             offset += p.numel()
         for local, pulled in zip(self.frozen, replies[0][2], strict=True):
             local.copy_(pulled)
-        return [version for version, _, _ in replies]
+        return versions.pop()
 
     def clipped_gradient(self, loss: torch.Tensor) -> tuple[torch.Tensor, float]:
         """The flat gradient of `loss` with its global norm clipped to `max_grad_norm`, and the norm before."""
@@ -235,33 +276,29 @@ class ShardWorker(WorkerActor):
         norm = float(nn.utils.clip_grad_norm_(self.params, limit))
         return torch.cat([p.grad.flatten() for p in self.params]), norm
 
-    def produce(self, global_steps: int, stop=None) -> Progress:
+    def produce(self, global_steps: int, stop=None) -> Progress | None:
         total = self.spec.total_steps
         before = self.collector.env_steps
         self.algo.schedule(global_steps, total)  # ε and the like follow the whole run
-        versions = self.pull()  # after schedule: the servers' target networks win
+        version = self.pull(stop)  # after schedule: the servers' target networks win
+        if version is None:
+            return None
         segment = self.collector.collect_rollout(self.storage)
         batch = self.algo.process(segment)
         metrics: dict[str, float] = {}
-        lag = None
+        grad, frozen = None, None
         if len(batch) > 0:
             loss, metrics = self.algo.loss(batch)
-            grad, norm = self.clipped_gradient(loss)
+            flat, norm = self.clipped_gradient(loss)
+            grad = flat.numpy()
             targets = [t.clone() for t in self.frozen]
             self.algo.schedule(global_steps, total)  # a target copy due now copies the weights just pulled
             changed = any(not torch.equal(a, b) for a, b in zip(targets, self.frozen, strict=True))
             frozen = [t.clone() for t in self.frozen] if changed else None
-            lr = self.algo.lr
-            applied = wait_all(
-                [
-                    server.submit("push", grad[start:end].clone(), lr, frozen if i == 0 else None)
-                    for i, (server, (start, end)) in enumerate(zip(self.servers, self.bounds, strict=True))
-                ]
-            )
-            lag = max(a - v for a, v in zip(applied, versions, strict=True))
             metrics = {**metrics, "grad_norm": norm}
         steps = self.collector.env_steps - before
-        return Progress(self.worker_id, self.incarnation, steps, self.collector.pop_new_returns(), metrics, lag)
+        returns = self.collector.pop_new_returns()
+        return Progress(self.worker_id, self.incarnation, steps, returns, metrics, version, grad, self.algo.lr, frozen)
 
 
 @dataclass
@@ -316,6 +353,8 @@ class ParamServerRunner(ParallelRunner):
         self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr)
         self.services = None
         self.pulled_at = self.env_steps  # the step of the state a restarted server starts from
+        self.pushing = False  # a push (or roll-back) is in flight: a crash's roll-back waits for its answers
+        self.rollback_due = False
         self.evaluating = False
         self.logger = None
         self.eval_envs = self.make_eval_envs()
@@ -335,7 +374,8 @@ class ParamServerRunner(ParallelRunner):
 
     # ----------------------------------------------------------------------------------------- servers
     def wait(self, pending: Pending) -> Any:
-        """A server's answer; servers that die meanwhile are restarted (the coordinator is who restarts them)."""
+        """A server's answer; servers that die meanwhile are reported (the backend restarts them, and re-sends
+        the call cut short) and, once no push is in flight, every server is rolled back."""
         while True:
             try:
                 return pending.result(timeout=WAIT_S)
@@ -345,10 +385,14 @@ class ParamServerRunner(ParallelRunner):
     @torch.no_grad()
     def pull_servers(self) -> None:
         """The servers' state into the coordinator's networks (for evaluation and checkpoints), and kept as the
-        state a restarted server starts from."""
+        snapshot a restarted server starts from and every server is rolled back to. Only the coordinator
+        pushes, and not meanwhile: every shard is at the same version, so the snapshot is one version."""
         if self.services is None:
             return
         states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
+        if len({s.version for s in states}) != 1:  # a server restarted meanwhile, not rolled back yet
+            self.roll_back()
+            return
         flat = torch.cat([s.params for s in states])
         offset = 0
         for p in self.params:
@@ -357,19 +401,64 @@ class ParamServerRunner(ParallelRunner):
         for local, pulled in zip(self.frozen, states[0].frozen, strict=True):
             local.copy_(pulled)
         self.servers.states[:] = states
-        self.version = max(s.version for s in states)
+        self.version = states[0].version
         self.pulled_at = self.env_steps
 
+    def push(self, item: Progress) -> int:
+        """Push `item`'s gradient, shard i to server i, and wait for every server (so that every server applies
+        the pushes in the same order, the coordinator's, and is at the same version between them); the policy
+        lag of the gradient (pushes applied since the version it was computed at)."""
+        grad = torch.from_numpy(item.grad)
+        expected = self.version
+        self.pushing = True
+        try:
+            applied = [
+                self.wait(p)
+                for p in [
+                    server.submit("push", grad[a:b].clone(), item.lr, item.frozen if i == 0 else None, expected)
+                    for i, (server, (a, b)) in enumerate(zip(self.services.handles, self.bounds, strict=True))
+                ]
+            ]
+        finally:
+            self.pushing = False
+        if any(version is None for version in applied):  # a restarted server, at its snapshot's version
+            self.rollback_due = True
+        else:
+            self.version += 1
+        if self.rollback_due:
+            self.roll_back()
+        return max(0, expected - item.version)  # a gradient from before a roll-back: 0
+
+    def roll_back(self) -> None:
+        """Every server to the coordinator's last snapshot (where a restarted server starts from): all shards of
+        one version again, at the price of the pushes since the snapshot."""
+        while True:
+            self.rollback_due = False
+            self.pushing = True  # crashes meanwhile: rolled back again below, not from within `wait`
+            try:
+                loaded = [self.wait(p) for p in [h.submit("load", s) for h, s in zip(
+                    self.services.handles, self.servers.states, strict=True)]]  # fmt: skip
+            finally:
+                self.pushing = False
+            if not self.rollback_due:
+                break
+        self.version = loaded[0]
+        self._report(f"every server rolled back to the snapshot of step {self.pulled_at} (version {self.version})")
+
     def restart_crashed_servers(self) -> None:
-        """Report the servers that crashed since the last check; the backend has restarted them."""
+        """Report the servers that crashed since the last check (the backend has restarted them from the last
+        snapshot), and roll the others back to it too (once no push is in flight)."""
         for crash in self.services.check():
             state = self.servers.states[crash.worker]
             self._report(
-                f"{crash.describe()}\nrestarting it from the state pulled at step {self.pulled_at} "
-                f"(version {state.version})"
+                f"{crash.describe()}\nrestarting it from the snapshot of step {self.pulled_at} "
+                f"(version {state.version}), and the other servers with it"
             )
+            self.rollback_due = True
             if self.logger is not None:
                 self.logger.log(self.env_steps, {"charts/server_restarts": self.services.restarts})
+        if self.rollback_due and not self.pushing:
+            self.roll_back()
 
     def _evaluate(self, logger, elapsed: float) -> float:
         self.pull_servers()
@@ -400,17 +489,18 @@ class ParamServerRunner(ParallelRunner):
         return self.start_roles(partial(ShardWorker, self.spec, self.services.handles, self.bounds), stop_flag, AHEAD)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
-        """The books of the next item of any worker (its gradient went to the servers); then it may make the next."""
+        """The next item of any worker: its gradient pushed to the servers, its books kept; then it may make the
+        next."""
         item = pool.get_any(WAIT_S)
         if item is None:
             return None
-        self.counter.add(item.steps)
-        self.count_returns(item.returns)
         metrics: dict[str, float] = {}
         updates = 0
-        if item.lag is not None:
-            self.lags.append(item.lag)
+        if item.grad is not None:
+            self.lags.append(self.push(item))
             metrics, updates = item.metrics, 1
+        self.counter.add(item.steps)
+        self.count_returns(item.returns)
         pool.release(item.worker, item.incarnation)
         return Taken(item.returns, metrics, updates)
 

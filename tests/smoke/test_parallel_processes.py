@@ -131,7 +131,8 @@ def test_param_server_sigkilled_server_and_worker_are_restarted_and_the_run_fini
             proc.communicate()
         kill_session(sid)
     log = (run / "workers.log").read_text()
-    assert "server 1 died (killed by SIGKILL)\nrestarting it from the state pulled at step" in log
+    assert "server 1 died (killed by SIGKILL)\nrestarting it from the snapshot of step" in log
+    assert "every server rolled back to the snapshot of step" in log  # all shards of one version again
     assert "worker 0 died (killed by SIGKILL)\nrestarting it" in log
     assert "server 1 died (killed by SIGKILL)" in err and "worker 0 died (killed by SIGKILL)" in err
     result = json.loads((run / "result.json").read_text())

@@ -339,6 +339,29 @@ def test_async_gradients_are_grad_parallel_with_one_gradient_per_step(run_opts):
         train("a2c", "CartPole-v1", arch="async_grad", grad_sets=2, **run_opts)
 
 
+def test_async_gradients_policy_lag_is_at_most_workers_minus_one_on_average_over_the_run(run_opts, monkeypatch):
+    """With one credit a worker's intervals from its read of the weights to its step do not overlap, and each step
+    in one is another worker's: the lags of a run sum to at most (workers - 1) x steps, whatever the timing (worker
+    processes here). One gradient's lag is not bounded: a fast worker may step several times during a slow one's
+    segment (a 2-worker run logged policy_lag_max 10)."""
+    from rlfleet.arch.grad_parallel import GradParallelRunner
+
+    lags = []
+    step = GradParallelRunner.step
+
+    def step_and_record(self, items):
+        lags.extend(self.weights.version - item.version for item in items)
+        return step(self, items)
+
+    monkeypatch.setattr(GradParallelRunner, "step", step_and_record)
+    workers = 3
+    result = train("a2c", "CartPole-v1", arch="async_grad", workers=workers, backend="local", steps=6_000,
+                   eval_every=6_000, eval_episodes=1, stop_return=1e9, **run_opts)  # fmt: skip
+    assert len(lags) == result["updates"] > 0
+    assert sum(lags) <= (workers - 1) * len(lags), (np.mean(lags), max(lags))
+    assert min(lags) >= 0
+
+
 def test_param_server_with_one_shard_is_async_gradients_and_sharding_changes_nothing(run_opts):
     """A worker pulls the shards, clips its whole gradient and pushes shard i to server i: on the serial backend
     with one seed, one server ends exactly where `async_grad` does, and 2 or 3 servers exactly where one does
@@ -388,6 +411,52 @@ def test_param_server_resumes_its_servers_from_the_checkpoint(run_opts, tmp_path
     again = load_checkpoint(tmp_path / "r")["param_server"]
     assert resumed["updates"] == 16 and again["version"] == 16
     assert int(again["optimizer"]["state"][0]["step"]) == 16  # the servers' optimizers went on from the checkpoint
+
+
+def test_a_restarted_param_server_and_the_others_go_on_from_one_snapshot(run_opts, monkeypatch):
+    """Server 1 dies (on the serial backend: replaced by a new one, as the local backend's restart does) four pushes
+    after the coordinator's last snapshot: it restarts from the snapshot and every other server is rolled back to
+    it, so all shards are of one version, the snapshot's, and the run goes on from there."""
+    from rlfleet.arch.param_server import ParamServerRunner
+    from rlfleet.backends import serial
+    from rlfleet.backends.base import Crash
+
+    crash_at = 12  # the coordinator's pass (one item each): 8 pushes at the snapshot of step 1,024, then 4 more
+    services_init = serial.SerialServices.__init__
+
+    def init(self, make_service, n):
+        services_init(self, make_service, n)
+        self.make_service, self.checks = make_service, 0
+
+    def check(self):
+        self.checks += 1
+        if self.checks != crash_at:
+            return []
+        self.handles[1].service = self.make_service(1, 1)
+        self.restarts += 1
+        return [Crash(1, -9, None, "server")]
+
+    seen = {}
+    restart = ParamServerRunner.restart_crashed_servers
+
+    def restart_and_look(self):
+        before = [h.submit("state").result().version for h in self.services.handles]
+        restart(self)
+        if self.services.checks == crash_at:
+            states = [h.submit("state").result() for h in self.services.handles]
+            snapshot = torch.cat([s.params for s in self.servers.states])
+            seen.update(before=before, versions=[s.version for s in states], snapshot=self.servers.states[0].version,
+                        same=torch.equal(torch.cat([s.params for s in states]), snapshot))  # fmt: skip
+
+    monkeypatch.setattr(serial.SerialServices, "__init__", init)
+    monkeypatch.setattr(serial.SerialServices, "check", check)
+    monkeypatch.setattr(ParamServerRunner, "restart_crashed_servers", restart_and_look)
+    result = train("a2c", "CartPole-v1", arch="param_server", shards=3, workers=2, backend="serial", steps=2_048,
+                   eval_every=1_024, eval_episodes=1, stop_return=1e9, **run_opts)  # fmt: skip
+    assert seen["before"] == [12, 12, 12] and seen["snapshot"] == 8  # the crash came 4 pushes after the snapshot
+    assert seen["versions"] == [8, 8, 8] and seen["same"]  # every shard back at the snapshot
+    assert result["env_steps"] >= 2_048
+    assert load_checkpoint(result["checkpoint"])["param_server"]["version"] == result["updates"] - 4
 
 
 @pytest.mark.parametrize(
