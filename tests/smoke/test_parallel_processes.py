@@ -80,7 +80,9 @@ def test_the_restart_limit_ends_the_run_cleanly_with_a_checkpoint_and_one_line(t
     """A worker crashes once (CrashingCartPole) and --max-restarts 0 allows no restart: the run stops as cleanly as
     on Ctrl-C (checkpoint, result.json saying how it stopped, no process left) and the command says why in one
     line, exit 1."""
-    env = {**os.environ, "RLFLEET_TEST_CRASH_MARKER": str(tmp_path / "crashed")}
+    tests = str(Path(__file__).resolve().parents[1])  # where crashing_env is, for the rlfleet process to import
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "RLFLEET_TEST_CRASH_MARKER": str(tmp_path / "crashed"), "PYTHONPATH": path}
     proc = subprocess.run(
         [*RLFLEET, "train", "a2c", "--env", "crashing_env:CrashingCartPole-v0", "--arch", "data_parallel",
          "--max-restarts", "0", "--steps", "1e6", "--logdir", str(tmp_path), "--name", "r", "--no-progress"],
