@@ -1,18 +1,23 @@
 """Gossip learners (`--arch gossip`) against single-process A2C and A3C: time and env steps to solve CartPole-v1,
 and the share of time the learners spend averaging.
 
-Runs, one at a time, interleaved within each seed (a2c, a3c, gala-K for K in --learners, pala-K for K in
+Runs, one at a time, interleaved within each seed (a2c, a3c, gala-K, local-pala-K and pala-K for K in
 --learners, then the next seed): `rlfleet train a2c --env CartPole-v1 [--arch hogwild | --arch gossip
---learners K [--backend ray --address A --placement node0,node1]] --seed S --eval-every E --time-limit T`, each a
-process of its own (start-up excluded: rlfleet's clock starts with training; the learners' own start-up is
-inside it). GALA: learner processes on this machine (`local`). PALA: learners as Ray actors on a simulated
+--learners K --gossip-order O [--backend ray --address A --placement node0,node1]] --seed S --eval-every E
+--time-limit T`, each a process of its own (start-up excluded: rlfleet's clock starts with training; the
+learners' own start-up is inside it). GALA (`gala-K`): learner processes on this machine (`local`) in GALA's
+order (`--gossip-order gala`, the default staleness bound). `local-pala-K`: the same processes in PALA's
+order (every round's own messages), which isolates what the order costs. PALA: learners as Ray actors on a simulated
 2-node Ray cluster (`ray.cluster_utils.Cluster`, both nodes on 127.0.0.1, token authentication on) started
 once by this script, half the learners on each node. Solved: the first greedy evaluation (10 episodes of the
 averaged model) with mean return >= 475. From each gossip run's `metrics.csv`: the mean over its log lines of
 `gossip/compute_share`, `gossip/wait_share` and `gossip/average_share` (time computing, waiting for peers and
-posting/averaging parameters, over the learners).
+posting/averaging parameters, over the learners), `gossip/skip_share` (rounds that mixed nothing) and
+`gossip/staleness` (rounds the mixed messages were behind); frames/s is env steps over wall time.
 
     python benchmarks/gossip.py --seeds 5 --out benchmarks/results/gossip.json
+    python benchmarks/gossip.py --configs gala-4,local-pala-4,gala-8,local-pala-8 \
+        --out benchmarks/results/gossip_order.json
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from harness import RESULTS, cpu_model
 
 RLFLEET = [sys.executable, "-m", "rlfleet.cli"]
 SHARES = ("compute", "wait", "average")
+EXTRA = ("skip_share", "staleness")
 
 
 def run(config: str, seed: int, args: argparse.Namespace, address: str | None, logdir: Path) -> dict[str, Any]:
@@ -39,8 +45,9 @@ def run(config: str, seed: int, args: argparse.Namespace, address: str | None, l
     arch: list[str] = []
     if config == "a3c":
         arch = ["--arch", "hogwild"]
-    elif config.startswith(("gala-", "pala-")):
-        arch = ["--arch", "gossip", "--learners", config.split("-")[1]]
+    elif config.startswith(("gala-", "pala-", "local-pala-")):
+        order = "gala" if config.startswith("gala-") else "pala"
+        arch = ["--arch", "gossip", "--learners", config.split("-")[-1], "--gossip-order", order]
         if config.startswith("pala-"):
             arch += ["--backend", "ray", "--address", address, "--placement", "node0,node1"]
     name = f"{config}-seed{seed}"
@@ -55,21 +62,22 @@ def run(config: str, seed: int, args: argparse.Namespace, address: str | None, l
     result = json.loads((logdir / name / "result.json").read_text())
     record.update(solved=bool(result["solved"]), solved_at_s=result["solved_at_s"],
                   solved_at_step=result["solved_at_step"], env_steps=result["env_steps"],
-                  wall_time_s=result["wall_time_s"])  # fmt: skip
+                  wall_time_s=result["wall_time_s"], fps=result["env_steps"] / result["wall_time_s"])  # fmt: skip
     if arch and arch[1] == "gossip":
-        values: dict[str, list[float]] = {key: [] for key in SHARES}
+        keys = {f"gossip/{share}_share": share for share in SHARES} | {f"gossip/{key}": key for key in EXTRA}
+        values: dict[str, list[float]] = {key: [] for key in keys.values()}
         for line in (logdir / name / "metrics.csv").read_text().splitlines()[1:]:
             _, _, key, value = line.split(",")
-            for share in SHARES:
-                if key == f"gossip/{share}_share":
-                    values[share].append(float(value))
+            if key in keys:
+                values[keys[key]].append(float(value))
         record["shares"] = {key: statistics.mean(v) for key, v in values.items() if v}
     return record
 
 
 def summarize(runs: list[dict[str, Any]], configs: list[str], limit: float) -> str:
-    lines = ["| run | median time to solve (s) | min–max (s) | median env steps | solved | averaging share | "
-             "waiting share |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| run | median time to solve (s) | min–max (s) | median env steps | solved | frames/s | "
+             "averaging share | waiting share | rounds mixing nothing | staleness (rounds) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for config in configs:
         rs = [r for r in runs if r["config"] == config]
         if not rs:
@@ -77,11 +85,18 @@ def summarize(runs: list[dict[str, Any]], configs: list[str], limit: float) -> s
         times = [r["solved_at_s"] if r["solved"] else limit for r in rs]
         steps = [r["solved_at_step"] for r in rs if r["solved"]]
         shares = [r["shares"] for r in rs if r.get("shares")]
-        average = f"{statistics.median(s['average'] for s in shares):.1%}" if shares else "–"
-        wait = f"{statistics.median(s['wait'] for s in shares):.1%}" if shares else "–"
+
+        def median(key: str, form: str, shares=shares) -> str:
+            values = [s[key] for s in shares if key in s]
+            return format(statistics.median(values), form) if values else "–"
+
+        fps = [r["fps"] for r in rs if "fps" in r]
+        fps_text = f"{statistics.median(fps):,.0f}" if fps else "–"
+        tail = (f"{fps_text} | {median('average', '.1%')} | {median('wait', '.1%')} | {median('skip_share', '.1%')} | "
+                f"{median('staleness', '.2f')} |")  # fmt: skip
         lines.append(f"| {config} | {statistics.median(times):.1f} | {min(times):.1f}–{max(times):.1f} | "
-                     f"{statistics.median(steps):,.0f} | {len(steps)}/{len(rs)} | {average} | {wait} |"
-                     if steps else f"| {config} | – | – | – | 0/{len(rs)} | {average} | {wait} |")  # fmt: skip
+                     f"{statistics.median(steps):,.0f} | {len(steps)}/{len(rs)} | {tail}"
+                     if steps else f"| {config} | – | – | – | 0/{len(rs)} | {tail}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -93,10 +108,15 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=4_000)
     parser.add_argument("--time-limit", type=float, default=180.0, help="wall-clock s per run")
     parser.add_argument("--no-pala", action="store_true", help="skip the Ray runs")
+    parser.add_argument("--configs", default=None, help="only these runs, comma-separated (e.g. gala-4,local-pala-4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gossip.json")
     args = parser.parse_args()
     ks = [int(k) for k in args.learners.split(",")]
-    configs = ["a2c", "a3c", *(f"gala-{k}" for k in ks), *([] if args.no_pala else [f"pala-{k}" for k in ks])]
+    configs = ["a2c", "a3c", *(f"gala-{k}" for k in ks), *(f"local-pala-{k}" for k in ks),
+               *([] if args.no_pala else [f"pala-{k}" for k in ks])]  # fmt: skip
+    if args.configs:
+        configs = args.configs.split(",")
+        args.no_pala = not any(c.startswith("pala-") for c in configs)
     cluster = None
     if not args.no_pala:
         os.environ.update(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # before ray's import

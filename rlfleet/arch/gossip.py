@@ -71,12 +71,13 @@ from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, Wo
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup, RunFailure
 from rlfleet.backends.mailboxes import Mailboxes
-from rlfleet.fields import MAX_ROLES, bounded
+from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.run.config import ConfigError
 
 AHEAD = 2  # items a learner may have sent beyond those the coordinator has taken in
 WAIT_SLICE_S = 1.0  # the longest a learner waits for its peers in one produce call (then an empty item)
 TOPOLOGIES = ("ring", "exp")
+ORDERS = ("auto", "gala", "pala")
 
 
 class GossipTimeout(RunFailure):
@@ -279,6 +280,10 @@ class GossipSpec(WorkerSpec):
     """The first round (a resumed run goes on from where it stopped)."""
     gossip_timeout_s: float = field(default=60.0, kw_only=True)
     state_every: int = field(default=10, kw_only=True)
+    order: str = field(default="pala", kw_only=True)
+    """"gala" (senders never wait, readers mix what has arrived, waiting only for a peer more than
+    `max_staleness` rounds behind) or "pala" (every round's own messages; see the module docstring)."""
+    max_staleness: int = field(default=0, kw_only=True)
     wait_slice_s: float = field(default=WAIT_SLICE_S, kw_only=True)
     """The longest one produce call waits for peers (0 where roles run in the coordinator's process)."""
 
@@ -297,6 +302,12 @@ class GossipReport:
     """Seconds spent waiting for peers."""
     average_s: float
     """Seconds spent posting, taking and averaging parameters."""
+    skipped: int = 0
+    """Rounds since the last item that mixed nothing (GALA's order: an in-neighbour had no new message)."""
+    staleness: int = 0
+    """Σ over the messages mixed since the last item of how many rounds each was behind the reader's round."""
+    mixed: int = 0
+    """Messages mixed since the last item."""
     round: int | None = None
     """The round completed with this item (None: still waiting for peers)."""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -323,12 +334,18 @@ class GossipLearner(WorkerActor):
         self.flat = self.flatten()
         self.since: float | None = None  # when the current wait began
         self.timings = {"compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0}
+        self.counts = {"skipped": 0, "staleness": 0, "mixed": 0}
+        self.gala = spec.order == "gala"
         self.steps, self.returns = 0, []
         self.metrics: dict[str, float] = {}
         self.adopted = False  # this incarnation's first round: taken from the in-neighbours, not learned
         self.note: str | None = None  # sent with the next completed round
         if incarnation == 0:
             self.round, self.phase = spec.start_round, "learn"
+        elif self.gala:  # nobody waits for its reads: rejoin past every round posted, so nobody waits for it
+            self.round = max(mailboxes.written(j) for j in range(mailboxes.n)) + 1
+            self.adopt(self.round)
+            self.phase = "post"
         else:  # the last round the dead incarnation posted: read what is left of it, then rejoin at the next
             self.round, self.phase = mailboxes.written(worker_id), "drain"
 
@@ -347,6 +364,11 @@ class GossipLearner(WorkerActor):
     def missing(self) -> list[tuple[int, str]]:
         """The peers the current phase waits for, with what it waits for."""
         me, t, mb, topo = self.worker_id, self.round, self.mailboxes, self.topology
+        if self.gala:  # a post never waits; a gather only for an in-neighbour more than R rounds behind
+            if self.phase == "post":
+                return []
+            oldest = t - self.spec.max_staleness
+            return [(j, f"to post round {oldest}") for j in topo.in_peers(me, t) if mb.written(j) < oldest]
         if self.phase == "post":
             return [(o, f"to read round {t - 1}") for o in topo.out_peers(me, t - 1) if mb.read(o, me) < t - 1]
         if self.phase == "drain":
@@ -373,11 +395,10 @@ class GossipLearner(WorkerActor):
             mb.post(me, t, self.flat, topo.out_peers(me, t))
             self.phase = "gather"
         elif self.phase == "gather":
-            row = torch.as_tensor(topo.matrix(t)[me], dtype=torch.float32)
-            mixed = row[me] * self.flat
-            for j in topo.in_peers(me, t):
-                mixed += row[j] * mb.take(me, j, t)
-            self.load_flat(mixed)
+            if self.gala:
+                self.mix_arrived(t)
+            else:
+                self.mix(t)
             self.phase, done = "learn", True
         elif self.phase == "drain":
             for j in topo.in_peers(me, t):
@@ -387,6 +408,37 @@ class GossipLearner(WorkerActor):
             self.round, self.phase = t + 1, "post"
         self.timings["average_s"] += time.perf_counter() - start
         return done
+
+    def mix(self, t: int) -> None:
+        """x_i ← P_ii x_i + Σ_j P_ij m_j with the in-neighbours' messages of round t (PALA's order: all posted)."""
+        me, mb, topo = self.worker_id, self.mailboxes, self.topology
+        row = torch.as_tensor(topo.matrix(t)[me], dtype=torch.float32)
+        mixed = row[me] * self.flat
+        for j in topo.in_peers(me, t):
+            mixed += row[j] * mb.take(me, j, t)
+        self.counts["mixed"] += len(topo.in_peers(me, t))
+        self.load_flat(mixed)
+
+    def mix_arrived(self, t: int) -> None:
+        """GALA's order: mix the in-neighbours' latest messages if every one of them posted a message this learner
+        has not read yet (whatever its round, none more than `max_staleness` behind: `missing` waited for that);
+        else mix nothing this round, as GALA's released code does, rather than mix a message twice."""
+        me, mb, topo = self.worker_id, self.mailboxes, self.topology
+        peers = topo.in_peers(me, t)
+        if any(mb.written(j) <= mb.read(me, j) for j in peers):
+            self.counts["skipped"] += 1
+            return
+        messages = [mb.latest(me, j) for j in peers]
+        if any(m is None for m in messages):  # a slot torn by a sender killed while it posted: not this round
+            self.counts["skipped"] += 1
+            return
+        row = torch.as_tensor(topo.matrix(t)[me], dtype=torch.float32)
+        mixed = row[me] * self.flat
+        for j, (round_, message) in zip(peers, messages, strict=True):
+            mixed += row[j] * message
+            self.counts["staleness"] += max(0, t - round_)
+        self.counts["mixed"] += len(peers)
+        self.load_flat(mixed)
 
     def adopt(self, round_: int) -> None:
         """A restarted learner's parameters: the average (by its row of the mixing matrix) of what its in-neighbours
@@ -435,9 +487,10 @@ class GossipLearner(WorkerActor):
         """What happened since the last item; after a completed round its metrics (and every `state_every` rounds,
         or after this incarnation's first, its parameters and state), and the round moves on."""
         item = GossipReport(self.worker_id, self.incarnation, self.steps, self.returns, trouble=trouble,
-                            **self.timings)  # fmt: skip
+                            **self.timings, **self.counts)  # fmt: skip
         self.steps, self.returns = 0, []
         self.timings = dict.fromkeys(self.timings, 0.0)
+        self.counts = dict.fromkeys(self.counts, 0)
         if completed:
             item.round = self.round
             item.metrics, self.metrics = ({} if self.adopted else self.metrics), {}
@@ -471,6 +524,14 @@ class GossipOptions(RoleOptions):
     model is evaluated and consensus distance logged, and the states a checkpoint holds."""
     distinct_init: bool = False
     """Each learner starts from its own random initialisation (seeded per learner) instead of one shared."""
+    gossip_order: str = checked("auto", one_of(ORDERS))
+    """gala: a learner posts without waiting for its readers and mixes the messages that have arrived (GALA's
+    Algorithm 1 and released code); pala: it posts round t once its readers took round t−1 and mixes round t's
+    own messages (PALA's order); auto: gala on the local and serial backends (one machine, as GALA's code),
+    pala on ray (a cluster, as PALA)."""
+    max_staleness: int = bounded(1, ge=0, le=1000)
+    """gala order: the most rounds an in-neighbour may be behind before a learner waits for it (GALA's
+    --sync-freq); 0: wait for each in-neighbour's message of the learner's own round."""
 
     @property
     def workers(self) -> int:
@@ -501,6 +562,20 @@ class GossipRunner(ParallelRunner):
                 "a learner waiting that long for a peer would be taken for hung itself"
             )
         self.topology = Topology.make(opts.topology, opts.learners, opts.peers)
+        self.order = self.resolve_order(opts)
+        if self.order == "pala" and opts.max_staleness != GossipOptions.max_staleness:
+            raise ConfigError(
+                f"--max-staleness bounds the gala order, and this run's order is pala (each round mixes that round's "
+                f"own messages{', the default on the ray backend' if opts.gossip_order == 'auto' else ''}): "
+                "add --gossip-order gala, or leave --max-staleness out"
+            )
+
+    @staticmethod
+    def resolve_order(opts: GossipOptions) -> str:
+        """The order `auto` stands for on the run's backend: gala on one machine, pala on ray."""
+        if opts.gossip_order != "auto":
+            return opts.gossip_order
+        return "pala" if opts.backend == "ray" else "gala"
 
     def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
         super().__init__(cfg, resume_from, run_dir, callbacks)
@@ -511,6 +586,8 @@ class GossipRunner(ParallelRunner):
             topology=self.topology,
             gossip_timeout_s=opts.gossip_timeout_s,
             state_every=opts.state_every,
+            order=self.order,
+            max_staleness=opts.max_staleness,
             wait_slice_s=0.0 if in_process else WAIT_SLICE_S,
         )
         self.start_backend()
@@ -528,11 +605,13 @@ class GossipRunner(ParallelRunner):
             self.spec.initial_states = self.initial_states()
         self.eval_envs = self.make_eval_envs()
         self._write_config({"learners": opts.learners, "ahead": AHEAD, "rate": self.topology.rate(),
+                            "order": self.order, "max_staleness": opts.max_staleness if self.order == "gala" else None,
                             "mixing": [p.tolist() for p in self.topology.matrices]})  # fmt: skip
 
     @staticmethod
     def _fresh_stats() -> dict[str, Any]:
-        return {"steps": 0, "returns": [], "compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0}
+        return {"steps": 0, "returns": [], "compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0, "rounds": 0,
+                "skipped": 0, "staleness": 0, "mixed": 0}  # fmt: skip
 
     def initial_states(self) -> list[bytes]:
         """The coordinator's networks and optimizer for every learner, or (`distinct_init`) each learner's own."""
@@ -575,8 +654,9 @@ class GossipRunner(ParallelRunner):
         stats = self.stats[item.worker]
         stats["steps"] += item.steps
         stats["returns"] += item.returns
-        for key in ("compute_s", "wait_s", "average_s"):
+        for key in ("compute_s", "wait_s", "average_s", "skipped", "staleness", "mixed"):
             stats[key] += getattr(item, key)
+        stats["rounds"] += item.round is not None
         if item.note is not None:
             self._report(f"learner {item.worker}: {item.note}")
         if item.trouble is not None:
@@ -616,12 +696,16 @@ class GossipRunner(ParallelRunner):
             if busy > 0:
                 row[f"learner{i}/wait_share"] = stats["wait_s"] / busy
                 row[f"learner{i}/average_share"] = stats["average_s"] / busy
-            for key in ("compute_s", "wait_s", "average_s"):
+            for key in ("compute_s", "wait_s", "average_s", "rounds", "skipped", "staleness", "mixed"):
                 total[key] += stats[key]
         busy = total["compute_s"] + total["wait_s"] + total["average_s"]
         if busy > 0:
             for key in ("compute", "wait", "average"):
                 row[f"gossip/{key}_share"] = total[f"{key}_s"] / busy
+        if total["rounds"]:
+            row["gossip/skip_share"] = total["skipped"] / total["rounds"]
+        if total["mixed"]:
+            row["gossip/staleness"] = total["staleness"] / total["mixed"]
         if self.consensus:
             row["gossip/round"], row["gossip/consensus_distance"] = self.consensus[-1]
         logger.log(self.env_steps, row)

@@ -8,7 +8,9 @@ has a doorbell (a semaphore) that a peer rings after posting to it or taking fro
 sleeps on its own doorbell until something it waits for may have changed, then looks again.
 
 A restarted learner may also `peek` at a slot: a copy of what it holds, whatever the round, checked by the
-slot's sequence number (odd while its sender writes), without recording a read.
+slot's sequence number (odd while its sender writes), without recording a read. In GALA's order, where a sender
+never waits for its readers and may overwrite a slot at any time, a reader takes the slot's `latest` message the
+same way, and records its round as read.
 
 Nothing is locked: the round counters are lock-free shared integers with one writer each (a slot's round and
 sequence number by its sender, a reader's record by that reader), and a doorbell only wakes. A learner killed at
@@ -57,6 +59,12 @@ class Mailboxes(ABC):
         """A copy of `sender`'s slot, recorded as read by `reader` at `round_`; wakes `sender`."""
 
     @abstractmethod
+    def latest(self, reader: int, sender: int) -> tuple[int, Any] | None:
+        """A consistent copy of `sender`'s slot and the round it holds, recorded as read by `reader` at that round,
+        whatever the sender does meanwhile (GALA's order, where senders overwrite their slot without waiting);
+        None while a sender killed in the middle of a post leaves its slot torn (its next incarnation posts)."""
+
+    @abstractmethod
     def peek(self, sender: int) -> Any | None:
         """A consistent copy of what `sender`'s slot holds now, whatever its round, without recording a read (a
         restarted learner's parameters); None if `sender` has posted nothing in this run or is posting now."""
@@ -90,8 +98,8 @@ class SharedMailboxes(Mailboxes):
         seq = self._seq[sender]
         self._seq[sender] = seq + 1 + seq % 2  # odd (also after an incarnation killed while it posted left it odd)
         self.slots[sender].copy_(params)
-        self._seq[sender] += 1
         self._written[sender] = round_  # after the copy: a reader that sees the round sees the parameters
+        self._seq[sender] += 1  # even after the round too: a consistent copy has the round it holds
         for reader in readers:
             self._bells[reader].release()
 
@@ -101,19 +109,31 @@ class SharedMailboxes(Mailboxes):
         self._bells[sender].release()
         return message
 
-    def peek(self, sender: int, tries: int = 50) -> torch.Tensor | None:
-        """Copy the slot and keep the copy if its sequence number was even and unchanged around it; a sender posting
-        now (or killed while posting: its number stays odd) is given a few tries of 1 ms, then left out."""
+    def _consistent(self, sender: int, tries: int) -> tuple[int, torch.Tensor] | None:
+        """The slot's round and a copy of it, kept if its sequence number was even and unchanged around them; a
+        sender posting now (or killed while posting: its number stays odd) is given `tries` of 1 ms, then None."""
         for _ in range(tries):
             seq = self._seq[sender]
-            if self._written[sender] < self._start:
-                return None
             if seq % 2 == 0:
-                copy = self.slots[sender].clone()
+                round_, copy = self._written[sender], self.slots[sender].clone()
                 if self._seq[sender] == seq:
-                    return copy
+                    return round_, copy
             time.sleep(1e-3)
         return None
+
+    def latest(self, reader: int, sender: int, tries: int = 50) -> tuple[int, torch.Tensor] | None:
+        got = self._consistent(sender, tries)  # a live sender's copy takes well under a millisecond
+        if got is not None:
+            self._read[reader * self.n + sender] = got[0]
+        return got
+
+    def peek(self, sender: int, tries: int = 50) -> torch.Tensor | None:
+        """A consistent copy of the slot (`_consistent`); None before `sender` posted in this run, or while a sender
+        killed in the middle of a post leaves it torn."""
+        if self._written[sender] < self._start:
+            return None
+        got = self._consistent(sender, tries)
+        return None if got is None or got[0] < self._start else got[1]
 
     def wait(self, me: int, timeout: float) -> None:
         bell = self._bells[me]

@@ -707,6 +707,10 @@ class MailboxActor:
         self.bells[sender].set()
         return self.slots[sender]
 
+    async def latest(self, reader: int, sender: int) -> tuple[int, np.ndarray]:
+        self.read_rounds[reader][sender] = self.written_rounds[sender]
+        return self.written_rounds[sender], self.slots[sender]
+
     async def peek(self, sender: int) -> np.ndarray | None:
         return self.slots[sender] if self.written_rounds[sender] >= self.start else None
 
@@ -751,6 +755,13 @@ class RayMailboxes(Mailboxes):
 
         self._counters = None
         return torch.tensor(ray.get(self.actor.take.remote(reader, sender, round_)))  # a copy: the store's is read-only
+
+    def latest(self, reader: int, sender: int) -> tuple[int, torch.Tensor]:
+        import ray
+
+        self._counters = None
+        round_, message = ray.get(self.actor.latest.remote(reader, sender))
+        return round_, torch.tensor(message)  # a copy: the store's is read-only
 
     def peek(self, sender: int) -> torch.Tensor | None:
         import ray

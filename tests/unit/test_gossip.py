@@ -5,6 +5,7 @@ timeout; a resumed run goes on from every learner's state."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -110,6 +111,13 @@ def test_two_separate_rings_are_refused_and_a_valid_file_is_read(tmp_path, run_o
         ({"topology": "star"}, "--topology 'star' is neither ring nor exp nor a mixing-matrix file"),
         ({"workers": 4}, "--workers is an option of"),
         ({"gossip_timeout_s": 200.0}, "--gossip-timeout-s 200 must be less than --heartbeat-s 120"),
+        ({"gossip_order": "fast"}, "--gossip-order='fast' must be one of: auto, gala, pala"),
+        ({"max_staleness": -1}, "--max-staleness=-1 is negative: must be in [0, 1000]"),
+        (
+            {"gossip_order": "pala", "max_staleness": 3},
+            "--max-staleness bounds the gala order, and this run's order is pala (each round mixes that round's own "
+            "messages): add --gossip-order gala, or leave --max-staleness out",
+        ),
     ],
 )
 def test_bad_options_are_refused_in_one_line(options, message, run_opts):
@@ -213,6 +221,7 @@ def expected_rounds(topology: Topology, initial: np.ndarray, n_rounds: int) -> l
 
 
 def gossip_alone(algo: str, topology: str, learners: int, rounds_: int, run_opts, **options):
+    options = {"gossip_order": "pala", **options}  # every round's own messages: exactly P_t X_t
     return train(algo, "CartPole-v1", arch="gossip", learners=learners, topology=topology, distinct_init=True,
                  state_every=1, steps=learners * 8 * rounds_, overrides=STILL, stop_return=float("inf"),
                  eval_every=10**9, **options, **run_opts)  # fmt: skip
@@ -248,7 +257,7 @@ def test_ordering_holds_under_random_delays_in_learner_processes(rounds, run_opt
     before an in-neighbour posted the round, or posted over a message not yet read, would mix two rounds."""
     learners, n_rounds = 4, 30
     train("a2c", "delay_env:DelayedCartPole-v0", arch="gossip", learners=learners, topology="ring", peers=2,
-          distinct_init=True, state_every=1, steps=learners * 8 * n_rounds, overrides=STILL,
+          gossip_order="pala", distinct_init=True, state_every=1, steps=learners * 8 * n_rounds, overrides=STILL,
           stop_return=float("inf"), eval_every=10**9, **run_opts)  # fmt: skip
     initial = rounds.pop("initial")
     done = sorted(rounds)
@@ -358,3 +367,97 @@ def test_two_neighbours_restarted_together_rejoin_without_waiting_for_each_other
         np.testing.assert_allclose(done[i].params, both, atol=1e-6)
         assert done[i].metrics == {}  # nothing learned in the round it rejoined
     assert mailboxes.read(0, 1) == mailboxes.read(1, 0) == 4
+
+
+# --------------------------------------------------------------------------------------------------- GALA's order
+def distinct_spec(learners: int, **options) -> tuple[GossipSpec, list[np.ndarray], int]:
+    """A spec whose learners start from their own random parameters and learn nothing (lr 0), with those
+    parameters (flat) and their size."""
+    env = gym.make("CartPole-v1")
+    cfg = A2CConfig(**STILL)
+    algos = [A2C(cfg, env.observation_space, env.action_space) for _ in range(learners)]
+    flats = [torch.cat([p.detach().reshape(-1) for p in trainable_params(algo_modules(a))]).numpy() for a in algos]
+    spec = GossipSpec("a2c", cfg, "CartPole-v1", env.observation_space, env.action_space, seed=0,
+                      total_steps=10**6, topology=Topology.make("ring", learners), state_every=1,
+                      initial_states=[pack_state(a) for a in algos], **options)  # fmt: skip
+    return spec, flats, flats[0].size
+
+
+def rounds_of(learner: GossipLearner, n: int) -> list:
+    """Produce until `n` rounds complete or the learner has to wait; the completed items."""
+    done = []
+    while len(done) < n:
+        item = learner.produce(0)
+        assert item.trouble is None, item.trouble
+        if item.round is None:
+            break
+        done.append(item)
+    return done
+
+
+def test_gala_order_never_waits_to_post_mixes_what_arrived_and_waits_only_beyond_the_staleness_bound():
+    """A 2-learner ring in GALA's order with --max-staleness 2, the learners taking turns in this process.
+    Learner 0 alone completes rounds 0 and 1, posting each though nobody read the one before (PALA's order waits
+    for that read) and mixing nothing (learner 1 posted nothing); it posts round 2 too, but to mix it learner 1
+    would be more than 2 rounds behind, so it waits, naming it. Learner 1's round 0 mixes the latest message it
+    finds (learner 0's round 2); then learner 0's round 2 mixes learner 1's round-0 message, 2 rounds stale."""
+    spec, (x0, x1), size = distinct_spec(2, order="gala", max_staleness=2, wait_slice_s=0.0, gossip_timeout_s=30.0)
+    mailboxes = SharedMailboxes(SPAWN, 2, size, 0)
+    first, second = (GossipLearner(spec, mailboxes, worker_id=i) for i in range(2))
+    alone = rounds_of(first, 5)
+    assert [item.round for item in alone] == [0, 1]
+    assert [(item.skipped, item.mixed) for item in alone] == [(1, 0), (1, 0)]
+    assert mailboxes.written(0) == 2 and mailboxes.read(1, 0) == -1  # posted rounds 1 and 2 over unread ones
+    assert first.missing() == [(1, "to post round 0")]
+    np.testing.assert_allclose(alone[-1].params, x0, atol=1e-6)
+    (joined,) = rounds_of(second, 1)
+    assert (joined.round, joined.mixed, joined.staleness) == (0, 1, 0) and mailboxes.read(1, 0) == 2
+    np.testing.assert_allclose(joined.params, (x0 + x1) / 2, atol=1e-6)
+    (caught_up,) = rounds_of(first, 1)
+    assert (caught_up.round, caught_up.mixed, caught_up.staleness) == (2, 1, 2)
+    np.testing.assert_allclose(caught_up.params, (x0 + x1) / 2, atol=1e-6)  # learner 1's round-0 message was x1
+    assert rounds_of(first, 1) == []  # round 3: learner 1 is 3 rounds behind now
+    for learner in (first, second):
+        learner.close()
+
+
+def test_gala_order_with_staleness_zero_waits_for_the_round_but_never_for_a_read():
+    """--max-staleness 0: a learner mixes only once each in-neighbour posted its own round (as in PALA's order),
+    but it posts without waiting for its readers, so a reader that fell behind mixes the newest message."""
+    spec, (x0, x1), size = distinct_spec(2, order="gala", max_staleness=0, wait_slice_s=0.0, gossip_timeout_s=30.0)
+    mailboxes = SharedMailboxes(SPAWN, 2, size, 0)
+    first, second = (GossipLearner(spec, mailboxes, worker_id=i) for i in range(2))
+    assert rounds_of(first, 1) == [] and first.missing() == [(1, "to post round 0")]  # posted round 0, waits
+    (second_0,) = rounds_of(second, 2)  # mixes learner 0's round 0; posts round 1 unread by learner 0; waits
+    np.testing.assert_allclose(second_0.params, (x0 + x1) / 2, atol=1e-6)
+    assert mailboxes.written(1) == 1 and mailboxes.read(0, 1) == -1
+    (first_0,) = rounds_of(first, 1)  # round 0 with learner 1's newest message: its round 1, (x0 + x1) / 2
+    np.testing.assert_allclose(first_0.params, (3 * x0 + x1) / 4, atol=1e-6)
+    assert mailboxes.read(0, 1) == 1
+    for learner in (first, second):
+        learner.close()
+
+
+def test_gala_is_the_default_on_one_machine_and_pala_on_ray():
+    from rlfleet.arch.gossip import GossipOptions
+
+    assert GossipRunner.resolve_order(GossipOptions(backend="local")) == "gala"
+    assert GossipRunner.resolve_order(GossipOptions(backend="serial")) == "gala"
+    assert GossipRunner.resolve_order(GossipOptions(backend="ray")) == "pala"
+    assert GossipRunner.resolve_order(GossipOptions(backend="ray", gossip_order="gala")) == "gala"
+
+
+def test_gala_learner_processes_reach_consensus_with_bounded_staleness(rounds, run_opts):
+    """Four learner processes in GALA's order (the local backend's default) whose env steps sleep at random, with
+    nothing learned: every round completes without a timeout, no mixed message is more than --max-staleness
+    rounds behind, and gossip alone brings the learners together."""
+    result = train("a2c", "delay_env:DelayedCartPole-v0", arch="gossip", learners=4, distinct_init=True,
+                   state_every=1, steps=4 * 8 * 60, overrides=STILL, stop_return=float("inf"), eval_every=10**9,
+                   **run_opts)  # fmt: skip
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert (config["order"], config["max_staleness"]) == ("gala", 1)
+    rows = [line.split(",") for line in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    staleness = [float(v) for _, _, key, v in rows if key == "gossip/staleness"]
+    assert staleness and max(staleness) <= 1.0  # the default bound, 1 round
+    initial = consensus_distance(rounds.pop("initial"))
+    assert len(rounds) >= 30 and consensus_distance(rounds[max(rounds)]) < 1e-2 * initial
