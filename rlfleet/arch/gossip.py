@@ -3,7 +3,8 @@ machines; Assran et al. 2019, Sun et al. 2023).
 
 Every learner is a complete on-policy agent: its own vector env, its own algorithm object and the algorithm's
 own optimizer (RMSProp for A2C, as in the papers), its own update. After every update, learner i posts its
-parameters x_i to its out-neighbours and averages with what its in-neighbours posted in the same round:
+parameters x_i to its out-neighbours and averages with what its in-neighbours posted (that round's messages, or
+in GALA's order the newest that have arrived):
 x_i ← P_ii x_i + Σ_j P_ij m_j, which for the graphs here is x_i ← (x_i + Σ_j m_j) / (1 + |in_i|). Who sends
 what to whom (the directed ring, `--peers 1`)::
 
@@ -26,25 +27,38 @@ GALA's time-varying exponential graph (in round t learner i sends to i + 2^e for
 turn from 0, ..., ⌈log2 K⌉ − 1: with K a power of two, log2 K rounds of it average exactly), or a K×K matrix
 from a file (a [T, K, K] `.npy` array: T matrices used in turn).
 
-The order the papers need for convergence is kept exactly: a learner averages round t only once every
-in-neighbour has posted round t, and posts round t only once its out-neighbours of round t−1 have read round
-t−1 (so a slot holds one round's message until all its readers have it). The mailboxes (`Mailboxes`, from
-the backend: shared memory for the `local` and `serial` backends, GALA; a mailbox actor and the object store
-for `ray`, PALA) hold one slot per learner and the rounds read; a learner that has to wait sleeps on its
-doorbell (a semaphore, or an asyncio event, its peers ring), never in a busy spin.
-A learner that waits `--gossip-timeout-s` for one round reports the peers it waits for, by number, and the
-run ends with that error (`GossipTimeout`) instead of hanging.
+Two orders of posts and reads (`--gossip-order`; `auto`: GALA's on the `local` and `serial` backends, one
+machine as in GALA's code, PALA's on `ray`, a cluster as in PALA):
+
+- **GALA's** (Assran et al. 2019, Algorithm 1 and its released code): nobody waits for a slow neighbour. A
+  learner posts every round without waiting for its readers (a slot holds the sender's newest message), and
+  mixes its in-neighbours' newest messages when each of them has posted one it has not read yet, whatever its
+  round; when one has not, it mixes nothing that round (rather than a message twice). It waits only for an
+  in-neighbour more than `--max-staleness` R rounds behind its own (GALA's `--sync-freq`, the bounded delay of
+  its convergence conditions): a mixed message is at most R rounds old. No cycle of waits can form: a learner
+  waits only for one strictly behind it.
+- **PALA's** (Sun et al. 2023): every round's own messages. A learner averages round t only once every
+  in-neighbour has posted round t, and posts round t only once its out-neighbours of round t−1 have read round
+  t−1 (so a slot holds one round's message until all its readers have it): exactly x ← P x, round by round.
+
+The mailboxes (`Mailboxes`, from the backend: shared memory for the `local` and `serial` backends; a mailbox
+actor and the object store for `ray`, PALA's data proxy) hold one slot per learner and the rounds read; a
+learner that has to wait sleeps on its doorbell (a semaphore, or an asyncio event, its peers ring), never in a
+busy spin. A learner that waits `--gossip-timeout-s` for one round reports the peers it waits for, by number,
+and the run ends with that error (`GossipTimeout`) instead of hanging.
 
 A learner's `produce` is a small state machine (learn, post, gather) that returns after a completed round, or
 after waiting one slice (`WAIT_SLICE_S`; none where roles run in the coordinator's process, the `serial`
 backend, where learners take turns), so it beats and sees the stop flag.
 
-A learner that dies is reported and restarted (the backend's restart). Its next incarnation finds in the
-mailboxes the last round it posted (w): it reads what is left of round w (its in-neighbours wait for that),
-takes as its parameters the average of what its in-neighbours' slots hold now (`Mailboxes.peek`, with a fresh
-optimizer), and goes on as any learner from round w+1: posts them, gathers, learns. It never waits for a
-message its neighbours could not send, so neighbours restarted together cannot wait for each other, and its
-neighbours never wait for a round that will not come.
+A learner that dies is reported and restarted (the backend's restart). In GALA's order nobody waits for its
+reads: its next incarnation takes the average of what its in-neighbours' slots hold (`Mailboxes.peek`, with a
+fresh optimizer) and rejoins past the newest round anyone posted, so nobody waits for it either. In PALA's order
+its next incarnation finds in the mailboxes the last round it posted (w): it reads what is left of round w (its
+in-neighbours wait for that), takes as its parameters the average of what its in-neighbours' slots hold now
+(`Mailboxes.peek`, with a fresh optimizer), and goes on as any learner from round w+1: posts them, gathers,
+learns. It never waits for a message its neighbours could not send, so neighbours restarted together cannot wait
+for each other, and its neighbours never wait for a round that will not come.
 
 Learners send their flat parameters and their state (networks and optimizer) every `state_every` rounds. The
 coordinator averages each round that all K learners sent (the averaged model x̄, which it evaluates and
