@@ -340,6 +340,23 @@ def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_the_run_sol
     assert len(saved["learners"]) == 4 and all(s is not None for s in saved["learners"])
 
 
+def test_a_hung_gossip_learner_is_killed_for_want_of_a_heartbeat_restarted_and_the_run_solves(run_opts, tmp_path):
+    """A learner hangs in an env step (alive, silent). Its neighbours wait for it, beating (so they are not taken
+    for hung themselves), until after --heartbeat-s its process is killed and restarted; it rejoins from its
+    in-neighbours and the run solves. A gossip timeout below the heartbeat would have ended the run instead."""
+    flag = tmp_path / "hung"
+    result = train("a2c", "delay_env:HangingOnceCartPole-v0", env_kwargs={"flag": str(flag), "driver_pid": os.getpid()},
+                   arch="gossip", learners=4, heartbeat_s=10.0, state_every=1, steps=400_000, eval_every=5_000,
+                   stop_return=475.0, **run_opts)  # fmt: skip
+    assert flag.exists()  # a learner did hang
+    log = (result.run_dir / "workers.log").read_text()
+    hung = re.search(r"worker (\d) died \(killed by SIGKILL\):\s*no heartbeat for \d+ s \(hung\)", log)
+    assert hung, log
+    assert f"learner {hung[1]}: restarted from the average of learners" in log, log
+    assert result["solved"] and result["stopped_by"] == "solved", result.result
+    assert log.count("(hung)") == 1  # only the hung learner: its waiting neighbours kept beating
+
+
 def test_a_hung_gossip_learner_ends_the_run_with_an_error_naming_it(run_opts):
     """Learner 2 hangs in an env step (alive, so not restarted before the heartbeat): a neighbour gives up after
     --gossip-timeout-s and the run ends with an error naming learner 2, and no worker is left behind. Which
