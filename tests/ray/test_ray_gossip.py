@@ -85,3 +85,43 @@ def test_a_sigkilled_pala_learner_is_restarted_and_rejoins_from_its_in_neighbour
     after = [r for r in rounds if r > int(rejoined[1])]
     assert len(after) >= 5, f"rounds all four learners sent after the rejoin: {after}"
     assert result["solved"] or result["stopped_by"] == "steps", result.result
+
+
+def test_gala_order_through_the_mailbox_actor_reaches_consensus_with_bounded_staleness(monkeypatch, run_opts):
+    """GALA's order on Ray (`--gossip-order gala`): learners post without waiting for reads and take the newest
+    messages from the mailbox actor (`latest`); with nothing learned, gossip alone brings them together and no
+    mixed message is more than --max-staleness rounds behind."""
+    seen: dict[int, np.ndarray] = {}
+    average_round = GossipRunner.average_round
+
+    def record(self, round_, params):
+        seen[round_] = params.copy()
+        average_round(self, round_, params)
+
+    monkeypatch.setattr(GossipRunner, "average_round", record)
+    result = train("a2c", "CartPole-v1", arch="gossip", learners=4, backend="ray", gossip_order="gala",
+                   max_staleness=2, distinct_init=True, state_every=1, steps=4 * 8 * 40,
+                   overrides={"n_envs": 2, "rollout_len": 4, "lr": 0.0}, stop_return=float("inf"),
+                   eval_every=10**9, **run_opts)  # fmt: skip
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert (config["order"], config["max_staleness"]) == ("gala", 2)
+    rows = [line.split(",") for line in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    staleness = [float(v) for _, _, key, v in rows if key == "gossip/staleness"]
+    assert staleness and max(staleness) <= 2.0
+    done = sorted(seen)
+    assert len(done) >= 30 and consensus_distance(seen[done[-1]]) < 0.01 * consensus_distance(seen[done[0]])
+
+
+def test_a_hung_pala_learner_is_killed_for_want_of_a_heartbeat_and_rejoins(run_opts, tmp_path):
+    """A learner's actor hangs in an env step: its neighbours wait, beating, until its heartbeat runs out and the
+    actor is killed and restarted; it rejoins from its in-neighbours and rounds go on to the run's end."""
+    flag = tmp_path / "hung"
+    result = train("a2c", "delay_env:HangingOnceCartPole-v0", env_kwargs={"flag": str(flag), "driver_pid": os.getpid()},
+                   arch="gossip", learners=4, backend="ray", heartbeat_s=10.0, state_every=1, steps=40_000,
+                   eval_every=10**9, **run_opts)  # fmt: skip
+    assert flag.exists()
+    log = (result.run_dir / "workers.log").read_text()
+    hung = re.search(r"worker (\d) died.*?\s*no heartbeat for \d+ s \(hung\)", log)
+    assert hung, log
+    assert f"learner {hung[1]}: restarted from the average of learners" in log, log
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= 40_000, result.result
