@@ -8,7 +8,7 @@ import json
 import sys
 import typing
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rlfleet.fields import field_docs, parse_count
 
@@ -128,13 +128,13 @@ def _list(args: argparse.Namespace) -> int:
         actions = ", ".join(cls.action_spaces)
         print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; actions: {actions}; presets: {preset_names}")
     from rlfleet.arch import ARCHITECTURES, runner_class
-    from rlfleet.optim import HOGWILD_OPTIMIZERS
+    from rlfleet.optim import OPTIMIZER_CHOICES
 
     print("\narchitectures (rlfleet train ALGO --arch A [its options]):")
     for name, (_, _, description) in ARCHITECTURES.items():
         options = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(runner_class(name).Options)]
         print(f"  {name:<14} {description}\n  {'':<14} options: {', '.join(options) or '-'}")
-    print(f"\nshared-parameter optimizers (--optimizer): {', '.join(HOGWILD_OPTIMIZERS)}")
+    print(f"\nshared-parameter optimizers (--optimizer; algo: the algorithm's own): {', '.join(OPTIMIZER_CHOICES)}")
     from rlfleet.algos.env_presets import all_env_presets
 
     print("\nper-env presets (picked when --env matches and no --preset is given; --preset ENV uses one elsewhere):")
@@ -205,8 +205,15 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(f"options of {', '.join(archs)}")
         for name in names:
             helps = {arch: _field_help(runner_class(arch).Options, name) for arch in archs}
+            docs = {arch: _field_help(runner_class(arch).Options, name, with_default=False) for arch in archs}
             if len(set(helps.values())) == 1:  # one meaning
                 text = helps[archs[0]]
+            elif len(set(docs.values())) == 1:  # one meaning, defaults of their own: each architecture's
+                by_default: dict[str, list[str]] = {}
+                for arch in archs:
+                    by_default.setdefault(str(_field_default(runner_class(arch).Options, name)), []).append(arch)
+                defaults = "; ".join(f"{', '.join(owners)}: {value}" for value, owners in by_default.items())
+                text = f"{docs[archs[0]]} (default: {defaults})"
             else:  # architectures that mean different things by one option name: each says its own
                 text = " | ".join(f"{arch}: {doc}" for arch, doc in helps.items())
             _add_field(group, runner_class(archs[0]).Options, name, text)
@@ -220,11 +227,15 @@ def _count_or_word(text: str) -> int | str:
         return text
 
 
-def _field_help(cls: type, name: str) -> str:
+def _field_default(cls: type, name: str) -> Any:
+    return {f.name: f.default for f in dataclasses.fields(cls)}[name]
+
+
+def _field_help(cls: type, name: str, with_default: bool = True) -> str:
     """The help of the dataclass field `name` of `cls`: its docstring on one line, and its default."""
     doc = " ".join(field_docs(cls).get(name, "").split())
-    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
-    if default not in (None, False, "", dataclasses.MISSING):
+    default = _field_default(cls, name)
+    if with_default and default not in (None, False, "", dataclasses.MISSING):
         doc += f" (default: {default})"
     return doc
 

@@ -1,5 +1,5 @@
 """Optimisers for lock-free ("Hogwild!") actor-learners: Shared RMSProp, momentum SGD and Shared Adam, plus
-`build_optimizer`.
+`build_optimizer`, which also builds `"algo"`: a fresh copy of an algorithm's own optimizer (`OptimizerRecipe`).
 
 The A3C paper (Mnih et al. 2016, Supplementary 7) compares three optimisers, all applied without locks to
 parameters shared by every actor-learner:
@@ -13,6 +13,14 @@ parameters shared by every actor-learner:
 
 `"shared_adam"` is Adam with its moments and step count shared the same way (a common A3C variant).
 
+`"algo"` is the algorithm's own optimizer: the class and hyperparameters its single-process `update` steps with
+(A2C's `torch.optim.RMSprop` with α 0.99 and ε 1e-5 outside the root, PPO's and PG's Adam with ε 1e-5, ...: see
+`make_optimizer` in `rlfleet/algos/common.py`), built afresh over the parameters given (`OptimizerRecipe`). It is
+RLlib's choice (its AsyncGradientsOptimizer applies each gradient with the policy's own optimizer) and Lapan's
+(his gradient-parallel centre steps the agent's Adam), and the default of `async_grad`, `grad_parallel` and
+`param_server`; `hogwild` keeps the A3C paper's `"shared_rmsprop"`. Its state is not shared: in `hogwild` it is a
+per-worker kind, like `"rmsprop"`.
+
 Who builds what (`is_shared(name)` tells the two kinds apart):
 
 - **Shared kinds** (`"shared_rmsprop"`, `"shared_adam"`): the coordinator process calls `share_memory()` on
@@ -22,8 +30,8 @@ Who builds what (`is_shared(name)` tells the two kinds apart):
   every worker updates the same statistics. The parameters and the state must travel in the same pickle (the
   same `Process(args=...)`) so that the worker's state is keyed by the worker's copies of the parameters:
   passing the optimizer alone is enough, its `param_groups` hold the parameters.
-- **Per-worker kinds** (`"rmsprop"`, `"momentum_sgd"`): each worker calls `build_optimizer` itself over the
-  shared parameters it received; its statistics (square averages, momentum) live in that worker only.
+- **Per-worker kinds** (`"rmsprop"`, `"momentum_sgd"`, `"algo"`): each worker calls `build_optimizer` itself over
+  the shared parameters it received; its statistics (square averages, momentum) live in that worker only.
 
 The name `"sgd"` is refused: it used to be `torch.optim.SGD(momentum=0.9)`, whose step under a steady
 gradient is η/(1−α) = 10× the paper's rule; the error says to use `"momentum_sgd"` (with 10× the learning
@@ -46,13 +54,22 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
 
 HOGWILD_OPTIMIZERS = ("shared_rmsprop", "rmsprop", "momentum_sgd", "shared_adam")
+ALGO = "algo"
+"""`--optimizer algo`: the algorithm's own optimizer (class and hyperparameters), built afresh (`OptimizerRecipe`)."""
+OPTIMIZER_CHOICES = (ALGO, *HOGWILD_OPTIMIZERS)
+"""What `--optimizer` takes."""
 _SHARED = ("shared_rmsprop", "shared_adam")
+ELEMENTWISE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop, torch.optim.SGD, torch.optim.Adagrad)
+"""torch optimizers whose step and state are per element (a step count aside): they step a flat shard of the
+parameters as they step the whole (`param_server`; torch's fused CPU Adam rounds a tensor's last elements that
+do not fill a vector differently, so with it a shard's last elements may differ from the whole's by an ulp)."""
 
 
 class _SharedStateOptimizer(Optimizer, metaclass=ABCMeta):
@@ -275,6 +292,47 @@ class SharedAdam(_SharedStateOptimizer):
         param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """What builds a fresh optimizer like a given one: its class and the hyperparameters of its one parameter group
+    (picklable, so that processes that do not hold the algorithm, `param_server`'s servers, can build it too)."""
+
+    cls: type
+    hyperparameters: dict[str, Any]
+    """The constructor's keywords (the keys of the optimizer's `defaults`) as its parameter group has them."""
+
+    @classmethod
+    def of(cls, optimizer: Optimizer | OptimizerRecipe) -> OptimizerRecipe:
+        """The recipe of `optimizer` (an algorithm's own); a ValueError for one of several parameter groups, which
+        a copy over other parameters could not tell apart."""
+        if isinstance(optimizer, OptimizerRecipe):
+            return optimizer
+        if len(optimizer.param_groups) != 1:
+            raise ValueError(
+                f"the algorithm's {type(optimizer).__name__} has {len(optimizer.param_groups)} parameter groups; "
+                "optimizer 'algo' copies one group's hyperparameters: choose another --optimizer"
+            )
+        group = optimizer.param_groups[0]
+        return cls(type(optimizer), {key: group[key] for key in optimizer.defaults if key in group})
+
+    @property
+    def elementwise(self) -> bool:
+        """Whether the optimizer steps each element on its own (`ELEMENTWISE`, or one of this module's)."""
+        return issubclass(self.cls, (*ELEMENTWISE, _SharedStateOptimizer))
+
+    @property
+    def name(self) -> str:
+        return self.cls.__name__
+
+    def build(self, params: Iterable[torch.Tensor], lr: float | None = None, **kwargs: Any) -> Optimizer:
+        """A fresh optimizer of the class over `params`: the recipe's hyperparameters, `lr` (if given) and `kwargs`
+        over them."""
+        hyperparameters = {**self.hyperparameters, **kwargs}
+        if lr is not None:
+            hyperparameters["lr"] = lr
+        return self.cls(params, **hyperparameters)
+
+
 def _check_name(name: str) -> None:
     if name == "sgd":
         raise ValueError(
@@ -282,8 +340,10 @@ def _check_name(name: str) -> None:
             "(torch's SGD, momentum 0.9) stepped 10x as far: use 'momentum_sgd' with 10x the learning rate for "
             "the same step"
         )
-    if name not in HOGWILD_OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+    if name not in OPTIMIZER_CHOICES:
+        raise ValueError(
+            f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZER_CHOICES)} (algo: the algorithm's own)"
+        )
 
 
 def is_shared(name: str) -> bool:
@@ -292,9 +352,18 @@ def is_shared(name: str) -> bool:
     return name in _SHARED
 
 
-def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwargs: Any) -> Optimizer:
-    """The Hogwild optimizer `name` (one of `HOGWILD_OPTIMIZERS`) over `params`; `kwargs` override its defaults.
+def build_optimizer(
+    name: str,
+    params: Iterable[torch.Tensor],
+    lr: float,
+    *,
+    algo_optimizer: Optimizer | OptimizerRecipe | None = None,
+    **kwargs: Any,
+) -> Optimizer:
+    """The optimizer `name` (one of `OPTIMIZER_CHOICES`) over `params`; `kwargs` override its defaults.
 
+    - `"algo"`: a fresh optimizer of `algo_optimizer`'s class with its hyperparameters (the algorithm's own
+      optimizer, or its `OptimizerRecipe`; required for this name), at `lr`;
     - `"shared_rmsprop"`: `SharedRMSprop` (α=0.99, ε=1e-10 inside the root), the paper's default;
     - `"shared_adam"`: `SharedAdam` (betas (0.9, 0.999), ε=1e-8);
     - `"rmsprop"`: the same update as `SharedRMSprop`, but each worker builds its own, so the statistics stay
@@ -303,6 +372,10 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, **kwar
       momentum stays per worker.
     """
     _check_name(name)
+    if name == ALGO:
+        if algo_optimizer is None:
+            raise ValueError("optimizer 'algo' copies the algorithm's own: pass it as algo_optimizer")
+        return OptimizerRecipe.of(algo_optimizer).build(params, lr, **kwargs)
     if name == "shared_rmsprop":
         return SharedRMSprop(params, lr=lr, **kwargs)
     if name == "shared_adam":

@@ -189,7 +189,7 @@ class FusedAdam(torch.optim.Adam):
     exist yet (the first step) take torch's own `step`."""
 
     def __init__(self, params, lr: float, **kwargs):
-        super().__init__(params, lr=lr, fused=True, **kwargs)
+        super().__init__(params, lr=lr, **{**kwargs, "fused": True})  # `fused` given too: a copy from its defaults
 
     def step(self, closure=None):
         if closure is not None or self._step_hooked():

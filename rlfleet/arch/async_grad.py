@@ -11,6 +11,13 @@ Unlike `hogwild`, whose lock-free
 shared memory is one machine by nature, every update goes through the one learner, so the same loop runs on
 any backend.
 
+The learner steps with the algorithm's own optimizer by default (`--optimizer algo`: the class and
+hyperparameters of the algorithm's single-process update, built afresh over the shared parameters: A2C's
+RMSprop with its α and ε, PPO's Adam with its ε, ...), as RLlib's AsyncGradientsOptimizer applies each gradient
+with the policy's own optimizer; with one worker a step is then the algorithm's own update on that worker's
+segment. `--optimizer shared_rmsprop` (the A3C paper's, hogwild's default) and the other `rlfleet.optim` kinds
+can be chosen instead.
+
 It is `grad_parallel`'s centre with one gradient set per step (`GradParallelRunner` with k = 1); its options
 are the multi-process ones and the learner's `--optimizer`.
 """
@@ -18,14 +25,14 @@ are the multi-process ones and the learner's `--optimizer`.
 from __future__ import annotations
 
 from rlfleet.arch.grad_parallel import GradParallelRunner
-from rlfleet.arch.parallel import SharedOptimizerOptions
+from rlfleet.arch.parallel import AlgoOptimizerOptions
 
 
 class AsyncGradRunner(GradParallelRunner):
     """The learner of an `async_grad` run: a step for each gradient, as it arrives."""
 
     arch = "async_grad"
-    Options = SharedOptimizerOptions
+    Options = AlgoOptimizerOptions
 
     def gradients_per_step(self) -> int:
         return 1

@@ -20,7 +20,14 @@ The centre (main process) waits for k gradient sets from any workers (`RunConfig
 worker), SUMS them (as Lapan does; k = 1 is RLlib's AsyncGradients), clips the global norm to the
 algorithm's `max_grad_norm`, and steps ONE optimizer (`--optimizer`, built with `rlfleet.optim.build_optimizer`
 over the shared parameters, learning rate from the centre's own algorithm object's `schedule`, which also
-syncs target networks). Each step bumps the weight version; `charts/policy_lag` is the centre's version at
+syncs target networks). Its default, `algo`, is the algorithm's own optimizer built afresh over the shared
+parameters (the class and hyperparameters of its single-process update: A2C's RMSprop, PPO's and PG's Adam,
+n-step Q's Adam or RMSprop): Lapan's centre steps the agent's own Adam, and RLlib's AsyncGradientsOptimizer
+applies each gradient with the policy's own optimizer, so with one worker a centre step is the algorithm's
+own update on that worker's segment. The A3C paper's `shared_rmsprop` (hogwild's default) and the other
+`rlfleet.optim` kinds can be chosen instead.
+
+Each step bumps the weight version; `charts/policy_lag` is the centre's version at
 the step minus the version each gradient was computed at, `charts/policy_lag_max` its maximum since the
 last log line. A worker computes its next gradient only once the centre has applied its last one
 (`AHEAD` credits per worker, more if k needs them): with k = workers (the default) every step sums
@@ -61,7 +68,7 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, SharedOptimizerOptions, Taken
+from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken
 from rlfleet.arch.shared import trainable_params
 from rlfleet.backends import RoleGroup
 from rlfleet.fields import bounded
@@ -151,8 +158,8 @@ class GradientCentre:
 
 
 @dataclass
-class GradParallelOptions(SharedOptimizerOptions):
-    """grad_parallel's options."""
+class GradParallelOptions(AlgoOptimizerOptions):
+    """grad_parallel's options (`--optimizer` defaults to the algorithm's own, as Lapan's centre steps it)."""
 
     grad_sets: int = bounded(0, ge=0)
     """Gradient sets the centre sums per optimizer step (0: one per worker, a synchronous sum; 1: each as it
@@ -175,7 +182,9 @@ class GradParallelRunner(ParallelRunner):
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         self.start_backend()  # the counter: env steps behind the gradients applied
         params = trainable_params(self.shared)
-        self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr)
+        self.optimizer = build_optimizer(
+            self.opts.optimizer, params, self.algo_cfg.lr, algo_optimizer=getattr(self.algo, "optimizer", None)
+        )
         self.centre = GradientCentre(params, self.optimizer, self.algo.max_grad_norm)
         self.gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
         if resume_from is not None:

@@ -11,7 +11,9 @@ The algorithm's networks live in shared memory. A worker, per segment:
 4. computes the algorithm's own loss on the segment (`algo.process`, `algo.loss`: forward-view n-step
    returns for A2C/n-step Q, one-step targets for one-step Q/Sarsa), back-propagates locally, clips the
    gradient norm, and applies the gradient lock-free to the shared parameters with the run's optimizer
-   (`SharedRMSprop` by default: statistics shared by all workers; see `rlfleet.optim`);
+   (`SharedRMSprop` by default, the paper's: statistics shared by all workers; `--optimizer algo` gives each
+   worker a copy of the algorithm's own optimizer over the shared parameters, its statistics its own; see
+   `rlfleet.optim`);
 5. adds its steps to the global counter T.
 
 The main process is the monitor: it never pauses the workers; it logs their episode returns and
@@ -71,7 +73,9 @@ class HogwildWorker(WorkerActor):
         super().__init__(spec, shared, worker_id, incarnation)
         self.counter = counter  # the global step count T; this worker adds to its own slot
         # shared kinds come built by the coordinator; per-worker ones keep their statistics here
-        self.optimizer = optimizer or build_optimizer(spec.optimizer, self.copy.shared_params, spec.lr)
+        self.optimizer = optimizer or build_optimizer(
+            spec.optimizer, self.copy.shared_params, spec.lr, algo_optimizer=getattr(self.algo, "optimizer", None)
+        )
 
     def step(self, global_steps: int) -> tuple[int, dict[str, float]]:
         """One segment and one lock-free update of the shared parameters; (env steps taken, loss metrics). A

@@ -37,7 +37,7 @@ from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
-from rlfleet.optim import is_shared
+from rlfleet.optim import ALGO, OptimizerRecipe, is_shared
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, usable_cores
 from rlfleet.run.logger import RunLogger
@@ -116,12 +116,26 @@ class ParallelOptions(RoleOptions, WorkerCount):
 
 @dataclass
 class SharedOptimizerOptions(ParallelOptions):
-    """The options of an architecture that steps the shared parameters with its own optimizer."""
+    """The options of an architecture that steps the shared parameters with an optimizer of the run's choosing
+    (`--optimizer`); this class's default is hogwild's, the A3C paper's Shared RMSProp."""
 
     optimizer: str = "shared_rmsprop"
-    """Optimizer of the shared parameters: shared_rmsprop (statistics shared by all workers, the A3C paper's
-    default), rmsprop (per-worker statistics), momentum_sgd (the paper's momentum SGD, m ← αm + (1−α)Δθ,
-    per-worker m), shared_adam."""
+    """Optimizer of the shared parameters: algo (the algorithm's own, the class and hyperparameters its
+    single-process update steps with, e.g. A2C's RMSprop, PPO's Adam: RLlib's and Lapan's choice, the default of
+    grad_parallel, async_grad and param_server), shared_rmsprop (statistics shared by all workers: the A3C
+    paper's choice, hogwild's default), rmsprop (the paper's RMSProp, ε inside the root, per-worker statistics),
+    momentum_sgd (the paper's momentum SGD, m ← αm + (1−α)Δθ, per-worker m), shared_adam. Where one centre
+    or server steps (grad_parallel, async_grad, param_server) there is one set of statistics whatever the kind;
+    in hogwild, algo and rmsprop keep theirs per worker."""
+
+
+@dataclass
+class AlgoOptimizerOptions(SharedOptimizerOptions):
+    """`SharedOptimizerOptions` whose default is the algorithm's own optimizer (`--optimizer algo`): the
+    architectures whose one centre (or server) applies the workers' gradients, as RLlib's AsyncGradientsOptimizer
+    (the policy's own optimizer) and Lapan's gradient-parallel centre (the agent's Adam) do."""
+
+    optimizer: str = ALGO  # its docstring is SharedOptimizerOptions' (the CLI reads one, and both defaults)
 
 
 class WorkerActor:
@@ -242,6 +256,19 @@ class ParallelRunner(RunBase):
                 is_shared(self.opts.optimizer)  # a known name (the renamed 'sgd' gets its own pointer)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            if self.opts.optimizer == ALGO:
+                self.algo_optimizer()
+
+    def algo_optimizer(self) -> OptimizerRecipe:
+        """What `--optimizer algo` builds: the recipe of the algorithm's own optimizer (its class and the
+        hyperparameters of its one parameter group); a one-line `ConfigError` where there is none to copy."""
+        own = getattr(self.algo, "optimizer", None)
+        if not isinstance(own, torch.optim.Optimizer):
+            raise ConfigError(f"{self.cfg.algo} has no optimizer of its own to copy; choose another --optimizer")
+        try:
+            return OptimizerRecipe.of(own)
+        except ValueError as exc:
+            raise ConfigError(f"{self.cfg.algo}: {exc}") from None
 
     def check_machine_fits(self) -> None:
         """Refuse role counts far beyond this machine (`OVERSUBSCRIBE_LIMIT` times its cores) before any process

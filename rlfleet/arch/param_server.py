@@ -27,10 +27,20 @@ push. The coordinator, as RLlib's driver does, pushes shard i of each gradient t
 server before it takes the next item: every server applies the same gradients in the same order and, between
 two pushes, all are at one version, so a worker's pull (and the coordinator's snapshot) is one version of θ.
 
+The servers' optimizer is by default `algo`, the algorithm's own (the class and hyperparameters of its
+single-process update, built afresh over each shard: A2C's RMSprop, PPO's Adam, ...), as for `async_grad`,
+which one server is. A server steps its shard on its own, so the optimizer must be elementwise, which Adam,
+RMSprop and SGD are: their state is per element, and the step count, the same on every server, is all they
+keep besides, so it splits per shard (and merges back for checkpoints). An algorithm whose optimizer is not
+known to be elementwise (`rlfleet.optim.ELEMENTWISE`) is refused with `--optimizer algo` before anything
+starts; every other `--optimizer` kind is elementwise.
+
 What equals what: with one worker, or on the serial backend with any number, the servers apply the gradients
 in the order `async_grad`'s centre would, with the same `schedule` before each step, so any S ends with
-`async_grad`'s weights bit for bit (elementwise optimizers, all of `--optimizer`'s, step a shard exactly as
-they step the whole vector). With several workers on local or ray the order is the one the coordinator takes
+`async_grad`'s weights bit for bit (elementwise optimizers, all that `--optimizer` takes, step a shard as they
+step the whole vector), but with Adam (PPO's, PG's, n-step Q's own) to float rounding only: torch's fused CPU
+kernel rounds a tensor's last elements that do not fill a vector differently, and a shard ends where a
+parameter does not. With several workers on local or ray the order is the one the coordinator takes
 the items in, which timing decides: the run is then `async_grad` with that order of gradients (each computed
 at one version of θ, applied to every shard in that order), not one fixed trajectory.
 
@@ -68,11 +78,11 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import WAIT_S, ParallelRunner, SharedOptimizerOptions, Taken, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.fields import MAX_ROLES, bounded
-from rlfleet.optim import build_optimizer
+from rlfleet.optim import ALGO, OptimizerRecipe, build_optimizer
 from rlfleet.run.config import ConfigError
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
@@ -139,12 +149,13 @@ class ShardState:
 
 
 class ParamShard:
-    """A server: one shard of the flat parameters, an optimizer over it, its version (a backend service)."""
+    """A server: one shard of the flat parameters, an optimizer over it, its version (a backend service).
+    `algo_optimizer`: the recipe `--optimizer algo` builds (None for the other kinds)."""
 
-    def __init__(self, state: ShardState, optimizer: str, lr: float):
-        self.optimizer_name, self.lr = optimizer, lr
+    def __init__(self, state: ShardState, optimizer: str, lr: float, algo_optimizer: OptimizerRecipe | None = None):
+        self.optimizer_name, self.lr, self.algo_optimizer = optimizer, lr, algo_optimizer
         self.param = nn.Parameter(state.params.detach().clone())
-        self.optimizer = build_optimizer(optimizer, [self.param], lr)
+        self.optimizer = build_optimizer(optimizer, [self.param], lr, algo_optimizer=algo_optimizer)
         if state.optimizer is not None:
             self.optimizer.load_state_dict(state.optimizer)
         self.version = state.version
@@ -178,7 +189,7 @@ class ParamShard:
     def load(self, state: ShardState) -> int:
         """Everything from `state` (the coordinator's last snapshot: a roll-back), as a server started from it;
         returns the version loaded."""
-        self.__init__(state, self.optimizer_name, self.lr)
+        self.__init__(state, self.optimizer_name, self.lr, self.algo_optimizer)
         return self.version
 
     def state(self) -> ShardState:
@@ -191,13 +202,16 @@ class ShardServers:
     """`make_service` of the servers: server i from `states[i]`, the state the coordinator last pulled (updated in
     place by the coordinator, so a restarted server starts from the latest pull). Picklable."""
 
-    def __init__(self, states: list[ShardState], optimizer: str, lr: float):
+    def __init__(
+        self, states: list[ShardState], optimizer: str, lr: float, algo_optimizer: OptimizerRecipe | None = None
+    ):
         self.states = states
         self.optimizer = optimizer
         self.lr = lr
+        self.algo_optimizer = algo_optimizer
 
     def __call__(self, index: int, incarnation: int) -> ParamShard:
-        return ParamShard(self.states[index], self.optimizer, self.lr)
+        return ParamShard(self.states[index], self.optimizer, self.lr, self.algo_optimizer)
 
 
 @dataclass
@@ -302,8 +316,8 @@ class ShardWorker(WorkerActor):
 
 
 @dataclass
-class ParamServerOptions(SharedOptimizerOptions):
-    """param_server's options."""
+class ParamServerOptions(AlgoOptimizerOptions):
+    """param_server's options (`--optimizer` defaults to the algorithm's own, as for `async_grad`)."""
 
     shards: int = bounded(2, ge=1, le=MAX_ROLES)
     """Server roles the parameters are split over (contiguous shards of the flat parameter vector, as even as
@@ -323,6 +337,12 @@ class ParamServerRunner(ParallelRunner):
             raise ConfigError(
                 f"param_server's servers are backend services, which the {self.opts.backend} backend does not "
                 f"start; use --backend {with_services}"
+            )
+        if self.opts.optimizer == ALGO and not (recipe := self.algo_optimizer()).elementwise:
+            raise ConfigError(
+                f"param_server's servers step each shard on its own, which takes an elementwise optimizer; "
+                f"{self.cfg.algo}'s {recipe.name} is not known to be one: choose another --optimizer "
+                "(shared_rmsprop, rmsprop, momentum_sgd, shared_adam)"
             )
         size = sum(p.numel() for p in trainable_params(algo_modules(self.algo)))
         if self.opts.shards > size:
@@ -350,7 +370,8 @@ class ParamServerRunner(ParallelRunner):
             )
             for i, (a, b) in enumerate(self.bounds)
         ]
-        self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr)
+        recipe = self.algo_optimizer() if self.opts.optimizer == ALGO else None
+        self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr, recipe)
         self.services = None
         self.pulled_at = self.env_steps  # the step of the state a restarted server starts from
         self.pushing = False  # a push (or roll-back) is in flight: a crash's roll-back waits for its answers

@@ -3,9 +3,10 @@ CartPole-v1 with 2 worker processes, and A2C with 2 workers on the serial backen
 tests/ray).
 
 Worker processes interleave freely, so these runs are not bit-reproducible. Steps to solve measured here
-over seeds 0-4 (2-core AMD EPYC, greedy evaluation every 5,000 steps): data_parallel 5k-40k,
-grad_parallel 45k-55k, async_grad (one gradient per step) 15k-35k, param_server (2 servers) 35k-45k, PPO on
-allreduce 15k-40k (seed 0 in 10-11 s); the budgets leave 2.5-4x margin over the worst of them.
+over seeds 0-4 (2-core AMD EPYC, greedy evaluation every 5,000 steps): data_parallel 5k-40k; with A2C's own
+RMSprop at the centre or servers (their default) grad_parallel 5k-35k, async_grad (one gradient per step)
+5k-55k, param_server (2 servers) 5k-30k (with the Shared RMSProp, their default before: 45k-55k, 15k-35k,
+35k-45k); PPO on allreduce 15k-40k (seed 0 in 10-11 s); the budgets leave 2.5-4x margin over the worst of them.
 """
 
 from __future__ import annotations

@@ -357,6 +357,10 @@ ARCH_OPTIONS = {
         (*TRAIN, "--arch", "gossip", "--learners", "1000"),
         ["--learners 1000 asks for 1000 CPUs", "--oversubscribe"],
     ),
+    "unknown-optimizer-async-grad": (
+        ("train", "a2c", "--env", "CartPole-v1", "--arch", "async_grad", "--optimizer", "adam"),
+        ["unknown optimizer 'adam'; choose one of algo, shared_rmsprop, rmsprop, momentum_sgd, shared_adam", "algo:"],
+    ),
     "gossip-exp-one-learner-two-peers": (
         (*TRAIN, "--arch", "gossip", "--topology", "exp", "--learners", "1", "--peers", "2"),
         ["--peers 2: one learner has no peers"],
@@ -480,6 +484,16 @@ def test_list_shows_every_algorithm(tmp_path: Path):
         assert f"  {name} " in proc.stdout
     for arch in ("single", "hogwild", "data_parallel", "grad_parallel", "offline"):
         assert f"  {arch} " in proc.stdout
+
+
+def test_train_help_says_what_each_optimizer_is_and_each_architectures_default(capsys):
+    """One `--optimizer` for four architectures with two defaults: its help names every choice and both defaults."""
+    assert run_main(("train", "--help")) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "algo (the algorithm's own, the class and hyperparameters its single-process update steps with" in text
+    for choice in ("shared_rmsprop (", "rmsprop (", "momentum_sgd (", "shared_adam."):
+        assert choice in text
+    assert "(default: hogwild: shared_rmsprop; grad_parallel, async_grad, param_server: algo)" in text
 
 
 @pytest.fixture(scope="module")

@@ -228,6 +228,28 @@ def test_continuous_worker_acts_within_the_bounds():
         worker.close()
 
 
+def test_with_the_algorithms_own_optimizer_each_worker_steps_a_copy_of_it_over_the_shared_parameters():
+    """`--optimizer algo` on hogwild: a per-worker kind, like rmsprop: each worker builds a fresh optimizer of the
+    algorithm's class and hyperparameters (A2C's RMSprop, ε 1e-5 outside the root) over the shared parameters."""
+    s = spec("a2c", optimizer="algo")
+    shared = share_algo(shared_algo(s))
+    workers = [HogwildWorker(s, shared, None, w) for w in range(2)]
+    try:
+        for worker in workers:
+            opt, own = worker.optimizer, worker.algo.optimizer
+            assert type(opt) is torch.optim.RMSprop and opt is not own
+            assert {k: opt.defaults[k] for k in ("alpha", "eps", "lr")} == {"alpha": 0.99, "eps": 1e-5, "lr": s.lr}
+            assert all(a is b for a, b in zip(opt.param_groups[0]["params"], trainable_params(shared), strict=True))
+        assert workers[0].optimizer is not workers[1].optimizer
+        before = [p.detach().clone() for p in trainable_params(shared)]
+        workers[0].step(global_steps=0)
+        assert any(not torch.equal(a, p) for a, p in zip(before, trainable_params(shared), strict=True))
+        assert workers[0].optimizer.state and not workers[1].optimizer.state  # statistics of its own
+    finally:
+        for worker in workers:
+            worker.close()
+
+
 def test_algo_modules_are_the_networks():
     s = spec("nstep_q")
     assert set(algo_modules(shared_algo(s))) == {"q", "q_target", "target_clock"}

@@ -201,6 +201,12 @@ def test_transition_blocks_keep_each_sampler_in_its_own_env_columns():
     assert np.all(np.where(column < 2, batch.rew <= 3.0, batch.rew >= 10.0))
 
 
+UNKNOWN_ADAM = (
+    r"^unknown optimizer 'adam'; choose one of algo, shared_rmsprop, rmsprop, momentum_sgd, shared_adam "
+    r"\(algo: the algorithm's own\)$"
+)
+
+
 @pytest.mark.parametrize(
     "algo, options, message",
     [
@@ -208,6 +214,8 @@ def test_transition_blocks_keep_each_sampler_in_its_own_env_columns():
         ("a2c", {"arch": "grad_parallel", "workers": 0}, "--workers"),
         ("a2c", {"arch": "grad_parallel", "grad_sets": -1}, "--grad-sets"),
         ("a2c", {"arch": "grad_parallel", "optimizer": "adagrad"}, "unknown optimizer"),
+        # the algorithm's own is `algo`, not its name: the line lists every choice
+        *[("a2c", {"arch": arch, "optimizer": "adam"}, UNKNOWN_ADAM) for arch in ("async_grad", "param_server")],
         ("a2c", {"arch": "data_parallel", "workers": 0}, "--workers"),
         ("dqn", {"arch": "data_parallel", "workers": -1}, "--workers"),
         ("a2c", {"arch": "data_parallel", "max_restarts": -1}, "--max-restarts"),
@@ -339,6 +347,91 @@ def test_async_gradients_are_grad_parallel_with_one_gradient_per_step(run_opts):
         train("a2c", "CartPole-v1", arch="async_grad", grad_sets=2, **run_opts)
 
 
+# the algorithm's own optimizer as its single-process update builds it (`make_optimizer`): class and hyperparameters
+OWN_OPTIMIZERS = {
+    "a2c": (torch.optim.RMSprop, {"alpha": 0.99, "eps": 1e-5, "momentum": 0, "centered": False}),
+    "ppo": (torch.optim.Adam, {"eps": 1e-5, "betas": (0.9, 0.999), "amsgrad": False}),
+    "nstep_q": (torch.optim.Adam, {"eps": 1e-5, "betas": (0.9, 0.999)}),
+}
+
+
+def centre_runner(algo: str, arch: str, tmp_path, **options):
+    """A centre (not started) of a serial run of `algo` on `arch`: its optimizer and shared networks."""
+    cfg = RunConfig(algo, "CartPole-v1", arch=arch, options={"workers": 1, "backend": "serial", **options},
+                    overrides=ONE_GRADIENT.get(algo, {}), steps=10_000, stop_return=1e9, logdir=str(tmp_path),
+                    progress=False)  # fmt: skip
+    return runner_class(arch)(cfg, run_dir=tmp_path / f"{algo}-{arch}")
+
+
+@pytest.mark.parametrize("arch", ["async_grad", "grad_parallel"])
+@pytest.mark.parametrize("algo", list(OWN_OPTIMIZERS))
+def test_the_centre_steps_with_the_algorithms_own_optimizer_by_default(algo, arch, tmp_path):
+    """RLlib's AsyncGradientsOptimizer applies each gradient with the policy's own optimizer, and Lapan's centre steps
+    the agent's own Adam: by default the centre's optimizer is a fresh one of the algorithm's class with the
+    algorithm's hyperparameters (PPO: Adam with ε 1e-5; A2C: RMSprop with α 0.99, ε 1e-5 outside the root, not the
+    A3C paper's Shared RMSProp), over the shared parameters."""
+    runner = centre_runner(algo, arch, tmp_path)
+    try:
+        cls, hyper = OWN_OPTIMIZERS[algo]
+        own, centre = runner.algo.optimizer, runner.optimizer
+        assert runner.opts.optimizer == "algo"
+        assert type(centre) is type(own) and isinstance(centre, cls) and centre is not own
+        group, own_group = centre.param_groups[0], own.param_groups[0]
+        assert {k: group[k] for k in hyper} == hyper and group["lr"] == runner.algo_cfg.lr
+        assert {k: group[k] for k in own.defaults} == {k: own_group[k] for k in own.defaults}
+        shared = trainable_params(runner.shared)
+        assert len(centre.param_groups) == 1 and len(group["params"]) == len(shared)
+        assert all(a is b for a, b in zip(group["params"], shared, strict=True))
+    finally:
+        runner.eval_envs.close()
+
+
+def test_which_architectures_step_with_the_algorithms_own_optimizer_by_default():
+    """async_grad, grad_parallel, param_server: the algorithm's own (RLlib's, Lapan's); hogwild: the A3C paper's
+    Shared RMSProp, as before."""
+    defaults = {arch: runner_class(arch).Options().optimizer for arch in
+                ("async_grad", "grad_parallel", "param_server", "hogwild")}  # fmt: skip
+    assert defaults == {"async_grad": "algo", "grad_parallel": "algo", "param_server": "algo",
+                        "hogwild": "shared_rmsprop"}  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", list(OWN_OPTIMIZERS))
+def test_one_async_grad_step_with_one_worker_is_the_algorithms_own_update(algo, run_opts, tmp_path):
+    """A serial async_grad run with one worker, stopped after its first step, ends with the weights and optimizer
+    state of the algorithm's own single-process `update` on that worker's segment (from the same start): bit for
+    bit for A2C and n-step Q (one loss on the segment in the same order), to float tolerance for PPO (one
+    minibatch of the whole segment, shuffled)."""
+    one_step = [lambda info: info["trainer"].state["updates"] >= 1]
+    result = train(algo, "CartPole-v1", arch="async_grad", workers=1, backend="serial", steps=10_000,
+                   overrides=ONE_GRADIENT.get(algo, {}), callbacks=one_step, name="run", **run_opts).result  # fmt: skip
+    assert result["updates"] == 1
+    saved = load_checkpoint(result["checkpoint"])
+    # the same start (the run's seed) and the same segment (worker 0's seed), then the algorithm's own update
+    fresh = centre_runner(algo, "async_grad", tmp_path)
+    worker = GradientWorker(fresh.spec, fresh.shared, fresh.weights, 0)
+    try:
+        _, segment = worker.collect(global_steps=0)
+        reference = fresh.build_algo(fresh.cfg.seed)
+        reference.load_state_dict(fresh.algo.state_dict())
+        reference.schedule(0, fresh.total_steps)
+        reference.update(segment)
+    finally:
+        worker.close()
+        fresh.eval_envs.close()
+    exact = {"rtol": 1e-5, "atol": 1e-7} if algo == "ppo" else {"rtol": 0, "atol": 0}  # ppo: 1 in 256 off by 1 ulp
+    network = "q" if algo == "nstep_q" else "model"
+    start, weights = fresh.algo.state_dict()[network], reference.state_dict()[network]
+    assert any(not torch.equal(start[key], value) for key, value in weights.items())  # the update moved them
+    for key, value in weights.items():
+        torch.testing.assert_close(saved["algo"][network][key], value, **exact)
+    ours, theirs = saved["async_grad"]["optimizer"]["state"], reference.optimizer.state_dict()["state"]
+    assert sorted(ours) == sorted(theirs) and ours
+    for index, state in theirs.items():
+        assert sorted(ours[index]) == sorted(state)
+        for key, value in state.items():
+            torch.testing.assert_close(ours[index][key], value, **exact)
+
+
 def test_async_gradients_policy_lag_is_at_most_workers_minus_one_on_average_over_the_run(run_opts, monkeypatch):
     """With one credit a worker's intervals from its read of the weights to its step do not overlap, and each step
     in one is another worker's: the lags of a run sum to at most (workers - 1) x steps, whatever the timing (worker
@@ -365,7 +458,7 @@ def test_async_gradients_policy_lag_is_at_most_workers_minus_one_on_average_over
 def test_param_server_with_one_shard_is_async_gradients_and_sharding_changes_nothing(run_opts):
     """A worker pulls the shards, clips its whole gradient and pushes shard i to server i: on the serial backend
     with one seed, one server ends exactly where `async_grad` does, and 2 or 3 servers exactly where one does
-    (every --optimizer is elementwise)."""
+    (every --optimizer is elementwise; the default here is a2c's own RMSprop, whose square averages are compared)."""
     common = dict(workers=2, backend="serial", steps=2_000, eval_every=1_000, eval_episodes=1, stop_return=1e9)
     runs = {"async_grad": train("a2c", "CartPole-v1", arch="async_grad", name="async", **common, **run_opts)}
     for shards in (1, 2, 3):
@@ -377,26 +470,40 @@ def test_param_server_with_one_shard_is_async_gradients_and_sharding_changes_not
         assert runs[other]["updates"] == runs[1]["updates"] and runs[other]["env_steps"] == runs[1]["env_steps"]
         for key, value in saved[1]["algo"]["model"].items():
             assert torch.equal(value, saved[other]["algo"]["model"][key]), (other, key)
-    optimizer = saved["async_grad"]["async_grad"]["optimizer"]["state"]  # shared_rmsprop: its square averages
+    optimizer = saved["async_grad"]["async_grad"]["optimizer"]["state"]  # a2c's RMSprop: its square averages
     square_avg = torch.cat([optimizer[i]["square_avg"].flatten() for i in sorted(optimizer)])
     for shards in (1, 2, 3):
         assert torch.equal(saved[shards]["param_server"]["optimizer"]["state"][0]["square_avg"], square_avg)
     assert saved[3]["param_server"]["version"] == runs[3]["updates"]
 
 
-def test_param_server_with_a_target_network_is_async_gradients(run_opts):
+@pytest.mark.parametrize("optimizer", ["shared_rmsprop", "algo"])
+def test_param_server_with_a_target_network_is_async_gradients(optimizer, run_opts):
     """nstep_q's target network is copied every `target_update_every` global steps: by async_grad's centre at its
-    step, by a param_server worker before its push (to server 0). Both end with the same networks."""
+    step, by a param_server worker before its push (to server 0). Both end with the same networks: bit for bit with
+    the Shared RMSProp; with nstep_q's own Adam (`algo`, the default) to float rounding, since torch's fused Adam
+    kernel rounds a tensor's last elements that do not fill a vector (its scalar tail) differently, and a shard
+    ends where a parameter does not. The servers' Adam state, merged, is the centre's."""
     common = dict(workers=2, backend="serial", steps=3_000, eval_every=3_000, eval_episodes=1, stop_return=1e9,
-                  overrides={"target_update_every": 500})  # fmt: skip
+                  overrides={"target_update_every": 500}, optimizer=optimizer)  # fmt: skip
     a = train("nstep_q", "CartPole-v1", arch="async_grad", name="async", **common, **run_opts)
     b = train("nstep_q", "CartPole-v1", arch="param_server", shards=2, name="ps", **common, **run_opts)
-    sa, sb = load_checkpoint(a["checkpoint"])["algo"], load_checkpoint(b["checkpoint"])["algo"]
+    saved_a, saved_b = load_checkpoint(a["checkpoint"]), load_checkpoint(b["checkpoint"])
+    sa, sb = saved_a["algo"], saved_b["algo"]
     assert int(sa["target_clock"]["synced_at"]) >= 2_500  # copied several times
+    exact = {"rtol": 0, "atol": 0} if optimizer == "shared_rmsprop" else {"rtol": 1e-4, "atol": 1e-6}
+    assert a["updates"] == b["updates"] > 0
     for part in ("q", "q_target", "target_clock"):
         for key, value in sa[part].items():
-            assert torch.equal(value, sb[part][key]), (part, key)
+            torch.testing.assert_close(value, sb[part][key], **exact, msg=lambda m, k=(part, key): f"{k}: {m}")
     assert not torch.equal(sa["q"][next(iter(sa["q"]))], sa["q_target"][next(iter(sa["q_target"]))])
+    if optimizer == "algo":
+        centre = saved_a["async_grad"]["optimizer"]["state"]
+        servers = saved_b["param_server"]["optimizer"]["state"][0]
+        assert int(servers["step"]) == int(centre[0]["step"]) == b["updates"]
+        for key in ("exp_avg", "exp_avg_sq"):
+            whole = torch.cat([centre[i][key].flatten() for i in sorted(centre)])
+            torch.testing.assert_close(servers[key], whole, rtol=1e-4, atol=1e-7)
 
 
 def test_param_server_resumes_its_servers_from_the_checkpoint(run_opts, tmp_path):
@@ -472,6 +579,23 @@ def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run
     with pytest.raises(ConfigError, match=problem):
         train("a2c", "CartPole-v1", arch="param_server", shards=shards, backend="serial", overrides={"hidden": "2"},
               **run_opts)  # fmt: skip
+
+
+def test_param_server_refuses_an_own_optimizer_that_is_not_elementwise(monkeypatch, run_opts, tmp_path):
+    """A server steps its shard on its own: the algorithm's own optimizer must be elementwise (Adam, RMSprop, SGD
+    are); one that is not (L-BFGS here) is refused before anything starts, and another --optimizer runs."""
+    from rlfleet.algos import common
+
+    monkeypatch.setitem(common.OPTIMIZERS, "sgd", torch.optim.LBFGS)
+    with pytest.raises(ConfigError, match="^param_server's servers step each shard on its own, which takes an "
+                                          "elementwise optimizer; a2c's LBFGS is not known to be one: choose "
+                                          r"another --optimizer \(shared_rmsprop, "):  # fmt: skip
+        train("a2c", "CartPole-v1", arch="param_server", backend="serial", overrides={"optimizer": "sgd"}, **run_opts)
+    assert not any(tmp_path.iterdir())  # nothing written
+    r = train("a2c", "CartPole-v1", arch="param_server", backend="serial", overrides={"optimizer": "sgd"},
+              optimizer="shared_rmsprop", steps=600, eval_every=600, eval_episodes=1, stop_return=1e9,
+              **run_opts).result  # fmt: skip
+    assert r["updates"] > 0
 
 
 def test_param_server_refuses_a_backend_without_services(monkeypatch, run_opts):

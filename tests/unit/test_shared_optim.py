@@ -5,6 +5,7 @@ processes, SharedAdam against torch.optim.Adam, state_dict round trips that keep
 import copy
 import io
 import math
+import pickle
 
 import pytest
 import torch
@@ -12,7 +13,16 @@ import torch.multiprocessing as mp
 from spawned import WORKER_TIMEOUT_S, step_with_constant_grad
 from torch import nn
 
-from rlfleet.optim import HOGWILD_OPTIMIZERS, MomentumSGD, SharedAdam, SharedRMSprop, build_optimizer, is_shared
+from rlfleet.algos.common import make_optimizer
+from rlfleet.optim import (
+    HOGWILD_OPTIMIZERS,
+    MomentumSGD,
+    OptimizerRecipe,
+    SharedAdam,
+    SharedRMSprop,
+    build_optimizer,
+    is_shared,
+)
 
 
 def run_two_workers(optimizer, grads):
@@ -359,11 +369,48 @@ def test_per_worker_kinds_keep_separate_statistics(name):
 def test_unknown_optimizer_name_lists_the_choices():
     params = list(shared_linear().parameters())
     with pytest.raises(
-        ValueError, match="unknown optimizer 'adamw'.*shared_rmsprop, rmsprop, momentum_sgd, shared_adam"
+        ValueError,
+        match="unknown optimizer 'adamw'; choose one of algo, shared_rmsprop, rmsprop, momentum_sgd, "
+        r"shared_adam \(algo: the algorithm's own\)$",
     ):
         build_optimizer("adamw", params, lr=1e-3)
     with pytest.raises(ValueError, match="unknown optimizer"):
         is_shared("adam")
+
+
+@pytest.mark.parametrize("name", ["adam", "rmsprop", "sgd"])
+def test_algo_builds_a_fresh_copy_of_the_algorithms_own_optimizer(name):
+    """`"algo"`: the class and hyperparameters of the algorithm's optimizer (`make_optimizer`'s, FusedAdam included),
+    a new instance with its own state over the parameters given, at the learning rate given."""
+    source, target = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    own = make_optimizer(name, source.parameters(), 3e-3, weight_decay=0.1)
+    assert is_shared("algo") is False
+    fresh = build_optimizer("algo", list(target.parameters()), 1e-3, algo_optimizer=own)
+    assert type(fresh) is type(own) and fresh is not own
+    assert fresh.param_groups[0]["params"] == list(target.parameters())
+    assert fresh.defaults == {**own.defaults, "lr": 1e-3} and fresh.param_groups[0]["weight_decay"] == 0.1
+    recipe = OptimizerRecipe.of(own)
+    assert pickle.loads(pickle.dumps(recipe)) == recipe and recipe.elementwise
+    # the same steps as the original, from the same start
+    target.load_state_dict(source.state_dict())
+    fresh = recipe.build(target.parameters(), 3e-3)
+    for _ in range(3):
+        for model, opt in ((source, own), (target, fresh)):
+            opt.zero_grad()
+            model(torch.ones(4, 3)).square().sum().backward()
+            opt.step()
+    for a, b in zip(source.parameters(), target.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_algo_needs_the_algorithms_optimizer_and_one_parameter_group():
+    params = list(shared_linear().parameters())
+    with pytest.raises(ValueError, match="optimizer 'algo' copies the algorithm's own: pass it as algo_optimizer"):
+        build_optimizer("algo", params, lr=1e-3)
+    two_groups = torch.optim.Adam([{"params": params[:1]}, {"params": params[1:], "lr": 1.0}], lr=1e-3)
+    with pytest.raises(ValueError, match="Adam has 2 parameter groups; optimizer 'algo' copies one group's"):
+        OptimizerRecipe.of(two_groups)
+    assert not OptimizerRecipe.of(torch.optim.LBFGS(params)).elementwise
 
 
 def test_the_old_sgd_name_is_refused_with_a_pointer_to_momentum_sgd():
