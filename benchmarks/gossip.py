@@ -13,7 +13,9 @@ once by this script, half the learners on each node. Solved: the first greedy ev
 averaged model) with mean return >= 475. From each gossip run's `metrics.csv`: the mean over its log lines of
 `gossip/compute_share`, `gossip/wait_share` and `gossip/average_share` (time computing, waiting for peers and
 posting/averaging parameters, over the learners), `gossip/skip_share` (rounds that mixed nothing) and
-`gossip/staleness` (rounds the mixed messages were behind); frames/s is env steps over wall time.
+`gossip/staleness` (rounds the mixed messages were behind); frames/s is env steps over wall time. With
+`--throughput` every run takes exactly --steps env steps (no stop at the solved return, no evaluation): frames/s
+of the learners alone, and the median `charts/SPS` of its log lines after the first.
 
     python benchmarks/gossip.py --seeds 5 --out benchmarks/results/gossip.json
     python benchmarks/gossip.py --configs gala-4,local-pala-4,gala-8,local-pala-8 \
@@ -55,6 +57,8 @@ def run(config: str, seed: int, args: argparse.Namespace, address: str | None, l
     command = [*RLFLEET, "train", algo, "--env", "CartPole-v1", *arch, "--seed", str(seed),
                "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--time-limit", f"{args.time_limit:g}",
                "--logdir", str(logdir), "--name", name, "--no-progress"]  # fmt: skip
+    if args.throughput:
+        command += ["--stop-return", "inf", "--eval-every", str(10 * args.steps)]
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     record: dict[str, Any] = {"config": config, "seed": seed}
     if done.returncode != 0:
@@ -65,17 +69,20 @@ def run(config: str, seed: int, args: argparse.Namespace, address: str | None, l
                   wall_time_s=result["wall_time_s"], fps=result["env_steps"] / result["wall_time_s"])  # fmt: skip
     if arch and arch[1] == "gossip":
         keys = {f"gossip/{share}_share": share for share in SHARES} | {f"gossip/{key}": key for key in EXTRA}
+        keys["charts/SPS"] = "sps"
         values: dict[str, list[float]] = {key: [] for key in keys.values()}
         for line in (logdir / name / "metrics.csv").read_text().splitlines()[1:]:
             _, _, key, value = line.split(",")
             if key in keys:
                 values[keys[key]].append(float(value))
+        sps = values.pop("sps")[1:]  # the first line's window holds the learners' start
+        record["sps"] = statistics.median(sps) if sps else None
         record["shares"] = {key: statistics.mean(v) for key, v in values.items() if v}
     return record
 
 
 def summarize(runs: list[dict[str, Any]], configs: list[str], limit: float) -> str:
-    lines = ["| run | median time to solve (s) | min–max (s) | median env steps | solved | frames/s | "
+    lines = ["| run | median time to solve (s) | min–max (s) | median env steps | solved | frames/s (SPS) | "
              "averaging share | waiting share | rounds mixing nothing | staleness (rounds) |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for config in configs:
@@ -91,7 +98,9 @@ def summarize(runs: list[dict[str, Any]], configs: list[str], limit: float) -> s
             return format(statistics.median(values), form) if values else "–"
 
         fps = [r["fps"] for r in rs if "fps" in r]
+        sps = [r["sps"] for r in rs if r.get("sps")]
         fps_text = f"{statistics.median(fps):,.0f}" if fps else "–"
+        fps_text += f" ({statistics.median(sps):,.0f})" if sps else ""
         tail = (f"{fps_text} | {median('average', '.1%')} | {median('wait', '.1%')} | {median('skip_share', '.1%')} | "
                 f"{median('staleness', '.2f')} |")  # fmt: skip
         lines.append(f"| {config} | {statistics.median(times):.1f} | {min(times):.1f}–{max(times):.1f} | "
@@ -108,6 +117,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=4_000)
     parser.add_argument("--time-limit", type=float, default=180.0, help="wall-clock s per run")
     parser.add_argument("--no-pala", action="store_true", help="skip the Ray runs")
+    parser.add_argument("--throughput", action="store_true", help="exactly --steps per run: frames/s, no solving")
     parser.add_argument("--configs", default=None, help="only these runs, comma-separated (e.g. gala-4,local-pala-4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gossip.json")
     args = parser.parse_args()

@@ -35,8 +35,9 @@ DQN_BUDGET = 70_000  # the dqn lstm preset solves in 35k-50k steps over 3 seeds 
 @pytest.mark.learning
 def test_recurrent_dqn_solves_cartpole_without_velocities(run_opts):
     # up to three seeds: evaluation seeds come from the step since the exact-resume fix, and seed 0 on this
-    # task now ends at 108.7 within the budget (a learning test asserts the algorithm, not one seed's luck)
-    for seed in range(3):
+    # task now ends at 108.7 within the budget (a learning test asserts the algorithm, not one seed's luck);
+    # seed 1 first, so that a passing run usually trains once
+    for seed in (1, 2, 0):
         result = train("dqn", ENV, preset="lstm", seed=seed, steps=DQN_BUDGET, eval_every=5_000, **run_opts)
         r = result.result
         if r["solved"]:
