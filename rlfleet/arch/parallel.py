@@ -89,7 +89,8 @@ class RoleOptions:
     """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
     heartbeat_s: float = bounded(120.0, gt=0)
     """Seconds a worker may go without a sign of life (it beats between items and while it waits for the
-    coordinator) before it is taken for hung, killed and restarted."""
+    coordinator), or a service (replay shard, parameter server) without answering a ping (queued behind its calls),
+    before it is taken for hung, killed and restarted. A worker's clock is held while a service does not answer."""
     backend: str = checked("local", one_of(tuple(BACKENDS)))
     """Where the workers run: local (one process each, on this machine), ray (one Ray actor each, on this machine
     or a Ray cluster) or serial (one after another in this process, deterministic: tests, debugging)."""
