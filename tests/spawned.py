@@ -116,6 +116,15 @@ class Tally:
     def fail(self):
         raise ValueError("fails on purpose")
 
+    def stall_first(self):
+        """Stuck for an hour in the first incarnation (the process alive, the service not answering); at once in
+        the others (where the call is sent again)."""
+        import time
+
+        if self.incarnation == 0:
+            time.sleep(3600)
+        return self.incarnation
+
 
 def make_tally(index, incarnation):
     return Tally(index, incarnation)

@@ -60,10 +60,13 @@ per second), `charts/replay_size` (over all shards), `charts/replay_add_rate` an
 Checkpoints hold the learner (networks, optimizer, update count), the weight version and the counters; the
 replay is NOT saved: a resumed run starts with empty shards, its actors (new seeds) refill them, and learning
 resumes once `learning_starts` transitions are stored again. A dead actor is restarted like any role (its
-next block acts with the newest weights). A dead replay shard is reported in `workers.log` and restarted
+next block acts with the newest weights). A dead replay shard, or a hung one (no answer to the learner's pings for
+`--heartbeat-s`: killed), is reported in `workers.log` and restarted
 empty: its data is gone, the run goes on with what the other shards hold (and what the actors send it next:
 while no shard holds a batch, the actors send on whatever the learner owes);
-calls cut short by its death are sent again to the new one. The shards' pids are in `<run>/shards.json`, the
+calls cut short by its death are sent again to the new one. Actors blocked in a call to a hung shard are not
+killed as hung themselves (their heartbeat is held while a shard does not answer); a Ctrl-C while the learner
+waits on a hung shard stops the run as any Ctrl-C does. The shards' pids are in `<run>/shards.json`, the
 actors' in `<run>/workers.json`.
 """
 
@@ -410,12 +413,9 @@ class ApexRunner(ParallelRunner):
 
     # ----------------------------------------------------------------------------------------- shards
     def wait(self, pending: Pending) -> Any:
-        """A shard's answer; shards that die meanwhile are restarted (the learner is who restarts them)."""
-        while True:
-            try:
-                return pending.result(timeout=WAIT_S)
-            except TimeoutError:
-                self.restart_crashed_shards()
+        """A shard's answer; shards that die (or hang: no answer for --heartbeat-s) meanwhile are restarted (the
+        learner is who restarts them); a stop request ends the wait (`wait_service`)."""
+        return self.wait_service(pending, self.restart_crashed_shards)
 
     def restart_crashed_shards(self) -> None:
         for crash in self.services.check():
@@ -526,12 +526,8 @@ class ApexRunner(ParallelRunner):
     def start_workers(self, stop_flag, logger) -> RoleGroup:
         """The replay shards first (their restarts are logged to `logger`), then the actors, which call them."""
         self.logger = logger
-        self.services = self.backend.start_services(
-            self.shard_maker,
-            self.opts.replay_shards,
-            max_restarts=self.opts.max_restarts,
-            pids_file=self.run_dir / "shards.json",
-            name="replay shard",
+        self.services = self.start_services(
+            self.shard_maker, self.opts.replay_shards, pids_file=self.run_dir / "shards.json", name="replay shard"
         )
         make_actor = partial(
             Actor,
@@ -543,7 +539,7 @@ class ApexRunner(ParallelRunner):
             self.opts.block,
             self.opts.sync_every,
         )
-        return self.start_roles(make_actor, stop_flag, AHEAD)
+        return self.start_roles(make_actor, stop_flag, AHEAD, services=self.services)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """Take in the actors' reports that came (up to `AHEAD` per actor) if the learner has caught up, learn what

@@ -45,6 +45,12 @@ from rlfleet.run.runner import RunBase, RunResult, StopRequest
 
 WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
 STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the workers)
+STOP_WAIT_S = 5.0  # once a stop is requested, the coordinator's longest further wait on a service that does not answer
+
+
+class ServiceWaitStopped(Exception):
+    """A stop was requested (Ctrl-C) while the coordinator waited on a service that did not answer: the run stops as
+    on any stop request (`stopped_by` "interrupted"), without that answer."""
 
 
 @dataclass
@@ -83,7 +89,8 @@ class RoleOptions:
     """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
     heartbeat_s: float = bounded(120.0, gt=0)
     """Seconds a worker may go without a sign of life (it beats between items and while it waits for the
-    coordinator) before it is taken for hung, killed and restarted."""
+    coordinator), or a service (replay shard, parameter server) without answering a ping (queued behind its calls),
+    before it is taken for hung, killed and restarted. A worker's clock is held while a service does not answer."""
     backend: str = checked("local", one_of(tuple(BACKENDS)))
     """Where the workers run: local (one process each, on this machine), ray (one Ray actor each, on this machine
     or a Ray cluster) or serial (one after another in this process, deterministic: tests, debugging)."""
@@ -351,11 +358,14 @@ class ParallelRunner(RunBase):
         self.returns.extend(saved.get("returns", []))
         self._restore_extra(saved)
 
-    def start_roles(self, make_role, stop, credits: int | None = None) -> RoleGroup:
+    def start_roles(
+        self, make_role, stop, credits: int | None = None, services: ServiceGroup | None = None
+    ) -> RoleGroup:
         """Start `--workers` roles made by `make_role(worker_id, incarnation)` on the run's backend; each sends
         items (`credits` ahead at most) until the budget is spent or `stop` is set. Their pids (processes)
-        are listed in `<run>/workers.json` while they run."""
-        return self.backend.start(
+        are listed in `<run>/workers.json` while they run. `services`: those the roles call (their heartbeat is
+        held while one of them does not answer, so that the hung service, not its callers, is killed)."""
+        group = self.backend.start(
             make_role,
             self.opts.workers,
             self.counter,
@@ -366,6 +376,35 @@ class ParallelRunner(RunBase):
             pids_file=self.run_dir / "workers.json",
             heartbeat_s=self.opts.heartbeat_s,
         )
+        if services is not None:
+            group.waits_on = [services]
+        return group
+
+    def start_services(self, make_service, n: int, pids_file, name: str) -> ServiceGroup:
+        """Start `n` services on the run's backend, restarted when they die or stop answering for `--heartbeat-s`
+        (hung), within the run's `--max-restarts`."""
+        return self.backend.start_services(
+            make_service, n, max_restarts=self.opts.max_restarts, pids_file=pids_file, name=name,
+            heartbeat_s=self.opts.heartbeat_s,
+        )  # fmt: skip
+
+    def wait_service(self, pending, check) -> Any:
+        """A service's answer, waited for in slices of `WAIT_S` with `check()` (the services' health: dead and hung
+        ones restarted) in between; once a stop is requested (Ctrl-C), at most `STOP_WAIT_S` more, then
+        `ServiceWaitStopped`."""
+        stop_seen = None
+        while True:
+            try:
+                return pending.result(timeout=WAIT_S)
+            except TimeoutError:
+                check()
+            request = getattr(self, "stop_request", None)
+            if request is not None and request.requested:
+                stop_seen = time.monotonic() if stop_seen is None else stop_seen
+                if time.monotonic() - stop_seen > STOP_WAIT_S:
+                    raise ServiceWaitStopped(
+                        f"a stop was requested while a service did not answer for {STOP_WAIT_S:.0f} s"
+                    )
 
     def stop_roles(self, stop_flag, pool: RoleGroup | None, services: ServiceGroup | None = None) -> None:
         """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped), then the
@@ -439,6 +478,7 @@ class ParallelRunner(RunBase):
         last_item = time.monotonic()
         try:
             with StopRequest() as stop:
+                self.stop_request = stop  # the coordinator's waits on services honour it (`wait_service`)
                 try:
                     pool = self.start_workers(stop_flag, logger)
                     while True:
@@ -459,6 +499,9 @@ class ParallelRunner(RunBase):
                 except RunFailure as exc:  # the run cannot go on: it stops as cleanly as on Ctrl-C, then says why
                     failure, stopped_by = exc, "failure"
                     self._report(f"the run stops: {exc}", show=False)  # the caller says it (the CLI: one line)
+                except ServiceWaitStopped as exc:  # Ctrl-C while a service did not answer: a stop as any other
+                    stopped_by = "interrupted"
+                    self._report(f"{exc}: the run stops without its answer")
             if pool is not None:
                 self.wind_down(stop_flag, pool)
             self.finish(logger, start, stopped_by)

@@ -56,13 +56,16 @@ reported in `workers.log` and restarted from the coordinator's snapshot (shard, 
 of the last evaluation or checkpoint: up to `eval_every` steps old), and once no push is in flight the
 coordinator rolls every other server back to that snapshot too, so all shards are again of one version (the
 pushes since the snapshot are lost, on every shard alike). A push cut short by the death is sent again to the
-restarted server, which, at another version than the coordinator's, applies nothing. The servers' pids are in
-`<run>/servers.json`, the workers' in `<run>/workers.json`. Only on-policy algorithms whose update is one
-gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on every backend:
-`ParallelRunner.run`, with the servers started before the workers (`start_workers`), one worker's item a pass
-(`coordinate`: the push, the books), the servers checked after the workers (`restart_crashed`), and at the end
-the workers stopped before the final evaluation and checkpoint, which pull the servers, and the servers after
-(`wind_down`, `shut_down`).
+restarted server, which, at another version than the coordinator's, applies nothing. A hung server (no answer
+to the coordinator's pings for `--heartbeat-s`) is killed and then restarted the same way; the workers blocked
+on it are not killed as hung (their heartbeat is held while a server does not answer). A Ctrl-C while the
+coordinator waits on a hung server stops the run within seconds, its checkpoint holding the last snapshot.
+The servers' pids are in `<run>/servers.json`, the workers' in `<run>/workers.json`. Only on-policy algorithms
+whose update is one gradient of their loss per segment run here (see `grad_parallel`). The loop is the same on
+every backend: `ParallelRunner.run`, with the servers started before the workers (`start_workers`), one worker's
+item a pass (`coordinate`: the push, the books), the servers checked after the workers (`restart_crashed`), and at
+the end the workers stopped before the final evaluation and checkpoint, which pull the servers, and the servers
+after (`wind_down`, `shut_down`).
 """
 
 from __future__ import annotations
@@ -78,7 +81,15 @@ import torch
 from torch import nn
 
 from rlfleet.algos.common import set_lr
-from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Taken, WorkerActor, WorkerSpec
+from rlfleet.arch.parallel import (
+    WAIT_S,
+    AlgoOptimizerOptions,
+    ParallelRunner,
+    ServiceWaitStopped,
+    Taken,
+    WorkerActor,
+    WorkerSpec,
+)
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.fields import MAX_ROLES, bounded
@@ -377,6 +388,7 @@ class ParamServerRunner(ParallelRunner):
         self.pushing = False  # a push (or roll-back) is in flight: a crash's roll-back waits for its answers
         self.rollback_due = False
         self.evaluating = False
+        self.unanswered = False  # a server did not answer after a stop request: the snapshot is not pulled again
         self.logger = None
         self.eval_envs = self.make_eval_envs()
         self._write_config(
@@ -396,21 +408,24 @@ class ParamServerRunner(ParallelRunner):
     # ----------------------------------------------------------------------------------------- servers
     def wait(self, pending: Pending) -> Any:
         """A server's answer; servers that die meanwhile are reported (the backend restarts them, and re-sends
-        the call cut short) and, once no push is in flight, every server is rolled back."""
-        while True:
-            try:
-                return pending.result(timeout=WAIT_S)
-            except TimeoutError:
-                self.restart_crashed_servers()
+        the call cut short) and, once no push is in flight, every server is rolled back. Hung servers (no answer
+        for --heartbeat-s) are killed and restarted the same way; a stop request ends the wait (`wait_service`)."""
+        return self.wait_service(pending, self.restart_crashed_servers)
 
     @torch.no_grad()
     def pull_servers(self) -> None:
         """The servers' state into the coordinator's networks (for evaluation and checkpoints), and kept as the
         snapshot a restarted server starts from and every server is rolled back to. Only the coordinator
         pushes, and not meanwhile: every shard is at the same version, so the snapshot is one version."""
-        if self.services is None:
+        if self.services is None or self.unanswered:
             return
-        states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
+        try:
+            states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
+        except ServiceWaitStopped:  # Ctrl-C while a server does not answer: the run ends with the last snapshot
+            self.unanswered = True
+            self._report(f"a server did not answer after the stop request: the run ends with the snapshot of step "
+                         f"{self.pulled_at} (version {self.version})")  # fmt: skip
+            return
         if len({s.version for s in states}) != 1:  # a server restarted meanwhile, not rolled back yet
             self.roll_back()
             return
@@ -500,14 +515,9 @@ class ParamServerRunner(ParallelRunner):
     def start_workers(self, stop_flag, logger) -> RoleGroup:
         """The servers first (their restarts are logged to `logger`), then the workers, which call them."""
         self.logger = logger
-        self.services = self.backend.start_services(
-            self.servers,
-            self.opts.shards,
-            max_restarts=self.opts.max_restarts,
-            pids_file=self.run_dir / "servers.json",
-            name="server",
-        )
-        return self.start_roles(partial(ShardWorker, self.spec, self.services.handles, self.bounds), stop_flag, AHEAD)
+        self.services = self.start_services(self.servers, self.opts.shards, self.run_dir / "servers.json", "server")
+        make_worker = partial(ShardWorker, self.spec, self.services.handles, self.bounds)
+        return self.start_roles(make_worker, stop_flag, AHEAD, services=self.services)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """The next item of any worker: its gradient pushed to the servers, its books kept; then it may make the

@@ -53,6 +53,15 @@ from rlfleet.backends.mailboxes import Mailboxes, SharedMailboxes
 from rlfleet.backends.shared_memory import StepCounter, StopFlag, WeightVersion
 
 SPAWN = multiprocessing.get_context("spawn")
+SLOW_S = 2.0
+"""A service ping unanswered for this long holds the roles' heartbeat (they may be waiting on that service)."""
+PING_EVERY_S = 1.0  # a service's next ping is sent this long after its last answer
+
+
+def slow_after(heartbeat_s: float | None) -> float:
+    """How long a ping may go unanswered before the service counts as not answering (`ServiceGroup.unwell_at`):
+    `SLOW_S`, or half the heartbeat where that is shorter (the roles' clock is held before the service is killed)."""
+    return SLOW_S if heartbeat_s is None else min(SLOW_S, heartbeat_s / 2)
 
 
 class RunFailure(RuntimeError):
@@ -100,6 +109,14 @@ class RoleGroup(ABC):
     """How many times each worker has been restarted."""
     restarts: int
     """Restarts so far, over all workers."""
+    waits_on: list[ServiceGroup] = []
+    """The services the roles call: while one of them does not answer its pings (`ServiceGroup.unwell_at`), the
+    roles' heartbeat is held (a role blocked in a call to a hung service is not hung itself)."""
+
+    def excused_at(self) -> float:
+        """The last time (`time.monotonic`) a service the roles call was seen not answering: a role's silence
+        counts from its last sign of life or from then, whichever is later."""
+        return max((services.unwell_at for services in self.waits_on), default=float("-inf"))
 
     @abstractmethod
     def get(self, worker_id: int, timeout: float) -> Any | None:
@@ -158,10 +175,13 @@ class ServiceGroup(ABC):
     """How many times each service has been restarted."""
     restarts: int
     """Restarts so far, over all services."""
+    unwell_at: float = float("-inf")
+    """The last time (`time.monotonic`) `check()` saw a service's ping unanswered for `slow_after(heartbeat_s)`."""
 
     @abstractmethod
     def check(self) -> list[Crash]:
-        """Services that died since the last check; each is restarted (the next incarnation)."""
+        """Services that died since the last check, and those that did not answer a ping for the heartbeat
+        (killed as hung); each is restarted (the next incarnation)."""
 
     @abstractmethod
     def alive(self) -> int:
@@ -244,8 +264,10 @@ class Backend(ABC):
         max_restarts: int = 10,
         pids_file: Path | None = None,
         name: str = "service",
+        heartbeat_s: float | None = None,
     ) -> ServiceGroup:
         """Start `n` services made by `make_service(index, incarnation)` (picklable where services are processes);
         `name` is what their crashes are reported as; `pids_file`, if given, holds `{index: pid}` of the live
-        ones (where they are processes). A backend without services says so."""
+        ones (where they are processes); a service that does not answer a ping for `heartbeat_s` seconds (hung,
+        not dead) is killed and restarted like a crashed one. A backend without services says so."""
         raise NotImplementedError(f"the {self.name} backend cannot start {name}s (no services)")

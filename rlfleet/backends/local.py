@@ -266,12 +266,15 @@ class WorkerPool(RoleGroup):
 
     def _kill_hung(self) -> None:
         """SIGKILL every live worker that has not said it is alive for `heartbeat_s` (stuck in an env step, a
-        deadlock): `check` then restarts it like any dead worker."""
+        deadlock): `check` then restarts it like any dead worker. Silence counts from the worker's last beat or
+        from the last time a service it calls did not answer, whichever is later (`excused_at`): a worker
+        blocked in a call to a hung service waits for the service to be killed and restarted."""
         if self.heartbeat_s is None:
             return
         now = time.monotonic()
+        excused = self.excused_at()
         for wid, process in self.processes.items():
-            silent = now - self.beats[wid]
+            silent = now - max(self.beats[wid], excused)
             if silent > self.heartbeat_s and process.is_alive():
                 self.hung[wid] = silent
                 process.kill()
@@ -357,9 +360,11 @@ class LocalBackend(Backend):
         pool.start()
         return pool
 
-    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service"):
+    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service", heartbeat_s=None):
         from rlfleet.backends.services import ProcessServices
 
-        services = ProcessServices(make_service, n, max_restarts=max_restarts, pids_file=pids_file, name=name)
+        services = ProcessServices(
+            make_service, n, max_restarts=max_restarts, pids_file=pids_file, name=name, heartbeat_s=heartbeat_s
+        )
         services.start()
         return services

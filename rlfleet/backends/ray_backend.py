@@ -17,7 +17,11 @@ backend's pipes, so the coordinator gets its own writable arrays.
 Reliability: a call that fails (the role raised: its traceback; the actor died: Ray's reason) is reported
 by `check()`, which starts the next incarnation of that worker in a new actor, up to `max_restarts` in all.
 A call that has not returned after `heartbeat_s` (plus a grace for starting the actor) is taken for a hung
-role: its actor is killed and restarted like a dead one. `stop()` kills every actor; `close()` shuts down the
+role: its actor is killed and restarted like a dead one; the clock is held while a service the roles call
+does not answer (`RoleGroup.waits_on`), so that a role blocked on a hung service is not killed before it.
+Services (`start_services`, named actors) are pinged by `check()` behind their calls (one ping in flight
+each); one that has not answered for `heartbeat_s` is killed (`ray.kill`) and restarted like a dead one.
+`stop()` kills every actor; `close()` shuts down the
 Ray instance the run started.
 
 Where Ray runs (`--address`):
@@ -61,6 +65,7 @@ import torch
 from torch import nn
 
 from rlfleet.backends.base import (
+    PING_EVERY_S,
     Backend,
     Crash,
     Pending,
@@ -70,6 +75,7 @@ from rlfleet.backends.base import (
     ServiceHandle,
     ServiceUnavailable,
     WorkerFailure,
+    slow_after,
 )
 from rlfleet.backends.mailboxes import Mailboxes
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, WeightVersion
@@ -479,7 +485,7 @@ class RayGroup(RoleGroup):
         for wid, worker in enumerate(self.workers):
             if not worker.calls or worker.failure is not None:
                 continue
-            waited = now - worker.calls[0][1]
+            waited = now - max(worker.calls[0][1], self.excused_at())
             limit = self.heartbeat_s + (0.0 if worker.answered else STARTUP_GRACE_S)
             if waited > limit and not self.ray.wait([worker.calls[0][0]], timeout=0)[0]:
                 self._fail(wid, f"no heartbeat for {waited:.0f} s (hung), so it was killed")
@@ -601,8 +607,12 @@ class RayServiceHandle(ServiceHandle):
 class RayServices(ServiceGroup):
     """N services as named Ray actors, restarted (a new actor under the same name) when they die."""
 
-    def __init__(self, backend: RayBackend, make_service, n: int, max_restarts: int, pids_file, name: str):
+    def __init__(self, backend: RayBackend, make_service, n: int, max_restarts: int, pids_file, name: str,
+                 heartbeat_s: float | None = None):  # fmt: skip
         self.ray, self.backend = backend.ray, backend
+        self.heartbeat_s = heartbeat_s
+        self.unwell_at = float("-inf")
+        self.answered: list[bool] = [False] * n  # has this incarnation answered a ping yet (its start-up grace)
         self.make_service, self.n, self.max_restarts = make_service, n, max_restarts
         self.pids_file, self.name = pids_file, name
         # where each service runs, `{index: {pid, node, ip}}` (as `actors.json` for the workers): `shards.json`'s
@@ -617,7 +627,8 @@ class RayServices(ServiceGroup):
         self.stopping = False
         self.actors = [self._start(i) for i in range(n)]
         self.handles = [RayServiceHandle(i, f"{self.prefix}-{i}", self.namespace) for i in range(n)]
-        self.pings = [actor.ping.remote() for actor in self.actors]
+        now = time.monotonic()
+        self.pings = [(actor.ping.remote(), now) for actor in self.actors]  # (ping or None, sent / answered at)
         for index, actor in enumerate(self.actors):
             self.places.ask(index, actor)
         self.places.wait_all(STARTUP_GRACE_S)
@@ -635,20 +646,38 @@ class RayServices(ServiceGroup):
             )
 
     def check(self) -> list[Crash]:
-        """Each service answers a ping in turn (queued behind its calls); one whose actor died is restarted."""
+        """Each service answers a ping in turn (queued behind its calls, one in flight, the next `PING_EVERY_S`
+        after an answer); one whose actor died, or that has not answered for `heartbeat_s` (hung: killed), is
+        restarted."""
         if self.stopping:
             return []
-        ready, _ = self.ray.wait(self.pings, num_returns=len(self.pings), timeout=0)
+        now = time.monotonic()
+        in_flight = [ping for ping, _ in self.pings if ping is not None]
+        ready, _ = self.ray.wait(in_flight, num_returns=len(in_flight), timeout=0) if in_flight else ([], [])
         crashes = []
-        for index, ping in enumerate(self.pings):
-            if ping not in ready:
+        for index, (ping, since) in enumerate(self.pings):
+            if ping is None:
+                if now - since >= PING_EVERY_S:
+                    self.pings[index] = (self.actors[index].ping.remote(), now)
                 continue
-            try:
-                self.ray.get(ping)
-                self.pings[index] = self.actors[index].ping.remote()
-                continue
-            except Exception as exc:
-                crashes.append(Crash(index, None, ANSI.sub("", str(exc)), role=self.name))
+            if ping in ready:
+                try:
+                    self.ray.get(ping)
+                    self.pings[index] = (None, now)
+                    self.answered[index] = True
+                    continue
+                except Exception as exc:
+                    crashes.append(Crash(index, None, ANSI.sub("", str(exc)), role=self.name))
+            else:
+                silent = now - since
+                if silent >= slow_after(self.heartbeat_s):
+                    self.unwell_at = now
+                limit = None if self.heartbeat_s is None else self.heartbeat_s + (
+                    0.0 if self.answered[index] else STARTUP_GRACE_S)  # fmt: skip
+                if limit is None or silent <= limit:
+                    continue
+                crashes.append(Crash(index, None, f"no answer for {silent:.0f} s (hung), so it was killed",
+                                     role=self.name))  # fmt: skip
             self.restarts += 1
             if self.restarts > self.max_restarts:
                 raise WorkerFailure(
@@ -659,7 +688,8 @@ class RayServices(ServiceGroup):
                 self.ray.kill(self.actors[index], no_restart=True)
             self.incarnations[index] += 1
             self.actors[index] = self._start(index)
-            self.pings[index] = self.actors[index].ping.remote()
+            self.pings[index] = (self.actors[index].ping.remote(), time.monotonic())
+            self.answered[index] = False
             self.places.ask(index, self.actors[index])
         self.places.poll()
         return crashes
@@ -848,8 +878,8 @@ class RayBackend(Backend):
         """Torch threads of an actor: one per CPU it reserves."""
         return max(1, int(getattr(self.opts, "cpus_per_role", 1.0)))
 
-    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service"):
-        return RayServices(self, make_service, n, max_restarts, pids_file, name)
+    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service", heartbeat_s=None):
+        return RayServices(self, make_service, n, max_restarts, pids_file, name, heartbeat_s)
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
         self.modules = modules  # what `publish` sends; each actor gets its own replica

@@ -120,5 +120,5 @@ class SerialBackend(Backend):
     ):
         return SerialGroup(make_role, n_workers, counter, stop, total_steps)
 
-    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service"):
-        return SerialServices(make_service, n)
+    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service", heartbeat_s=None):
+        return SerialServices(make_service, n)  # in this process: it cannot hang apart from the coordinator

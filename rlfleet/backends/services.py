@@ -11,7 +11,11 @@ a dead process held can block another. Messages are pickled by value (`send_byte
 not as shared memory, as they would between machines.
 
 A service that dies is noticed by `check()` (its exit code, and its traceback when it raised), which starts
-its next incarnation at the same address. A handle whose connection broke reconnects, one attempt each time
+its next incarnation at the same address. With `heartbeat_s`, `check()` also pings every service through a
+connection of its own (one ping in flight per service, a new one `PING_EVERY_S` after each answer): the ping
+is answered under the same lock as the calls, so a service stuck inside a call (or stopped) does not answer
+it, and one that has not answered for `heartbeat_s` (its first ping: plus `STARTUP_GRACE_S`) is SIGKILLed and
+reported as hung, then restarted like a dead one. A handle whose connection broke reconnects, one attempt each time
 it is used, and sends again the calls that had no answer (at least once); it gives up with
 `ServiceUnavailable` once the service has been unreachable for `reconnect_s`.
 """
@@ -37,6 +41,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlfleet.backends.base import (
+    PING_EVERY_S,
     Crash,
     Pending,
     ServiceError,
@@ -44,11 +49,14 @@ from rlfleet.backends.base import (
     ServiceHandle,
     ServiceUnavailable,
     WorkerFailure,
+    slow_after,
 )
 
 RECONNECT_S = 60.0  # how long a handle keeps trying to reach a dead service before it gives up
 POLL_S = 0.05  # a handle's wait between connection attempts, and its longest wait for a reply between checks
 BROKEN = (OSError, EOFError, AuthenticationError)  # a connection that ended, or one that could not be opened
+PING = "__ping__"  # the liveness probe of `ProcessServices.check`: answered under the calls' lock, by no method
+STARTUP_GRACE_S = 60.0  # time a starting service has, beyond the heartbeat, to answer its first ping
 
 
 def _answer(service: Any, lock: threading.Lock, conn, authkey: bytes) -> None:
@@ -60,7 +68,7 @@ def _answer(service: Any, lock: threading.Lock, conn, authkey: bytes) -> None:
             seq, method, args = pickle.loads(conn.recv_bytes())
             with lock:  # one call at a time, whichever connection it came through
                 try:
-                    reply = (seq, True, getattr(service, method)(*args))
+                    reply = (seq, True, True if method == PING else getattr(service, method)(*args))
                 except Exception:
                     reply = (seq, False, traceback.format_exc())
             try:
@@ -172,15 +180,18 @@ class ProcessHandle(ServiceHandle):
 
     def _wait(self, seq: int, timeout: float | None) -> tuple[bool, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        tried = False  # a reply that is there is read even with timeout=0
         while seq not in self._replies:
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and now >= deadline and tried:
                 raise TimeoutError(f"service {self.index} did not answer within {timeout} s")
             if self._conn is None and not self._connect():
                 if self._lost_at is not None and now - self._lost_at > self.reconnect_s:
                     raise ServiceUnavailable(f"service {self.index} unreachable for {self.reconnect_s:.0f} s")
                 time.sleep(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now)))
+                tried = True
                 continue
+            tried = True
             try:
                 if self._conn.poll(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now))):
                     answered, ok, value = pickle.loads(self._conn.recv_bytes())
@@ -205,6 +216,7 @@ class ProcessServices(ServiceGroup):
         max_restarts: int = 10,
         pids_file: Path | None = None,
         name: str = "service",
+        heartbeat_s: float | None = None,
     ):
         self.ctx = mp.get_context("spawn")
         self.make_service = make_service
@@ -223,6 +235,14 @@ class ProcessServices(ServiceGroup):
         self.readers: dict[int, threading.Thread] = {}
         self.tracebacks: dict[tuple[int, int], str] = {}
         self.stopping = False
+        self.heartbeat_s = heartbeat_s
+        self.unwell_at = float("-inf")
+        # liveness: the group's own handle of each service (the coordinator's thread only), its ping in flight
+        # (pending, when sent), when it last answered (None: not yet, this incarnation), the hung ones killed
+        self.pingers = [ProcessHandle(i, a, self.authkey) for i, a in enumerate(self.addresses)]
+        self.pings: dict[int, tuple[ProcessPending, float]] = {}
+        self.answered: list[float | None] = [None] * n
+        self.hung: dict[int, float] = {}
 
     def start(self) -> None:
         for index in range(self.n):
@@ -271,9 +291,48 @@ class ProcessServices(ServiceGroup):
             tmp.write_text(json.dumps(pids))
             os.replace(tmp, self.pids_file)
 
+    def _ping(self) -> None:
+        """Read the pings that were answered, send the next ones, and SIGKILL each live service whose ping has
+        gone unanswered for `heartbeat_s` (`check` then restarts it like a dead one)."""
+        if self.heartbeat_s is None:
+            return
+        now = time.monotonic()
+        for index, process in self.processes.items():
+            if index not in self.pings:
+                last = self.answered[index]
+                if last is None or now - last >= PING_EVERY_S:
+                    self.pings[index] = (self.pingers[index].submit(PING), now)
+                continue
+            pending, sent = self.pings[index]
+            try:
+                pending.result(timeout=0.0)
+                del self.pings[index]
+                self.answered[index] = now
+                continue
+            except TimeoutError:
+                pass
+            except (ServiceError, ServiceUnavailable):  # unreachable for long (dead, and noticed below): ask again
+                self._new_pinger(index)
+                continue
+            silent = now - sent
+            if silent >= slow_after(self.heartbeat_s):
+                self.unwell_at = now
+            limit = self.heartbeat_s + (0.0 if self.answered[index] is not None else STARTUP_GRACE_S)
+            if silent > limit and process.is_alive():
+                self.hung[index] = silent
+                process.kill()  # also a stopped process
+                process.join(timeout=5)
+
+    def _new_pinger(self, index: int) -> None:
+        """A fresh handle for the pings of service `index` (a new incarnation: nothing of the old one's resent)."""
+        self.pingers[index].close()
+        self.pingers[index] = ProcessHandle(index, self.addresses[index], self.authkey)
+        self.pings.pop(index, None)
+
     def check(self) -> list[Crash]:
         if self.stopping:
             return []
+        self._ping()
         dead = [i for i, p in self.processes.items() if not p.is_alive()]
         crashes = []
         for index in dead:
@@ -281,6 +340,8 @@ class ProcessServices(ServiceGroup):
             process.join(timeout=1)
             self.readers[index].join(timeout=1)  # the pipe has ended: its traceback, if any, is read
             text = self.tracebacks.pop((index, self.incarnations[index]), None)
+            if index in self.hung:
+                text = f"no answer for {self.hung.pop(index):.0f} s (hung), so it was killed"
             crashes.append(Crash(index, process.exitcode, text, role=self.name))
             self.restarts += 1
             if self.restarts > self.max_restarts:
@@ -289,6 +350,8 @@ class ProcessServices(ServiceGroup):
                     f"last: {crashes[-1].describe()}"
                 )
             self.incarnations[index] += 1
+            self._new_pinger(index)
+            self.answered[index] = None  # its first ping has the start-up grace
             self._start(index)
         if dead:
             self._write_pids()
@@ -301,7 +364,7 @@ class ProcessServices(ServiceGroup):
         if self.stopping:
             return
         self.stopping = True
-        for handle in self.handles:
+        for handle in self.handles + self.pingers:
             handle.close()
         for process in self.processes.values():
             if process.is_alive():

@@ -4,8 +4,10 @@ and A2C solving CartPole-v1 with two actors on data_parallel, grad_parallel and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -386,3 +388,99 @@ def test_an_actor_killed_mid_run_is_restarted_and_the_run_still_solves(run_opts,
     log = (run / "workers.log").read_text()
     assert "worker 0 died" in log and "restarting it" in log, log
     assert result["solved"], result.result
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it is stopped: alive, answering nothing."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"{pid} did not stop"
+        time.sleep(0.01)
+
+
+def test_a_hung_service_actor_is_killed_for_want_of_an_answer_and_restarted(tmp_path):
+    """A SIGSTOPped service actor answers no ping: after `heartbeat_s` it is reported as hung, killed and restarted
+    under its name; the call it held goes to the next incarnation, the other service is left alone."""
+    backend = RayBackend(ParallelOptions(backend="ray"))
+    services = backend.start_services(make_tally, 2, max_restarts=3, pids_file=tmp_path / "shards.json",
+                                      name="replay shard", heartbeat_s=2.0)  # fmt: skip
+    pid = None
+    try:
+        handle = services.handles[1]
+        pid = handle.call("whoami")[2]
+        assert json.loads((tmp_path / "shards.json").read_text())["1"] == pid
+        deadline = time.monotonic() + 30
+        while not services.answered[1]:  # its first ping answered: no start-up grace from now on
+            assert services.check() == [] and time.monotonic() < deadline
+            time.sleep(0.05)
+        stop_process(pid)
+        stopped_at = time.monotonic()
+        held = handle.submit("whoami")
+        crashes = []
+        while not crashes:
+            assert time.monotonic() - stopped_at < 30, "the stopped service was not killed"
+            crashes = services.check()
+            time.sleep(0.05)
+        assert time.monotonic() - stopped_at >= 2.0 and services.unwell_at > stopped_at
+        text = crashes[0].describe()
+        assert text.startswith("replay shard 1 died:\nno answer for ") and "(hung), so it was killed" in text
+        assert services.incarnations == [0, 1] and services.restarts == 1
+        index, incarnation, new_pid = held.result(timeout=60)
+        assert (index, incarnation) == (1, 1) and new_pid != pid
+        assert services.handles[0].call("whoami")[1] == 0
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}") and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+            assert time.monotonic() < deadline, "the hung actor's process is still there"
+            time.sleep(0.1)
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        services.stop()
+
+
+@pytest.mark.timeout(300)  # without service liveness the run never ends
+@pytest.mark.parametrize(
+    "arch, algo, pids_file, name, options",
+    [
+        ("apex", "dqn", "shards.json", "replay shard", {"actors": 2, "replay_shards": 2, "steps": 20_000}),
+        ("param_server", "a2c", "servers.json", "server", {"workers": 2, "shards": 2, "steps": 60_000}),
+    ],
+)
+def test_a_sigstopped_service_actor_is_killed_as_hung_and_its_callers_survive(
+    run_opts, tmp_path, arch, algo, pids_file, name, options
+):
+    """Service 1's actor process is SIGSTOPped once the run learns: the roles blocked in calls to it are not killed
+    as hung (their heartbeat is held while it does not answer); after --heartbeat-s the service is named, killed
+    (`ray.kill`) and restarted, and the run spends its whole budget."""
+    run = tmp_path / "hung"
+    stopped: list[int] = []
+
+    def stop_service_1() -> None:
+        deadline = time.monotonic() + 180
+        marker = "losses/loss" if arch == "apex" else "charts/policy_lag"
+        while time.monotonic() < deadline:
+            metrics = run / "metrics.csv"
+            if (run / pids_file).exists() and metrics.exists() and marker in metrics.read_text():
+                pid = json.loads((run / pids_file).read_text())["1"]
+                stop_process(pid)
+                stopped.append(pid)
+                return
+            time.sleep(0.1)
+
+    stopper = threading.Thread(target=stop_service_1, daemon=True)
+    stopper.start()
+    try:
+        result = train(algo, "CartPole-v1", arch=arch, backend="ray", heartbeat_s=8.0, seed=0, eval_every=10**9,
+                       stop_return=float("inf"), name="hung", **options, **run_opts)  # fmt: skip
+    finally:
+        stopper.join(timeout=1)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert stopped, "the service was not stopped before the run ended"
+    log = (run / "workers.log").read_text()
+    assert re.search(rf"{name} 1 died:\nno answer for \d+ s \(hung\), so it was killed\nrestarting it", log), log
+    assert "worker" not in log, log  # no role was killed as hung (nor died)
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= options["steps"], result.result

@@ -5,6 +5,7 @@ last checkpoint to resume from, and its Ray instance goes with it: the actors, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -95,3 +96,40 @@ def test_a_killed_driver_leaves_a_checkpoint_to_resume_from_and_no_ray_process(t
     saved = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert saved["env_steps"] > 0
     resume(run, saved["env_steps"] + 1_000)
+
+
+def test_ctrl_c_while_the_learner_waits_on_a_stopped_replay_shard_actor_stops_the_run_at_once(tmp_path: Path):
+    """Ape-X on ray: replay shard 1's actor process is SIGSTOPped (the heartbeat, 120 s, far off) and the learner
+    soon waits on it; the first Ctrl-C still stops the run within seconds: exit 0, a checkpoint, result.json."""
+    run = tmp_path / "r"
+    cmd = ["train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--actors", "2", "--replay-shards", "2",
+           "--backend", "ray", "--steps", "10000000", "--stop-return", "1e9", "--logdir", tmp_path, "--name", "r",
+           "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen([*RLFLEET, *map(str, cmd)], cwd=tmp_path, start_new_session=True, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    sid, shard = proc.pid, None
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.csv").exists() and "losses/loss" in (run / "metrics.csv").read_text()):
+            assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "the learner logged no loss after 180 s"
+            time.sleep(0.2)
+        shard = json.loads((run / "shards.json").read_text())["1"]
+        os.kill(shard, signal.SIGSTOP)
+        time.sleep(3)  # the learner and the actors are blocked on the stopped shard by now
+        os.killpg(sid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"exit {proc.returncode} after SIGINT:\n{err[-3000:]}"
+        assert "stopped by interrupted" in out, out
+        assert "Traceback" not in err, err[-3000:]
+    finally:
+        if shard is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(shard, signal.SIGCONT)
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "interrupted"
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["env_steps"] == result["env_steps"] > 0

@@ -374,3 +374,85 @@ def test_a_hung_gossip_learner_ends_the_run_with_an_error_naming_it(run_opts):
     assert result["stopped_by"] == "failure" and re.search(waited, result["failure"]), result
     assert load_checkpoint(run)["env_steps"] == result["env_steps"]
     assert "the run stops: learner" in (run / "workers.log").read_text()
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it is stopped: alive, its sockets open, answering nothing."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"{pid} did not stop"
+        time.sleep(0.01)
+
+
+HUNG_SERVICES = {
+    "apex": (("dqn", "--arch", "apex", "--actors", "2", "--replay-shards", "2", "--steps", "20000"), "shards.json",
+             "replay shard", r"restarting it empty: its \d+ transitions are lost"),
+    "param_server": (("a2c", "--arch", "param_server", "--shards", "2", "--workers", "2", "--steps", "150000"),
+                     "servers.json", "server", "restarting it from the snapshot of step"),
+}  # fmt: skip
+
+
+def start_and_wait_for_services(tmp_path: Path, arch: str, *extra: str) -> tuple[subprocess.Popen, Path, dict]:
+    """An apex or param_server run once it learns, and its services' pids."""
+    args, pids_file, _, _ = HUNG_SERVICES[arch]
+    proc = start(tmp_path, *args, "--env", "CartPole-v1", "--stop-return", "1e9", "--eval-every", "1000000", *extra)
+    run = tmp_path / "r"
+    if arch == "apex":
+        wait_for_apex_learning(proc, run)
+    else:
+        wait_for_workers(proc, run, 2)
+    return proc, run, json.loads((run / pids_file).read_text())
+
+
+@pytest.mark.parametrize("arch", ["apex", "param_server"])
+def test_a_sigstopped_service_is_killed_as_hung_and_restarted_and_its_callers_survive(tmp_path, arch):
+    """Service 1 (a replay shard, a parameter server) is SIGSTOPped: alive, answering nothing. The roles blocked
+    in calls to it are not killed as hung (their heartbeat is held while it does not answer); after --heartbeat-s
+    without an answer to its ping the service itself is named, SIGKILLed and restarted as after a crash, and the
+    run spends its whole budget."""
+    _, _, name, restart = HUNG_SERVICES[arch]
+    proc, run, services = start_and_wait_for_services(tmp_path, arch, "--heartbeat-s", "8")
+    sid = proc.pid
+    try:
+        stop_process(services["1"])
+        wait_for_log(proc, run, f"{name} 1 died (killed by SIGKILL):\nno answer for ", timeout=60)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not wait_until_gone(sid, timeout=10), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    log = (run / "workers.log").read_text()
+    assert re.search(rf"{name} 1 died \(killed by SIGKILL\):\nno answer for \d+ s \(hung\), so it was killed\n"
+                     rf"{restart}", log), log  # fmt: skip
+    assert "worker" not in log, log  # no role was killed as hung (nor died)
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= int(HUNG_SERVICES[arch][0][-1]), result
+
+
+@pytest.mark.parametrize("arch", ["apex", "param_server"])
+def test_ctrl_c_while_the_coordinator_waits_on_a_hung_service_stops_the_run_at_once(tmp_path, arch):
+    """Service 1 is SIGSTOPped (the heartbeat, 120 s, far off) and the coordinator soon waits on it: the first Ctrl-C
+    still stops the run within seconds, with a checkpoint, result.json and no process left."""
+    proc, run, services = start_and_wait_for_services(tmp_path, arch)
+    sid = proc.pid
+    try:
+        stop_process(services["1"])
+        time.sleep(3)  # the coordinator is blocked on the stopped service by now
+        os.killpg(sid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group (not the stopped service)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert "stopped by interrupted" in out
+        assert not wait_until_gone(sid, timeout=15), session_processes(sid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "interrupted"
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"] > 0

@@ -3,10 +3,12 @@ services killed and restarted behind handles that keep working. Real processes, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,4 +126,51 @@ def test_a_service_that_raises_while_it_starts_is_reported_with_its_traceback():
         assert "server 0 died (exit code 1)" in crashes[0].describe()
         assert "service 0 fails to start on purpose" in crashes[0].traceback
     finally:
+        group.stop()
+
+
+@pytest.mark.parametrize("how", ["stopped", "stuck_in_a_call"])
+def test_a_hung_service_is_killed_for_want_of_an_answer_reported_and_restarted(how):
+    """A service that stops answering (SIGSTOPped, or stuck inside a call: the ping waits behind it, so a live
+    process is not taken for a live service) is killed after `heartbeat_s` without an answer to its ping, reported
+    as hung, and restarted; the call it held is sent again to its next incarnation. The other service, answering,
+    is left alone, and while the hung one is silent `unwell_at` moves (what holds the callers' heartbeat)."""
+    group = ProcessServices(make_tally, 2, max_restarts=2, name="replay shard", heartbeat_s=1.5)
+    group.start()
+    try:
+        handle = group.handles[1]
+        pid = handle.call("whoami")[2]
+        deadline = time.monotonic() + 30
+        while group.answered[1] is None:  # its first ping answered: no start-up grace from now on
+            assert group.check() == [] and time.monotonic() < deadline
+            time.sleep(0.05)
+        if how == "stopped":
+            os.kill(pid, signal.SIGSTOP)
+            while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+                time.sleep(0.01)
+            held = handle.submit("whoami")
+        else:
+            held = handle.submit("stall_first")  # sent again to the next incarnation, which answers at once
+        stuck_at = time.monotonic()
+        (answer, crashes) = wait_for(held, group, timeout=30) if how == "stopped" else (None, [])
+        if how == "stuck_in_a_call":
+            while not crashes:
+                assert time.monotonic() - stuck_at < 30, "the stuck service was not killed"
+                crashes += group.check()
+                time.sleep(0.05)
+        assert [(c.worker, c.exitcode) for c in crashes] == [(1, -signal.SIGKILL)]
+        text = crashes[0].describe()
+        assert text.startswith("replay shard 1 died (killed by SIGKILL):\nno answer for ") and "(hung)" in text
+        assert time.monotonic() - stuck_at >= 1.5 and group.unwell_at > stuck_at
+        assert group.incarnations == [0, 1] and group.restarts == 1
+        if how == "stopped":
+            assert answer[:2] == (1, 1) and answer[2] != pid
+        else:
+            assert wait_for(held, group)[0] == 1
+        index, incarnation, new_pid = wait_for(handle.submit("whoami"), group)[0]
+        assert (index, incarnation) == (1, 1) and new_pid != pid
+        assert group.handles[0].call("whoami")[1] == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
         group.stop()

@@ -111,6 +111,35 @@ def test_a_worker_killed_in_the_middle_of_a_message_cannot_stall_the_coordinator
         pool.stop(timeout=1)
 
 
+def test_a_silent_worker_is_not_killed_while_a_service_it_calls_does_not_answer():
+    """A worker blocked in a call to a hung service beats no more: its heartbeat is held while a service it calls
+    (`waits_on`) does not answer, and counts again from the moment the service answers."""
+
+    class Unwell:
+        unwell_at = float("-inf")
+
+    services = Unwell()
+    pool = WorkerPool(1, send_then_hang, (), heartbeat_s=1.0)
+    pool.waits_on = [services]
+    pool.start()
+    try:
+        assert pool.get(0, timeout=60) == (0, 0)
+        held_until = time.monotonic() + 3.0
+        while time.monotonic() < held_until:
+            services.unwell_at = time.monotonic()  # as `ServiceGroup.check` marks a service whose ping waits
+            assert pool.check() == []
+            time.sleep(0.1)
+        recovered = time.monotonic()
+        crashes = []
+        while not crashes:
+            assert time.monotonic() - recovered < 30
+            crashes = pool.check()
+            time.sleep(0.05)
+        assert time.monotonic() - services.unwell_at >= 1.0 and "hung" in crashes[0].describe()
+    finally:
+        pool.stop(timeout=1)
+
+
 def test_a_hung_worker_is_killed_for_want_of_a_heartbeat_and_restarted():
     """A worker that stays alive but silent (stuck in an env step, a deadlock) is not noticed by its exit code:
     after `heartbeat_s` without a beat it is killed, reported as hung, and its next incarnation starts."""
