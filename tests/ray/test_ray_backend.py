@@ -344,6 +344,7 @@ def test_ppo_solves_cartpole_on_two_allreduce_learners_as_ray_actors(run_opts):
 
 
 @pytest.mark.learning
+@pytest.mark.slow  # -m slow: test_ray_cluster.py has Ape-X solving on ray, actors and shards on two nodes
 def test_apex_dqn_with_three_ray_actors_solves_cartpole(run_opts):
     """Ape-X: actors and replay shards as Ray actors (the shards are named services), the learner in the driver."""
     result = train("dqn", "CartPole-v1", arch="apex", actors=3, backend="ray", steps=100_000, seed=0,

@@ -304,12 +304,14 @@ def test_apex_actors_and_shards_leave_with_the_learner(tmp_path, how):
         assert saved["run_config"]["arch"] == "apex" and saved["apex"]["version"] == saved["algo"]["updates"] > 0
 
 
-def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_the_run_solves(tmp_path):
-    """Learner 1 of four on the ring is SIGKILLed once rounds complete. Its neighbours wait for it (learner 2 for
-    its messages, learner 0 for its reads), so the run goes on only if the restarted learner rejoins the ring: it
-    takes the average of its in-neighbour (learner 0) and the run solves CartPole."""
-    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "gossip", "--learners", "4", "--steps", "200000",
-                 "--eval-every", "5000", "--state-every", "1")  # fmt: skip
+def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_rounds_go_on(tmp_path):
+    """Learner 1 of four on the ring is SIGKILLed once rounds complete. Learner 2 waits for its messages once it is
+    more than --max-staleness rounds behind, so rounds go on only if the restarted learner rejoins the ring: it
+    takes the average of its in-neighbour (learner 0) and rounds of all four go on to the step budget. (No stop at
+    the solved return: in GALA's order the others keep learning meanwhile, and could solve before the death is
+    noticed.)"""
+    proc = start(tmp_path, "a2c", "--env", "CartPole-v1", "--arch", "gossip", "--learners", "4", "--steps", "100000",
+                 "--eval-every", "20000", "--state-every", "1", "--stop-return", "inf")  # fmt: skip
     sid, run = proc.pid, tmp_path / "r"
     try:
         deadline = time.monotonic() + 120
@@ -332,7 +334,7 @@ def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_the_run_sol
     rejoined = re.search(r"learner 1: restarted from the average of learners 0 \(round (\d+)\)", log)
     assert rejoined, log
     result = json.loads((run / "result.json").read_text())
-    assert result["solved"] and result["stopped_by"] == "solved", result
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= 100_000, result
     rows = [line.split(",") for line in (run / "metrics.csv").read_text().splitlines()[1:]]
     last_round = max(float(v) for _, _, key, v in rows if key == "gossip/round")
     assert last_round > int(rejoined[1])  # rounds that all four learners completed after the restart
