@@ -72,7 +72,7 @@ from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, 
 from rlfleet.arch.shared import trainable_params
 from rlfleet.backends import RoleGroup
 from rlfleet.fields import bounded
-from rlfleet.optim import build_optimizer
+from rlfleet.optim import ALGO, build_optimizer
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
 
@@ -182,9 +182,8 @@ class GradParallelRunner(ParallelRunner):
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         self.start_backend()  # the counter: env steps behind the gradients applied
         params = trainable_params(self.shared)
-        self.optimizer = build_optimizer(
-            self.opts.optimizer, params, self.algo_cfg.lr, algo_optimizer=getattr(self.algo, "optimizer", None)
-        )
+        recipe = self.algo_optimizer() if self.opts.optimizer == ALGO else None  # as param_server's servers get it
+        self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr, algo_optimizer=recipe)
         self.centre = GradientCentre(params, self.optimizer, self.algo.max_grad_norm)
         self.gathered: list[Gradient] = []  # gradients waiting for the next centre step: not counted yet
         if resume_from is not None:
