@@ -19,15 +19,21 @@ from rlfleet.launch import train
 pytestmark = pytest.mark.usefixtures("ray_instance")
 
 
-def test_rounds_through_the_mailbox_actor_are_exactly_x_from_p_x(monkeypatch, run_opts):
-    seen: dict[int, np.ndarray] = {}
+@pytest.fixture
+def seen(monkeypatch) -> dict[int, np.ndarray]:
+    """Every round the coordinator averages: {round: [K, n] parameters}."""
+    rounds: dict[int, np.ndarray] = {}
     average_round = GossipRunner.average_round
 
     def record(self, round_, params):
-        seen[round_] = params.copy()
+        rounds[round_] = params.copy()
         average_round(self, round_, params)
 
     monkeypatch.setattr(GossipRunner, "average_round", record)
+    return rounds
+
+
+def test_rounds_through_the_mailbox_actor_are_exactly_x_from_p_x(seen, run_opts):
     learners, rounds = 4, 20
     train("a2c", "CartPole-v1", arch="gossip", learners=learners, backend="ray", distinct_init=True, state_every=1,
           steps=learners * 8 * rounds, overrides={"n_envs": 2, "rollout_len": 4, "lr": 0.0},
@@ -87,18 +93,10 @@ def test_a_sigkilled_pala_learner_is_restarted_and_rejoins_from_its_in_neighbour
     assert result["solved"] or result["stopped_by"] == "steps", result.result
 
 
-def test_gala_order_through_the_mailbox_actor_reaches_consensus_with_bounded_staleness(monkeypatch, run_opts):
+def test_gala_order_through_the_mailbox_actor_reaches_consensus_with_bounded_staleness(seen, run_opts):
     """GALA's order on Ray (`--gossip-order gala`): learners post without waiting for reads and take the newest
     messages from the mailbox actor (`latest`); with nothing learned, gossip alone brings them together and no
     mixed message is more than --max-staleness rounds behind."""
-    seen: dict[int, np.ndarray] = {}
-    average_round = GossipRunner.average_round
-
-    def record(self, round_, params):
-        seen[round_] = params.copy()
-        average_round(self, round_, params)
-
-    monkeypatch.setattr(GossipRunner, "average_round", record)
     result = train("a2c", "CartPole-v1", arch="gossip", learners=4, backend="ray", gossip_order="gala",
                    max_staleness=2, distinct_init=True, state_every=1, steps=4 * 8 * 40,
                    overrides={"n_envs": 2, "rollout_len": 4, "lr": 0.0}, stop_return=float("inf"),
