@@ -168,28 +168,43 @@ def import_ray(private: bool):
 
 def start_private_instance(min_cpus: int = 1):
     """Start a Ray instance of this machine for this process alone: every listener on 127.0.0.1, token
-    authentication on (Ray's default for a local instance), Ctrl-C ignored by its processes, at least
-    `min_cpus` CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`;
-    `ray.shutdown()` stops it."""
+    authentication on (Ray's default for a local instance), Ctrl-C kept from its processes, at least `min_cpus`
+    CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`; `ray.shutdown()`
+    stops it. A Ctrl-C while it starts is raised once it has started (`_sigint_deferred`), after the instance is
+    shut down again: nothing of it is left."""
     ray = import_ray(private=True)
-    with _sigint_ignored():
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
-                 logging_level="WARNING")  # fmt: skip
+    try:
+        with _sigint_deferred():
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
+                     logging_level="WARNING")  # fmt: skip
+    except BaseException:
+        if ray.is_initialized():
+            ray.shutdown()
+        raise
     return ray
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """Processes started here ignore Ctrl-C (a terminal sends it to the whole process group): only the
-    coordinator reacts to it, then stops the actors and the instance itself."""
+def _sigint_deferred():
+    """Ctrl-C while Ray starts processes (or actors) is deferred to the end of the block, neither lost nor seen by
+    them. A terminal sends it to the whole process group: SIGINT is blocked in this thread, so the processes
+    started here inherit it blocked and never see one (Ray blocks it in the processes it starts too, and none of
+    them unblocks it), and a SIGINT that reaches another thread of this process meanwhile is only recorded. At the
+    end the handler in place before the block gets the one that came (KeyboardInterrupt by default, the run's
+    polite stop during a run), as if it had come then."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending in this thread reaches `previous` here
+        if came and signal.SIGINT not in mask:
+            signal.raise_signal(signal.SIGINT)
 
 
 def module_state(modules: dict[str, nn.Module]) -> dict[str, dict[str, np.ndarray]]:
@@ -346,7 +361,7 @@ class RayGroup(RoleGroup):
         payload = self.ray.cloudpickle.dumps((self.make_role, self.backend.modules, self.backend.weights))
         cls = self.ray.remote(RoleActor).options(**self.backend.actor_options(wid))
         incarnation = self.incarnations[wid]
-        with _sigint_ignored():
+        with _sigint_deferred():
             actor = cls.remote(payload, wid, incarnation, self.backend.threads())
         worker = Worker(actor, incarnation, time.monotonic())
         worker.credits = self.n_credits
@@ -627,7 +642,7 @@ class RayServices(ServiceGroup):
         options = self.backend.actor_options(index)  # services reserve no CPU: light, and next to the workers
         options.update(name=f"{self.prefix}-{index}", namespace=self.namespace, num_cpus=0, num_gpus=0)
         payload = self.ray.cloudpickle.dumps(self.make_service)
-        with _sigint_ignored():
+        with _sigint_deferred():
             return (
                 self.ray.remote(ServiceActor)
                 .options(**options)
@@ -824,7 +839,7 @@ class RayBackend(Backend):
     def _connect(self, address: str) -> None:
         if address:
             try:
-                with _sigint_ignored():
+                with _sigint_deferred():
                     self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
             except (ConnectionError, RuntimeError, ValueError) as exc:  # nothing there, a refused token, ...
                 reason = ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -879,7 +894,7 @@ class RayBackend(Backend):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
-        with _sigint_ignored():
+        with _sigint_deferred():
             actor = (
                 self.ray.remote(MailboxActor)
                 .options(num_cpus=0, scheduling_strategy=here, enable_task_events=TASK_EVENTS)
