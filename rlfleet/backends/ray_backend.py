@@ -24,7 +24,8 @@ Where Ray runs (`--address`):
 
 - empty (the default): a private Ray instance for this run, bound to 127.0.0.1 (no listener on any other
   interface: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set before Ray is imported), with Ray's token
-  authentication, started in a few seconds and shut down at the end of the run;
+  authentication forced on (`RAY_AUTH_MODE=disabled` does not turn it off) and a token of its own (a file only the
+  user reads, not `~/.ray/auth_token`), started in a few seconds and shut down at the end of the run;
 - `HOST:PORT` or `auto`: join an existing cluster (`ray start --head` on one machine, `ray start --address`
   on the others); it is left running. A token-protected cluster needs `RAY_AUTH_MODE=token` and its token
   (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment;
@@ -37,6 +38,7 @@ with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import importlib.util
 import ipaddress
@@ -44,9 +46,12 @@ import json
 import os
 import pickle
 import re
+import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -54,6 +59,7 @@ import uuid
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,6 +91,8 @@ PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many r
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's error texts
 ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray reads its authentication settings
+PRIVATE_PREFIX = "rlfleet-ray-"  # of a private instance's folder, in the system's temp folder
 
 
 RESOURCE_UNIT = 1e-4  # Ray reserves resources in multiples of this
@@ -166,22 +174,102 @@ def import_ray(private: bool):
     return ray
 
 
+def system_temp_dir() -> str:
+    """The folder Ray keeps its temp folder in (`ray/` there by default), found as Ray 2.60 finds it."""
+    if "RAY_TMPDIR" in os.environ:
+        return os.environ["RAY_TMPDIR"]
+    if sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        return os.environ["TMPDIR"]
+    return "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
+
+
+@dataclass
+class PrivateInstance:
+    """This process's private Ray instance: its folder (the user's alone, mode 0700, in the system's temp folder),
+    which holds its token (`auth_token`, mode 0600), and the authentication settings of the environment before it
+    started, put back when it stops."""
+
+    folder: Path
+    saved_env: dict[str, str | None]
+
+    @property
+    def token_path(self) -> Path:
+        return self.folder / "auth_token"
+
+
+_private: PrivateInstance | None = None
+
+
+def _refresh_auth_settings() -> None:
+    """Make Ray read the authentication settings of the environment again (mode and token), as Ray itself does
+    when it turns token authentication on for a new local instance."""
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")  # the mode first: a token loaded while the mode is stale fails a check in Ray
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _new_private_folder() -> PrivateInstance:
+    """The private instance's folder with a token of its own, and the environment set for it: token authentication
+    forced on (whatever `RAY_AUTH_MODE` says: a client without the token must not run code in it), and that token
+    alone (not `RAY_AUTH_TOKEN` or `~/.ray/auth_token`, which every instance of the user may share). Ray's processes
+    inherit the environment."""
+    folder = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=system_temp_dir()))  # mode 0700
+    instance = PrivateInstance(folder, {name: os.environ.get(name) for name in AUTH_ENV})
+    fd = os.open(instance.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))  # as Ray's own tokens: 256 random bits
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(instance.token_path)
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # it would come first
+    return instance
+
+
 def start_private_instance(min_cpus: int = 1):
     """Start a Ray instance of this machine for this process alone: every listener on 127.0.0.1, token
-    authentication on (Ray's default for a local instance), Ctrl-C kept from its processes, at least `min_cpus`
-    CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`; `ray.shutdown()`
-    stops it. A Ctrl-C while it starts is raised once it has started (`_sigint_deferred`), after the instance is
-    shut down again: nothing of it is left."""
-    ray = import_ray(private=True)
+    authentication on with a token of its own (`PrivateInstance`), Ctrl-C kept from its processes, at least
+    `min_cpus` CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`;
+    `stop_private_instance()` stops it (at exit at the latest). A Ctrl-C while it starts is raised once it has
+    started (`_sigint_deferred`), after the instance is stopped again: nothing of it is left."""
+    global _private
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        raise RuntimeError("this process is connected to Ray already: no private instance started")
+    stop_private_instance()  # one stopped with `ray.shutdown()` alone: its folder and settings
+    _private = _new_private_folder()
     try:
+        ray = import_ray(private=True)
+        _refresh_auth_settings()
         with _sigint_deferred():
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
                      logging_level="WARNING")  # fmt: skip
     except BaseException:
-        if ray.is_initialized():
-            ray.shutdown()
+        stop_private_instance()
         raise
     return ray
+
+
+def stop_private_instance() -> None:
+    """Stop this process's private instance, if it has one (idempotent): shut Ray down, put the environment's
+    authentication settings back and remove its folder."""
+    global _private
+    if _private is None:
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    instance, _private = _private, None
+    for name, value in instance.saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _refresh_auth_settings()
+    shutil.rmtree(instance.folder, ignore_errors=True)
+
+
+atexit.register(stop_private_instance)  # what `ray.shutdown()` alone leaves (Ray shuts itself down at exit before)
 
 
 @contextlib.contextmanager
@@ -827,9 +915,10 @@ class RayBackend(Backend):
         self.check_options(opts)
         self.ray = import_ray(private=not address or on_loopback(address))
         self.started = False  # this run connected to Ray (and shuts the connection down at the end)
+        self.private = False  # this run started its private instance (and stops it at the end)
         if not self.ray.is_initialized():
             self._connect(address)
-            self.started = True
+            self.started, self.private = True, not address
         self.host = self.ray.util.get_node_ip_address()
         self.modules: dict[str, nn.Module] = {}
         self.weights: Any = None
@@ -914,6 +1003,8 @@ class RayBackend(Backend):
             with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
         self._mailbox_actors = []
-        if self.started and self.ray.is_initialized():
+        if self.private:
+            stop_private_instance()
+        elif self.started and self.ray.is_initialized():
             self.ray.shutdown()
-        self.started = False
+        self.started = self.private = False

@@ -1,14 +1,18 @@
 """The private Ray instance of a `--backend ray` run without `--address`, as real processes see it: a Ctrl-C while it
-starts stops the run (nothing of Ray left)."""
+starts stops the run (nothing of Ray left); it requires a token of its own, whatever the environment says."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from procs import RLFLEET, kill_session, ray_processes, session_processes, wait_until_gone
 
@@ -85,3 +89,70 @@ def test_a_ctrl_c_during_the_start_is_deferred_to_its_end_and_kept_from_the_proc
         child.wait()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+HOLD_INSTANCE = """
+import json, os, sys
+from rlfleet.backends.ray_backend import start_private_instance, stop_private_instance
+ray = start_private_instance(1)
+node = ray._private.worker._global_node
+print(json.dumps({"gcs": node.gcs_address, "session": node.get_session_dir_path(),
+                  "token": os.environ["RAY_AUTH_TOKEN_PATH"]}), flush=True)
+sys.stdin.readline()
+stop_private_instance()
+print(json.dumps({name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}))
+"""
+
+
+def hold_private_instance(env: dict[str, str]) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Another process with a private instance, held until its stdin gets a line: (it, where its instance is)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_INSTANCE], env=env, text=True, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    line = proc.stdout.readline()
+    assert line, f"no instance ({proc.wait()}):\n{proc.stderr.read()[-3000:]}"
+    return proc, json.loads(line)
+
+
+def gcs_answer(address: str, token: str | None) -> grpc.StatusCode:
+    """How the GCS at `address` answers a call that carries `token` (None: none), as any gRPC client can make it."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetAllNodeInfo")
+        try:
+            call(b"", timeout=10, metadata=None if token is None else [("authorization", f"Bearer {token}")])
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_the_private_instance_requires_a_token_of_its_own_even_with_authentication_disabled(tmp_path: Path):
+    """`RAY_AUTH_MODE=disabled` (and a token of the user's in `RAY_AUTH_TOKEN`) in the environment: the private
+    instance still refuses a client without its token, or with the user's; its token is in a file only the user
+    reads; stopping it puts the environment's settings back."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_AUTH_TOKEN="the-users-own-" + "0" * 50)
+    proc, where = hold_private_instance(env)
+    try:
+        token_file = Path(where["token"])
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        token = token_file.read_text().strip()
+        assert gcs_answer(where["gcs"], None) == grpc.StatusCode.UNAUTHENTICATED
+        assert gcs_answer(where["gcs"], env["RAY_AUTH_TOKEN"]) == grpc.StatusCode.UNAUTHENTICATED
+        default = Path.home() / ".ray" / "auth_token"  # Ray's default token, shared by the user's instances
+        if default.exists() and default.read_text().strip() != token:
+            assert gcs_answer(where["gcs"], default.read_text().strip()) == grpc.StatusCode.UNAUTHENTICATED
+        assert gcs_answer(where["gcs"], token) == grpc.StatusCode.OK
+        client = subprocess.run(  # a Ray driver of the same user, without the token: refused (after some 20 s)
+            [sys.executable, "-c", f"import ray; ray.init(address={where['gcs']!r}); print('connected')"],
+            env=dict(env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert client.returncode != 0 and "connected" not in client.stdout, client.stdout
+        assert "token" in client.stderr.lower(), client.stderr[-3000:]
+        out, err = proc.communicate("\n", timeout=60)
+        assert proc.returncode == 0, err[-3000:]
+        assert json.loads(out) == {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"],
+                                   "RAY_AUTH_TOKEN_PATH": None}  # fmt: skip
+        assert not token_file.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
