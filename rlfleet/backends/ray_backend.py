@@ -25,7 +25,8 @@ Where Ray runs (`--address`):
 - empty (the default): a private Ray instance for this run, bound to 127.0.0.1 (no listener on any other
   interface: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set before Ray is imported), with Ray's token
   authentication forced on (`RAY_AUTH_MODE=disabled` does not turn it off) and a token of its own (a file only the
-  user reads, not `~/.ray/auth_token`), started in a few seconds and shut down at the end of the run;
+  user reads, not `~/.ray/auth_token`), started in a few seconds and shut down at the end of the run; its session
+  folder (Ray's logs, sockets and spilled objects) lives in a folder of its own, removed then;
 - `HOST:PORT` or `auto`: join an existing cluster (`ray start --head` on one machine, `ray start --address`
   on the others); it is left running. A token-protected cluster needs `RAY_AUTH_MODE=token` and its token
   (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment;
@@ -186,8 +187,9 @@ def system_temp_dir() -> str:
 @dataclass
 class PrivateInstance:
     """This process's private Ray instance: its folder (the user's alone, mode 0700, in the system's temp folder),
-    which holds its token (`auth_token`, mode 0600), and the authentication settings of the environment before it
-    started, put back when it stops."""
+    which holds its token (`auth_token`, mode 0600) and Ray's temp folder for it (its session folder: logs, sockets,
+    spilled objects), removed when it stops; and the authentication settings of the environment before it started,
+    put back then."""
 
     folder: Path
     saved_env: dict[str, str | None]
@@ -243,7 +245,7 @@ def start_private_instance(min_cpus: int = 1):
         _refresh_auth_settings()
         with _sigint_deferred():
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
-                     logging_level="WARNING")  # fmt: skip
+                     logging_level="WARNING", _temp_dir=str(_private.folder))  # fmt: skip
     except BaseException:
         stop_private_instance()
         raise
@@ -266,7 +268,18 @@ def stop_private_instance() -> None:
         else:
             os.environ[name] = value
     _refresh_auth_settings()
-    shutil.rmtree(instance.folder, ignore_errors=True)
+    _remove_folder(instance.folder)
+
+
+def _remove_folder(folder: Path, patience_s: float = 5.0) -> None:
+    """Remove `folder` and what is in it, again while a process of the instance that is still leaving (Ray's
+    agents) writes a file there."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 atexit.register(stop_private_instance)  # what `ray.shutdown()` alone leaves (Ray shuts itself down at exit before)

@@ -1,14 +1,17 @@
 """The private Ray instance of a `--backend ray` run without `--address`, as real processes see it: a Ctrl-C while it
-starts stops the run (nothing of Ray left); it requires a token of its own, whatever the environment says."""
+starts stops the run (nothing of Ray left); it requires a token of its own, whatever the environment says; its
+session folder goes with it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -156,3 +159,50 @@ def test_the_private_instance_requires_a_token_of_its_own_even_with_authenticati
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+SHORT_RUN = ["train", "a2c", "--env", "CartPole-v1", "--arch", "data_parallel", "--workers", "1", "--backend", "ray",
+             "--steps", "2000", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture
+def ray_tmpdir():
+    """A system temp folder for Ray of the test's own (`RAY_TMPDIR`), short: Ray's socket paths in it must stay
+    within the 107 bytes a Unix socket's path may have. It already holds another Ray session and another run's
+    private folder, which must outlive the test's runs."""
+    base = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    others = [base / "ray" / "session_2026-01-01_00-00-00_000000_1", base / "rlfleet-ray-another" / "session_x"]
+    for folder in others:
+        folder.mkdir(parents=True)
+        (folder / "kept").write_text("not this run's")
+    try:
+        yield base
+        for folder in others:
+            assert (folder / "kept").read_text() == "not this run's", f"{folder} was touched"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_private_instance_s_session_folder_goes_with_it(tmp_path: Path, ray_tmpdir: Path):
+    """Ray kept a session folder per instance in its temp folder for ever; the private instance's lives in the
+    run's private folder, removed when the run ends, and nothing else there is removed."""
+    proc = start_cli([*SHORT_RUN, "--logdir", tmp_path, "--name", "r"], tmp_path,
+                     env=dict(os.environ, RAY_TMPDIR=str(ray_tmpdir)))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (sessions := list(ray_tmpdir.glob(f"*/session_*_{proc.pid}"))):
+            assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no session folder after 120 s"
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        (session,) = sessions
+        assert not session.exists()
+        assert session.parent.name.startswith("rlfleet-ray-") and not session.parent.exists()  # its token too
+        assert sorted(p.name for p in ray_tmpdir.iterdir()) == ["ray", "rlfleet-ray-another"]
+        assert [p.name for p in (ray_tmpdir / "ray").iterdir()] == ["session_2026-01-01_00-00-00_000000_1"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kill_session(proc.pid)
