@@ -32,6 +32,9 @@ Where Ray runs (`--address`):
   (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment;
 - a Ray connection this process already has (`ray.init` called before the run) is used as it is.
 
+What Ray prints in the driver's terminal (its raylets' and autoscaler's messages, the actors' output, coloured) goes
+to `<run>/ray.log` without colours while the run's own connection lasts (`RayLog`).
+
 `--placement a,b` places worker i on a node that offers the custom resource `names[i mod n]` (nodes started
 with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
 """
@@ -42,6 +45,7 @@ import asyncio
 import atexit
 import contextlib
 import importlib.util
+import io
 import ipaddress
 import json
 import os
@@ -306,6 +310,49 @@ def _sigint_deferred():
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending in this thread reaches `previous` here
         if came and signal.SIGINT not in mask:
             signal.raise_signal(signal.SIGINT)
+
+
+class RayLog:
+    """Where the lines go that Ray forwards to the driver to print: its autoscaler's ("(autoscaler +8s) Error: No
+    available node types can fulfill ..."), its raylets' ("(raylet) A worker died ...") and what the actors write.
+    Ray prints them in the driver's terminal, coloured, between rlfleet's own lines; with a run folder they go to
+    `<run>/ray.log` instead, without colours. Ray 2.60 has no setting for this (`log_to_driver=False` drops the
+    actors' output and the autoscaler's alone; a raylet's message is printed in any case), so the one function
+    through which Ray prints them all, `ray._private.worker.print_to_stdstream`, is replaced while this run's
+    connection lasts (`attach` before `ray.init`, `detach` after `ray.shutdown`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._replaced: Any = None
+
+    def attach(self) -> None:
+        import ray._private.worker as ray_worker
+
+        if self._replaced is None:
+            self._replaced = ray_worker.print_to_stdstream
+            ray_worker.print_to_stdstream = self.print_to_stdstream
+
+    def detach(self) -> None:
+        import ray._private.worker as ray_worker
+
+        if self._replaced is not None:
+            ray_worker.print_to_stdstream = self._replaced
+            self._replaced = None
+
+    def print_to_stdstream(self, data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        """Ray's `print_to_stdstream(data, ignore_prefix)`: a batch of lines of one process, written as Ray writes
+        them (its prefix, the autoscaler's events picked out of its output) but to the run's log."""
+        from ray._private.worker import print_worker_logs
+
+        text = io.StringIO()
+        print_worker_logs(data, text, ignore_prefix)
+        self.write(ANSI.sub("", text.getvalue()))
+
+    def write(self, text: str) -> None:
+        if text:
+            with self._lock, open(self.path, "a") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
 
 
 def module_state(modules: dict[str, nn.Module]) -> dict[str, dict[str, np.ndarray]]:
@@ -922,16 +969,28 @@ class RayBackend(Backend):
         if problem is not None:
             raise ConfigError(f"--address {address}: {problem}")
 
-    def __init__(self, opts: Any = None):
-        super().__init__(opts)
+    def __init__(self, opts: Any = None, run_dir: Path | None = None):
+        super().__init__(opts, run_dir)
         address = getattr(opts, "address", "") or ""
         self.check_options(opts)
         self.ray = import_ray(private=not address or on_loopback(address))
         self.started = False  # this run connected to Ray (and shuts the connection down at the end)
         self.private = False  # this run started its private instance (and stops it at the end)
+        self.log: RayLog | None = None  # where Ray's own lines go while this run's connection lasts
         if not self.ray.is_initialized():
-            self._connect(address)
+            if run_dir is not None:
+                self.log = RayLog(Path(run_dir) / "ray.log")
+                self.log.attach()
+            try:
+                self._connect(address)
+            except BaseException:
+                self._detach_log()
+                raise
             self.started, self.private = True, not address
+            if self.log is not None:
+                whose = "the run's private instance, removed at its end" if self.private else f"at {address}"
+                session = self.ray._private.worker._global_node.get_session_dir_path()
+                self.log.write(f"Ray session folder: {session} ({whose}; Ray's own logs are in its logs/)")
         self.host = self.ray.util.get_node_ip_address()
         self.modules: dict[str, nn.Module] = {}
         self.weights: Any = None
@@ -1021,3 +1080,9 @@ class RayBackend(Backend):
         elif self.started and self.ray.is_initialized():
             self.ray.shutdown()
         self.started = self.private = False
+        self._detach_log()
+
+    def _detach_log(self) -> None:
+        if self.log is not None:
+            self.log.detach()
+            self.log = None

@@ -1,11 +1,12 @@
 """The private Ray instance of a `--backend ray` run without `--address`, as real processes see it: a Ctrl-C while it
 starts stops the run (nothing of Ray left); it requires a token of its own, whatever the environment says; its
-session folder goes with it."""
+session folder goes with it. Ray's own lines go to the run's log."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -206,3 +207,45 @@ def test_the_private_instance_s_session_folder_goes_with_it(tmp_path: Path, ray_
             proc.kill()
             proc.communicate()
         kill_session(proc.pid)
+
+
+RAY_LINE = re.compile(r"^\((raylet|autoscaler)\b", re.MULTILINE)  # how Ray prefixes its own lines
+
+
+@pytest.mark.parametrize("source", ["raylet", "autoscaler"])
+def test_ray_s_own_lines_go_to_the_run_s_log_not_to_the_terminal(tmp_path: Path, source: str):
+    """Ray printed its raylet's messages (an actor killed here) and its autoscaler's (roles asking for 1000 GPUs
+    here: the run stops after 60 s) in the terminal, coloured, among rlfleet's lines: they go to `<run>/ray.log`."""
+    run = tmp_path / "r"
+    if source == "raylet":
+        args = [*SHORT_RUN[:-3], "--workers", "2", "--steps", "40000", "--stop-return", "1e9", "--no-progress"]
+    else:
+        args = [*SHORT_RUN, "--gpus-per-role", "1000"]
+    proc = start_cli([*args, "--logdir", tmp_path, "--name", "r"], tmp_path)
+    try:
+        if source == "raylet":
+            deadline = time.monotonic() + 120
+            while not (run / "workers.json").exists() or not (pids := json.loads((run / "workers.json").read_text())):
+                assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
+                assert time.monotonic() < deadline, "no actors after 120 s"
+                time.sleep(0.2)
+            time.sleep(2)
+            os.kill(pids["0"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kill_session(proc.pid)
+    assert proc.returncode == (0 if source == "raylet" else 1), err[-3000:]
+    for stream in (out, err):
+        assert "\x1b[" not in stream, stream[-3000:]
+        assert not RAY_LINE.search(stream), stream[-3000:]
+    log = (run / "ray.log").read_text()
+    assert "\x1b[" not in log and log.startswith("Ray session folder: "), log[-3000:]
+    if source == "raylet":
+        assert "worker 0 died" in err  # rlfleet's own report stays where it was
+        assert re.search(r"^\(raylet\) A worker died or was killed", log, re.MULTILINE), log[-3000:]
+    else:
+        assert "did not start within 60 s" in err
+        assert re.search(r"^\(autoscaler \+\d+s\) Error: No available node types can fulfill", log, re.MULTILINE), log
