@@ -29,7 +29,10 @@ Where Ray runs (`--address`):
   folder (Ray's logs, sockets and spilled objects) lives in a folder of its own, removed then;
 - `HOST:PORT` or `auto`: join an existing cluster (`ray start --head` on one machine, `ray start --address`
   on the others); it is left running. A token-protected cluster needs `RAY_AUTH_MODE=token` and its token
-  (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment;
+  (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment. `auto` is resolved before Ray is
+  imported, as Ray resolves it (`RAY_ADDRESS`, the latest `ray start`'s address file, the one instance running
+  here), so that a cluster on 127.0.0.1 keeps Ray on loopback; it never picks another user's instance or a run's
+  private one, and no address joins a run's private instance (`PRIVATE_RESOURCE` marks them);
 - a Ray connection this process already has (`ray.init` called before the run) is used as it is.
 
 What Ray prints in the driver's terminal (its raylets' and autoscaler's messages, the actors' output, coloured) goes
@@ -98,6 +101,9 @@ ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray reads its authentication settings
 PRIVATE_PREFIX = "rlfleet-ray-"  # of a private instance's folder, in the system's temp folder
+PRIVATE_RESOURCE = "rlfleet_private_instance"
+"""A resource that every private instance (and only one) offers: it marks it as a run's own, which no other run
+may join. It is on its raylet's command line (seen before joining) and among its resources (seen after)."""
 
 
 RESOURCE_UNIT = 1e-4  # Ray reserves resources in multiples of this
@@ -157,6 +163,116 @@ def on_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+@dataclass
+class LocalInstance:
+    """A Ray instance with a raylet on this machine, as its command line shows it (to anyone on the machine)."""
+
+    pid: int  # the raylet's
+    uid: int  # its user's
+    gcs: str  # the address that joins it, HOST:PORT
+    session_dir: str
+    private: bool  # an rlfleet run's private instance (`PRIVATE_RESOURCE`)
+
+    @property
+    def driver_pid(self) -> int | None:
+        """The process that started it (its session's name ends with that pid)."""
+        tail = self.session_dir.rstrip("/").rpartition("_")[2]
+        return int(tail) if tail.isdigit() else None
+
+
+def local_instances() -> list[LocalInstance]:
+    """Every Ray instance with a raylet on this machine, any user's (Linux: from /proc; elsewhere none are found),
+    as Ray finds them for `auto`, with who runs each and whether it is a run's private instance."""
+    found = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            uid = entry.stat().st_uid
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if not args or os.path.basename(args[0]) != "raylet":
+            continue
+        flags: dict[str, str] = {}
+        for arg in args[1:]:
+            name, _, value = arg.partition("=")
+            flags.setdefault(name, value)  # the raylet's own flags come before those of the commands it runs
+        if not flags.get("--gcs-address"):
+            continue
+        resources = flags.get("--static_resource_list", "").split(",")[::2]
+        found.append(LocalInstance(int(entry.name), uid, flags["--gcs-address"], flags.get("--session_dir", ""),
+                                   PRIVATE_RESOURCE in resources))  # fmt: skip
+    return found
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """HOST:PORT `a` and `b` are one address (127.0.0.1 and localhost alike)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    return port_a == port_b and (host_a == host_b or (on_loopback(a) and on_loopback(b)))
+
+
+def ray_address_file() -> Path:
+    """Where `ray start --head` (and `ray.cluster_utils.Cluster`) leave the address of the latest cluster started
+    on this machine, which `auto` joins."""
+    return Path(system_temp_dir()) / "ray" / "ray_current_cluster"
+
+
+def resolve_address(address: str) -> tuple[str, str]:
+    """(HOST:PORT to join, how it was found) for `--address`. `auto` is resolved here, before Ray is imported (so
+    that one on 127.0.0.1 makes Ray keep to loopback: Ray would rewrite it to the machine's address and wait there
+    for ever), as Ray 2.60 resolves it: `RAY_ADDRESS`, else the address file of the latest `ray start`, else the one
+    Ray instance running on this machine, except that no other user's instance and no run's private instance
+    counts (Ray would join any)."""
+    if address != "auto":
+        return address, ""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return env, "RAY_ADDRESS"
+    file = ray_address_file()
+    with contextlib.suppress(OSError):
+        found = file.read_text().strip()
+        if found:
+            return found, f"the address of the latest `ray start`, in {file}"
+    mine = [i for i in local_instances() if i.uid == os.getuid() and not i.private]
+    if len(mine) == 1:
+        return mine[0].gcs, "the one Ray instance of yours running on this machine"
+    if not mine:
+        raise ConfigError(
+            "--address auto: no Ray cluster to join (no RAY_ADDRESS, no address of a `ray start` in "
+            f"{file}, and no Ray instance of yours running on this machine but rlfleet runs' private ones): start "
+            "one with `ray start --head`, or give --address HOST:PORT"
+        )
+    raise ConfigError(
+        f"--address auto: {len(mine)} Ray instances of yours run on this machine "
+        f"({', '.join(sorted(i.gcs for i in mine))}): give --address HOST:PORT"
+    )
+
+
+def _refuse_foreign(address: str, given: str, how: str) -> None:
+    """Refuse the Ray instance at `address` (found as `how` says, for `--address given`) when this machine runs it
+    as an rlfleet run's private instance (which goes with that run, and whose token is that run's alone), or, found
+    by `auto`, as another user's (which `auto` should not join unasked)."""
+    label = f"--address {given}" + (f" ({address}, {how})" if how else "")
+    for instance in local_instances():
+        if not _same_endpoint(instance.gcs, address):
+            continue
+        if instance.private:
+            owner = f" (process {instance.driver_pid})" if instance.driver_pid else ""
+            raise ConfigError(
+                f"{label} is the private Ray instance of another rlfleet run{owner}, which ends with that run and "
+                "admits no one else: start a cluster to share with `ray start --head` and join that"
+            )
+        if how and instance.uid != os.getuid():
+            raise ConfigError(
+                f"{label} is a Ray instance of another user (uid {instance.uid}): give --address {address} to "
+                "join it on purpose"
+            )
 
 
 def import_ray(private: bool):
@@ -249,7 +365,8 @@ def start_private_instance(min_cpus: int = 1):
         _refresh_auth_settings()
         with _sigint_deferred():
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
-                     logging_level="WARNING", _temp_dir=str(_private.folder))  # fmt: skip
+                     logging_level="WARNING", _temp_dir=str(_private.folder),
+                     resources={PRIVATE_RESOURCE: 1})  # fmt: skip
     except BaseException:
         stop_private_instance()
         raise
@@ -958,22 +1075,30 @@ class RayBackend(Backend):
         gpus = getattr(opts, "gpus_per_role", 0.0)
         if 0 < gpus < RESOURCE_UNIT:
             raise ConfigError(f"--gpus-per-role={gpus:g} is below Ray's smallest share of a resource, {RESOURCE_UNIT}")
-        address = getattr(opts, "address", "") or ""
-        _check_placement(getattr(opts, "placement", "") or "", address)
-        if address in ("", "auto"):
-            return
+        given = getattr(opts, "address", "") or ""
+        _check_placement(getattr(opts, "placement", "") or "", given)
+        ray = sys.modules.get("ray")
+        if not given or (given == "auto" and ray is not None and ray.is_initialized()):
+            return  # the private instance, or the connection this process has
+        address, how = resolve_address(given)
+        label = f"--address {given}" + (f" ({address}, {how})" if how else "")
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigError(f"--address {address!r} is not HOST:PORT (or auto)")
+            raise ConfigError(f"{label}: {address!r} is not HOST:PORT" if how else f"--address {given!r} is not "
+                              "HOST:PORT (or auto)")  # fmt: skip
         problem = _grpc_problem(host, int(port))
         if problem is not None:
-            raise ConfigError(f"--address {address}: {problem}")
+            raise ConfigError(f"{label}: {problem}")
+        _refuse_foreign(address, given, how)
 
     def __init__(self, opts: Any = None, run_dir: Path | None = None):
         super().__init__(opts, run_dir)
-        address = getattr(opts, "address", "") or ""
+        self.given = getattr(opts, "address", "") or ""
         self.check_options(opts)
-        self.ray = import_ray(private=not address or on_loopback(address))
+        ray = sys.modules.get("ray")
+        connected = ray is not None and ray.is_initialized()
+        address, self.how = resolve_address(self.given) if self.given and not connected else (self.given, "")
+        self.ray = import_ray(private=not address or on_loopback(address))  # `auto` on 127.0.0.1 keeps to it too
         self.started = False  # this run connected to Ray (and shuts the connection down at the end)
         self.private = False  # this run started its private instance (and stops it at the end)
         self.log: RayLog | None = None  # where Ray's own lines go while this run's connection lasts
@@ -999,12 +1124,23 @@ class RayBackend(Backend):
 
     def _connect(self, address: str) -> None:
         if address:
+            label = f"--address {self.given}" + (f" ({address}, {self.how})" if self.how else "")
             try:
                 with _sigint_deferred():
                     self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
             except (ConnectionError, RuntimeError, ValueError) as exc:  # nothing there, a refused token, ...
+                if self.ray.is_initialized():
+                    self.ray.shutdown()
                 reason = ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(f"cannot join the Ray cluster at --address {address}: {reason}") from None
+                raise ConfigError(f"cannot join the Ray cluster at {label}: {reason}") from None
+            except BaseException:  # Ctrl-C
+                if self.ray.is_initialized():
+                    self.ray.shutdown()
+                raise
+            if PRIVATE_RESOURCE in self.ray.cluster_resources():  # one this machine does not run (or did not show)
+                self.ray.shutdown()
+                raise ConfigError(f"{label} is the private Ray instance of another rlfleet run, which ends with that "
+                                  "run: start a cluster to share with `ray start --head` and join that")  # fmt: skip
         else:
             workers = getattr(self.opts, "workers", 1)
             start_private_instance(int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))

@@ -1,6 +1,7 @@
 """The private Ray instance of a `--backend ray` run without `--address`, as real processes see it: a Ctrl-C while it
 starts stops the run (nothing of Ray left); it requires a token of its own, whatever the environment says; its
-session folder goes with it. Ray's own lines go to the run's log."""
+session folder goes with it. Ray's own lines go to the run's log. `--address auto` resolves as Ray does, keeps a
+cluster on loopback there, and never joins another run's private instance."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from pathlib import Path
 import grpc
 import pytest
 from procs import RLFLEET, kill_session, ray_processes, session_processes, wait_until_gone
+
+from rlfleet.backends import ray_backend
+from rlfleet.fields import ConfigError
 
 LONG_RUN = ["train", "a2c", "--env", "CartPole-v1", "--arch", "async_grad", "--workers", "2", "--backend", "ray",
             "--steps", "10000000", "--stop-return", "1e9", "--no-progress"]  # fmt: skip
@@ -249,3 +253,92 @@ def test_ray_s_own_lines_go_to_the_run_s_log_not_to_the_terminal(tmp_path: Path,
     else:
         assert "did not start within 60 s" in err
         assert re.search(r"^\(autoscaler \+\d+s\) Error: No available node types can fulfill", log, re.MULTILINE), log
+
+
+# ------------------------------------------------------------------------------------------------- --address auto
+def instance(gcs: str, uid: int | None = None, private: bool = False) -> ray_backend.LocalInstance:
+    return ray_backend.LocalInstance(1, os.getuid() if uid is None else uid, gcs, "/tmp/x/session_1_4242", private)
+
+
+def test_auto_is_resolved_as_ray_resolves_it_but_never_to_a_private_or_another_user_s_instance(monkeypatch, tmp_path):
+    """`RAY_ADDRESS`, else the latest `ray start`'s address file, else the one instance of the user's running here
+    (Ray would take any: another user's, or a run's private instance)."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    running = [instance("127.0.0.1:7001", private=True), instance("127.0.0.1:7002", uid=os.getuid() + 1)]
+    monkeypatch.setattr(ray_backend, "local_instances", lambda: running)
+    with pytest.raises(ConfigError, match=r"^--address auto: no Ray cluster to join \(no RAY_ADDRESS, "):
+        ray_backend.resolve_address("auto")
+    running.append(instance("127.0.0.1:7003"))
+    assert ray_backend.resolve_address("auto") == ("127.0.0.1:7003", "the one Ray instance of yours running on "
+                                                   "this machine")  # fmt: skip
+    running.append(instance("10.0.0.5:7004"))
+    with pytest.raises(ConfigError, match=r"^--address auto: 2 Ray instances of yours run on this machine \(10\.0"):
+        ray_backend.resolve_address("auto")
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:7005\n")
+    assert ray_backend.resolve_address("auto")[0] == "127.0.0.1:7005"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6379")
+    assert ray_backend.resolve_address("auto") == ("10.0.0.6:6379", "RAY_ADDRESS")
+    assert ray_backend.resolve_address("10.0.0.7:6379") == ("10.0.0.7:6379", "")
+    with pytest.raises(ConfigError, match=r"^--address auto \(localhost:7001, RAY_ADDRESS\) is the private Ray "
+                                          r"instance of another rlfleet run \(process 4242\)"):  # fmt: skip
+        ray_backend._refuse_foreign("localhost:7001", "auto", "RAY_ADDRESS")
+    other_user = r"^--address auto \(127\.0\.0\.1:7002, RAY_ADDRESS\) is a Ray instance of another user \(uid \d+\)"
+    with pytest.raises(ConfigError, match=other_user + r": give --address 127\.0\.0\.1:7002 to join it on purpose$"):
+        ray_backend._refuse_foreign("127.0.0.1:7002", "auto", "RAY_ADDRESS")
+    ray_backend._refuse_foreign("127.0.0.1:7002", "127.0.0.1:7002", "")  # given on purpose
+    ray_backend._refuse_foreign("127.0.0.1:7003", "auto", "RAY_ADDRESS")
+
+
+def test_auto_joins_a_cluster_on_loopback(tmp_path: Path, ray_tmpdir: Path, monkeypatch):
+    """A cluster on 127.0.0.1 (`ray.cluster_utils.Cluster`, which records its address as `ray start` does), found by
+    `--address auto` in a process that did not set `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`: Ray rewrote 127.0.0.1 to
+    the machine's address and waited there for ever; resolved first, it is joined on loopback."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))  # where the cluster records its address, and auto reads it
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        assert (ray_tmpdir / "ray" / "ray_current_cluster").read_text().startswith("127.0.0.1:")
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+        proc = start_cli([*SHORT_RUN, "--address", "auto", "--logdir", tmp_path, "--name", "r"], tmp_path, env=env)
+        try:
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+            kill_session(proc.pid)
+        assert proc.returncode == 0, err[-3000:]
+        places = json.loads((tmp_path / "r" / "actors.json").read_text()).values()
+        assert {place["node"] for place in places} == {cluster.head_node.node_id}
+        assert f"(at {cluster.address};" in (tmp_path / "r" / "ray.log").read_text()
+        assert len(cluster.list_all_nodes()) == 1  # left running
+    finally:
+        cluster.shutdown()
+
+
+def test_another_run_s_private_instance_is_refused_by_auto_and_by_its_address(tmp_path: Path, ray_tmpdir: Path):
+    """Another process's private instance is seen as one on this machine, and neither `auto` (through RAY_ADDRESS
+    here) nor its address joins it: one line at once, instead of a run that joins it (Ray's shared default token
+    used to let it) or waits 20 s for Ray to refuse the token."""
+    proc, where = hold_private_instance(dict(os.environ))
+    try:
+        (found,) = [i for i in ray_backend.local_instances() if i.gcs == where["gcs"]]
+        assert found.private and found.uid == os.getuid() and found.driver_pid == proc.pid
+        for address, label in (("auto", f"auto ({where['gcs']}, RAY_ADDRESS)"), (where["gcs"], where["gcs"])):
+            env = dict(os.environ, RAY_ADDRESS=where["gcs"], RAY_TMPDIR=str(ray_tmpdir))
+            started = time.monotonic()
+            cli = subprocess.run([*RLFLEET, *SHORT_RUN, "--address", address, "--logdir", str(tmp_path)], env=env,
+                                 capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+            assert cli.returncode == 2, cli.stderr[-3000:]
+            assert cli.stderr.strip().splitlines()[-1] == (
+                f"rlfleet: error: --address {label} is the private Ray instance of another rlfleet run (process "
+                f"{proc.pid}), which ends with that run and admits no one else: start a cluster to share with `ray "
+                "start --head` and join that"
+            ), cli.stderr[-3000:]
+            assert time.monotonic() - started < 60
+            assert not list(tmp_path.iterdir())  # refused before a run folder was written
+    finally:
+        proc.communicate("\n", timeout=60)
