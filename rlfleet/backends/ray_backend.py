@@ -307,9 +307,10 @@ def system_temp_dir() -> str:
 @dataclass
 class PrivateInstance:
     """This process's private Ray instance: its folder (the user's alone, mode 0700, in the system's temp folder),
-    which holds its token (`auth_token`, mode 0600) and Ray's temp folder for it (its session folder: logs, sockets,
-    spilled objects), removed when it stops; and the authentication settings of the environment before it started,
-    put back then."""
+    which holds its token (`auth_token`, mode 0600) and Ray's temp folder for it (`ray/`, with its session folder:
+    logs, sockets, spilled objects; Ray opens that one to everyone, mode 0777, and the folder around it keeps the
+    others out), removed when it stops; and the authentication settings of the environment before it started, put
+    back then."""
 
     folder: Path
     saved_env: dict[str, str | None]
@@ -317,6 +318,10 @@ class PrivateInstance:
     @property
     def token_path(self) -> Path:
         return self.folder / "auth_token"
+
+    @property
+    def temp_dir(self) -> Path:
+        return self.folder / "ray"
 
 
 _private: PrivateInstance | None = None
@@ -365,7 +370,7 @@ def start_private_instance(min_cpus: int = 1):
         _refresh_auth_settings()
         with _sigint_deferred():
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
-                     logging_level="WARNING", _temp_dir=str(_private.folder),
+                     logging_level="WARNING", _temp_dir=str(_private.temp_dir),
                      resources={PRIVATE_RESOURCE: 1})  # fmt: skip
     except BaseException:
         stop_private_instance()

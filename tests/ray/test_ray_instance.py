@@ -141,7 +141,8 @@ def test_the_private_instance_requires_a_token_of_its_own_even_with_authenticati
     try:
         token_file = Path(where["token"])
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700  # its session folder is in it
+        assert Path(where["session"]).parent.parent == token_file.parent
         token = token_file.read_text().strip()
         assert gcs_answer(where["gcs"], None) == grpc.StatusCode.UNAUTHENTICATED
         assert gcs_answer(where["gcs"], env["RAY_AUTH_TOKEN"]) == grpc.StatusCode.UNAUTHENTICATED
@@ -175,7 +176,7 @@ def ray_tmpdir():
     """A system temp folder for Ray of the test's own (`RAY_TMPDIR`), short: Ray's socket paths in it must stay
     within the 107 bytes a Unix socket's path may have. It already holds another Ray session and another run's
     private folder, which must outlive the test's runs."""
-    base = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     others = [base / "ray" / "session_2026-01-01_00-00-00_000000_1", base / "rlfleet-ray-another" / "session_x"]
     for folder in others:
         folder.mkdir(parents=True)
@@ -195,7 +196,7 @@ def test_the_private_instance_s_session_folder_goes_with_it(tmp_path: Path, ray_
                      env=dict(os.environ, RAY_TMPDIR=str(ray_tmpdir)))  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not (sessions := list(ray_tmpdir.glob(f"*/session_*_{proc.pid}"))):
+        while not (sessions := list(ray_tmpdir.glob(f"**/session_*_{proc.pid}"))):
             assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
             assert time.monotonic() < deadline, "no session folder after 120 s"
             time.sleep(0.05)
@@ -203,7 +204,8 @@ def test_the_private_instance_s_session_folder_goes_with_it(tmp_path: Path, ray_
         assert proc.returncode == 0, err[-3000:]
         (session,) = sessions
         assert not session.exists()
-        assert session.parent.name.startswith("rlfleet-ray-") and not session.parent.exists()  # its token too
+        folder = session.parent.parent  # <tmp>/rlfleet-ray-XXXXXXXX/ray/session_...: with its token
+        assert folder.name.startswith("rlfleet-ray-") and not folder.exists()
         assert sorted(p.name for p in ray_tmpdir.iterdir()) == ["ray", "rlfleet-ray-another"]
         assert [p.name for p in (ray_tmpdir / "ray").iterdir()] == ["session_2026-01-01_00-00-00_000000_1"]
     finally:
