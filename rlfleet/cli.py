@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from rlfleet.fields import field_docs, parse_count
 
 USAGE_ERROR = 2
+INTERRUPTED = 128 + 2  # as a shell reports a command that SIGINT ended
 
 
 MAX_STEPS_HELP = (
@@ -323,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `rlfleet list | head`: the reader has what it wanted
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C before a run's loop (which stops politely) or a second one: one line
+        print("rlfleet: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except (
         UnknownAlgorithmError,
         UnknownEnvError,

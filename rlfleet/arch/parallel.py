@@ -312,7 +312,7 @@ class ParallelRunner(RunBase):
         (`shared`), the published weights' version, the global step counter (with `worker_slots` every worker
         adds to its own slot, `worker_id + 1`); and the coordinator's own counts: episodes, recent returns,
         the policy lags (weight version learned from minus version acted with) not logged yet."""
-        self.backend = make_backend(self.opts.backend, self.opts)
+        self.backend = make_backend(self.opts.backend, self.opts, self.run_dir)
         self.shared = self.backend.share(algo_modules(self.algo))
         self.weights = self.backend.weight_version()
         self.counter = self.backend.step_counter(1 + (self.opts.workers if worker_slots else 0))

@@ -4,6 +4,7 @@ Ray itself is imported only when a `ray` backend is made (it is an extra)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rlfleet.backends.base import (
@@ -25,11 +26,12 @@ from rlfleet.backends.serial import SerialBackend
 BACKENDS: dict[str, type[Backend]] = {"serial": SerialBackend, "local": LocalBackend, "ray": RayBackend}
 
 
-def make_backend(name: str, opts: Any = None) -> Backend:
-    """The backend called `name` (see `BACKENDS`), made from the run's architecture options `opts`."""
+def make_backend(name: str, opts: Any = None, run_dir: Path | None = None) -> Backend:
+    """The backend called `name` (see `BACKENDS`), made from the run's architecture options `opts`, for the run in
+    `run_dir`."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[name](opts)
+    return BACKENDS[name](opts, run_dir)
 
 
 __all__ = [

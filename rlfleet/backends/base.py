@@ -194,7 +194,8 @@ class ServiceGroup(ABC):
 
 class Backend(ABC):
     """Starts roles and provides what the coordinator shares with them. Made from the run's architecture
-    options (`opts`: the backend's own options are among them); `close()` at the end of the run."""
+    options (`opts`: the backend's own options are among them) and its folder (`run_dir`: where it may keep a log of
+    its own; None outside a run); `close()` at the end of the run."""
 
     name: str
     in_process: bool
@@ -206,8 +207,9 @@ class Backend(ABC):
     has_services: bool = False
     """It implements `start_services` (architectures that need services refuse the others before they start)."""
 
-    def __init__(self, opts: Any = None):
+    def __init__(self, opts: Any = None, run_dir: Path | None = None):
         self.opts = opts
+        self.run_dir = run_dir
 
     @classmethod
     def check_options(cls, opts: Any) -> None:

@@ -28,11 +28,19 @@ Where Ray runs (`--address`):
 
 - empty (the default): a private Ray instance for this run, bound to 127.0.0.1 (no listener on any other
   interface: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set before Ray is imported), with Ray's token
-  authentication, started in a few seconds and shut down at the end of the run;
+  authentication forced on (`RAY_AUTH_MODE=disabled` does not turn it off) and a token of its own (a file only the
+  user reads, not `~/.ray/auth_token`), started in a few seconds and shut down at the end of the run; its session
+  folder (Ray's logs, sockets and spilled objects) lives in a folder of its own, removed then;
 - `HOST:PORT` or `auto`: join an existing cluster (`ray start --head` on one machine, `ray start --address`
   on the others); it is left running. A token-protected cluster needs `RAY_AUTH_MODE=token` and its token
-  (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment;
+  (`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`) in the driver's environment. `auto` is resolved before Ray is
+  imported, as Ray resolves it (`RAY_ADDRESS`, the latest `ray start`'s address file, the one instance running
+  here), so that a cluster on 127.0.0.1 keeps Ray on loopback; it never picks another user's instance or a run's
+  private one, and no address joins a run's private instance (`PRIVATE_RESOURCE` marks them);
 - a Ray connection this process already has (`ray.init` called before the run) is used as it is.
+
+What Ray prints in the driver's terminal (its raylets' and autoscaler's messages, the actors' output, coloured) goes
+to `<run>/ray.log` without colours while the run's own connection lasts (`RayLog`).
 
 `--placement a,b` places worker i on a node that offers the custom resource `names[i mod n]` (nodes started
 with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
@@ -41,16 +49,21 @@ with `--resources '{"a": 8}'`), for runs that spread roles over given machines.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import importlib.util
+import io
 import ipaddress
 import json
 import os
 import pickle
 import re
+import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -58,6 +71,7 @@ import uuid
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,6 +105,11 @@ PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many r
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's error texts
 ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray reads its authentication settings
+PRIVATE_PREFIX = "rlfleet-ray-"  # of a private instance's folder, in the system's temp folder
+PRIVATE_RESOURCE = "rlfleet_private_instance"
+"""A resource that every private instance (and only one) offers: it marks it as a run's own, which no other run
+may join. It is on its raylet's command line (seen before joining) and among its resources (seen after)."""
 
 
 RESOURCE_UNIT = 1e-4  # Ray reserves resources in multiples of this
@@ -152,6 +171,116 @@ def on_loopback(address: str) -> bool:
         return host == "localhost"
 
 
+@dataclass
+class LocalInstance:
+    """A Ray instance with a raylet on this machine, as its command line shows it (to anyone on the machine)."""
+
+    pid: int  # the raylet's
+    uid: int  # its user's
+    gcs: str  # the address that joins it, HOST:PORT
+    session_dir: str
+    private: bool  # an rlfleet run's private instance (`PRIVATE_RESOURCE`)
+
+    @property
+    def driver_pid(self) -> int | None:
+        """The process that started it (its session's name ends with that pid)."""
+        tail = self.session_dir.rstrip("/").rpartition("_")[2]
+        return int(tail) if tail.isdigit() else None
+
+
+def local_instances() -> list[LocalInstance]:
+    """Every Ray instance with a raylet on this machine, any user's (Linux: from /proc; elsewhere none are found),
+    as Ray finds them for `auto`, with who runs each and whether it is a run's private instance."""
+    found = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            uid = entry.stat().st_uid
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if not args or os.path.basename(args[0]) != "raylet":
+            continue
+        flags: dict[str, str] = {}
+        for arg in args[1:]:
+            name, _, value = arg.partition("=")
+            flags.setdefault(name, value)  # the raylet's own flags come before those of the commands it runs
+        if not flags.get("--gcs-address"):
+            continue
+        resources = flags.get("--static_resource_list", "").split(",")[::2]
+        found.append(LocalInstance(int(entry.name), uid, flags["--gcs-address"], flags.get("--session_dir", ""),
+                                   PRIVATE_RESOURCE in resources))  # fmt: skip
+    return found
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """HOST:PORT `a` and `b` are one address (127.0.0.1 and localhost alike)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    return port_a == port_b and (host_a == host_b or (on_loopback(a) and on_loopback(b)))
+
+
+def ray_address_file() -> Path:
+    """Where `ray start --head` (and `ray.cluster_utils.Cluster`) leave the address of the latest cluster started
+    on this machine, which `auto` joins."""
+    return Path(system_temp_dir()) / "ray" / "ray_current_cluster"
+
+
+def resolve_address(address: str) -> tuple[str, str]:
+    """(HOST:PORT to join, how it was found) for `--address`. `auto` is resolved here, before Ray is imported (so
+    that one on 127.0.0.1 makes Ray keep to loopback: Ray would rewrite it to the machine's address and wait there
+    for ever), as Ray 2.60 resolves it: `RAY_ADDRESS`, else the address file of the latest `ray start`, else the one
+    Ray instance running on this machine, except that no other user's instance and no run's private instance
+    counts (Ray would join any)."""
+    if address != "auto":
+        return address, ""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return env, "RAY_ADDRESS"
+    file = ray_address_file()
+    with contextlib.suppress(OSError):
+        found = file.read_text().strip()
+        if found:
+            return found, f"the address of the latest `ray start`, in {file}"
+    mine = [i for i in local_instances() if i.uid == os.getuid() and not i.private]
+    if len(mine) == 1:
+        return mine[0].gcs, "the one Ray instance of yours running on this machine"
+    if not mine:
+        raise ConfigError(
+            "--address auto: no Ray cluster to join (no RAY_ADDRESS, no address of a `ray start` in "
+            f"{file}, and no Ray instance of yours running on this machine but rlfleet runs' private ones): start "
+            "one with `ray start --head`, or give --address HOST:PORT"
+        )
+    raise ConfigError(
+        f"--address auto: {len(mine)} Ray instances of yours run on this machine "
+        f"({', '.join(sorted(i.gcs for i in mine))}): give --address HOST:PORT"
+    )
+
+
+def _refuse_foreign(address: str, given: str, how: str) -> None:
+    """Refuse the Ray instance at `address` (found as `how` says, for `--address given`) when this machine runs it
+    as an rlfleet run's private instance (which goes with that run, and whose token is that run's alone), or, found
+    by `auto`, as another user's (which `auto` should not join unasked)."""
+    label = f"--address {given}" + (f" ({address}, {how})" if how else "")
+    for instance in local_instances():
+        if not _same_endpoint(instance.gcs, address):
+            continue
+        if instance.private:
+            owner = f" (process {instance.driver_pid})" if instance.driver_pid else ""
+            raise ConfigError(
+                f"{label} is the private Ray instance of another rlfleet run{owner}, which ends with that run and "
+                "admits no one else: start a cluster to share with `ray start --head` and join that"
+            )
+        if how and instance.uid != os.getuid():
+            raise ConfigError(
+                f"{label} is a Ray instance of another user (uid {instance.uid}): give --address {address} to "
+                "join it on purpose"
+            )
+
+
 def import_ray(private: bool):
     """Ray, imported so that a private instance (or one on 127.0.0.1) listens on loopback only; a clear error if it
     is missing."""
@@ -172,30 +301,186 @@ def import_ray(private: bool):
     return ray
 
 
+def system_temp_dir() -> str:
+    """The folder Ray keeps its temp folder in (`ray/` there by default), found as Ray 2.60 finds it."""
+    if "RAY_TMPDIR" in os.environ:
+        return os.environ["RAY_TMPDIR"]
+    if sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        return os.environ["TMPDIR"]
+    return "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
+
+
+@dataclass
+class PrivateInstance:
+    """This process's private Ray instance: its folder (the user's alone, mode 0700, in the system's temp folder),
+    which holds its token (`auth_token`, mode 0600) and Ray's temp folder for it (`ray/`, with its session folder:
+    logs, sockets, spilled objects; Ray opens that one to everyone, mode 0777, and the folder around it keeps the
+    others out), removed when it stops; and the authentication settings of the environment before it started, put
+    back then."""
+
+    folder: Path
+    saved_env: dict[str, str | None]
+
+    @property
+    def token_path(self) -> Path:
+        return self.folder / "auth_token"
+
+    @property
+    def temp_dir(self) -> Path:
+        return self.folder / "ray"
+
+
+_private: PrivateInstance | None = None
+
+
+def _refresh_auth_settings() -> None:
+    """Make Ray read the authentication settings of the environment again (mode and token), as Ray itself does
+    when it turns token authentication on for a new local instance."""
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")  # the mode first: a token loaded while the mode is stale fails a check in Ray
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _new_private_folder() -> PrivateInstance:
+    """The private instance's folder with a token of its own, and the environment set for it: token authentication
+    forced on (whatever `RAY_AUTH_MODE` says: a client without the token must not run code in it), and that token
+    alone (not `RAY_AUTH_TOKEN` or `~/.ray/auth_token`, which every instance of the user may share). Ray's processes
+    inherit the environment."""
+    folder = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=system_temp_dir()))  # mode 0700
+    instance = PrivateInstance(folder, {name: os.environ.get(name) for name in AUTH_ENV})
+    fd = os.open(instance.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))  # as Ray's own tokens: 256 random bits
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(instance.token_path)
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # it would come first
+    return instance
+
+
 def start_private_instance(min_cpus: int = 1):
     """Start a Ray instance of this machine for this process alone: every listener on 127.0.0.1, token
-    authentication on (Ray's default for a local instance), Ctrl-C ignored by its processes, at least
+    authentication on with a token of its own (`PrivateInstance`), Ctrl-C kept from its processes, at least
     `min_cpus` CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`;
-    `ray.shutdown()` stops it."""
-    ray = import_ray(private=True)
-    with _sigint_ignored():
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
-                 logging_level="WARNING")  # fmt: skip
+    `stop_private_instance()` stops it (at exit at the latest). A Ctrl-C while it starts is raised once it has
+    started (`_sigint_deferred`), after the instance is stopped again: nothing of it is left."""
+    global _private
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        raise RuntimeError("this process is connected to Ray already: no private instance started")
+    stop_private_instance()  # one stopped with `ray.shutdown()` alone: its folder and settings
+    _private = _new_private_folder()
+    try:
+        ray = import_ray(private=True)
+        _refresh_auth_settings()
+        with _sigint_deferred():
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
+                     logging_level="WARNING", _temp_dir=str(_private.temp_dir),
+                     resources={PRIVATE_RESOURCE: 1})  # fmt: skip
+    except BaseException:
+        stop_private_instance()
+        raise
     return ray
 
 
+def stop_private_instance() -> None:
+    """Stop this process's private instance, if it has one (idempotent): shut Ray down, put the environment's
+    authentication settings back and remove its folder."""
+    global _private
+    if _private is None:
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    instance, _private = _private, None
+    for name, value in instance.saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _refresh_auth_settings()
+    _remove_folder(instance.folder)
+
+
+def _remove_folder(folder: Path, patience_s: float = 5.0) -> None:
+    """Remove `folder` and what is in it, again while a process of the instance that is still leaving (Ray's
+    agents) writes a file there."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+atexit.register(stop_private_instance)  # what `ray.shutdown()` alone leaves (Ray shuts itself down at exit before)
+
+
 @contextlib.contextmanager
-def _sigint_ignored():
-    """Processes started here ignore Ctrl-C (a terminal sends it to the whole process group): only the
-    coordinator reacts to it, then stops the actors and the instance itself."""
+def _sigint_deferred():
+    """Ctrl-C while Ray starts processes (or actors) is deferred to the end of the block, neither lost nor seen by
+    them. A terminal sends it to the whole process group: SIGINT is blocked in this thread, so the processes
+    started here inherit it blocked and never see one (Ray blocks it in the processes it starts too, and none of
+    them unblocks it), and a SIGINT that reaches another thread of this process meanwhile is only recorded. At the
+    end the handler in place before the block gets the one that came (KeyboardInterrupt by default, the run's
+    polite stop during a run), as if it had come then."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending in this thread reaches `previous` here
+        if came and signal.SIGINT not in mask:
+            signal.raise_signal(signal.SIGINT)
+
+
+class RayLog:
+    """Where the lines go that Ray forwards to the driver to print: its autoscaler's ("(autoscaler +8s) Error: No
+    available node types can fulfill ..."), its raylets' ("(raylet) A worker died ...") and what the actors write.
+    Ray prints them in the driver's terminal, coloured, between rlfleet's own lines; with a run folder they go to
+    `<run>/ray.log` instead, without colours. Ray 2.60 has no setting for this (`log_to_driver=False` drops the
+    actors' output and the autoscaler's alone; a raylet's message is printed in any case), so the one function
+    through which Ray prints them all, `ray._private.worker.print_to_stdstream`, is replaced while this run's
+    connection lasts (`attach` before `ray.init`, `detach` after `ray.shutdown`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._replaced: Any = None
+
+    def attach(self) -> None:
+        import ray._private.worker as ray_worker
+
+        if self._replaced is None:
+            self._replaced = ray_worker.print_to_stdstream
+            ray_worker.print_to_stdstream = self.print_to_stdstream
+
+    def detach(self) -> None:
+        import ray._private.worker as ray_worker
+
+        if self._replaced is not None:
+            ray_worker.print_to_stdstream = self._replaced
+            self._replaced = None
+
+    def print_to_stdstream(self, data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        """Ray's `print_to_stdstream(data, ignore_prefix)`: a batch of lines of one process, written as Ray writes
+        them (its prefix, the autoscaler's events picked out of its output) but to the run's log."""
+        from ray._private.worker import print_worker_logs
+
+        text = io.StringIO()
+        print_worker_logs(data, text, ignore_prefix)
+        self.write(ANSI.sub("", text.getvalue()))
+
+    def write(self, text: str) -> None:
+        if text:
+            with self._lock, open(self.path, "a") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
 
 
 def module_state(modules: dict[str, nn.Module]) -> dict[str, dict[str, np.ndarray]]:
@@ -352,7 +637,7 @@ class RayGroup(RoleGroup):
         payload = self.ray.cloudpickle.dumps((self.make_role, self.backend.modules, self.backend.weights))
         cls = self.ray.remote(RoleActor).options(**self.backend.actor_options(wid))
         incarnation = self.incarnations[wid]
-        with _sigint_ignored():
+        with _sigint_deferred():
             actor = cls.remote(payload, wid, incarnation, self.backend.threads())
         worker = Worker(actor, incarnation, time.monotonic())
         worker.credits = self.n_credits
@@ -638,7 +923,7 @@ class RayServices(ServiceGroup):
         options = self.backend.actor_options(index)  # services reserve no CPU: light, and next to the workers
         options.update(name=f"{self.prefix}-{index}", namespace=self.namespace, num_cpus=0, num_gpus=0)
         payload = self.ray.cloudpickle.dumps(self.make_service)
-        with _sigint_ignored():
+        with _sigint_deferred():
             return (
                 self.ray.remote(ServiceActor)
                 .options(**options)
@@ -825,26 +1110,47 @@ class RayBackend(Backend):
         gpus = getattr(opts, "gpus_per_role", 0.0)
         if 0 < gpus < RESOURCE_UNIT:
             raise ConfigError(f"--gpus-per-role={gpus:g} is below Ray's smallest share of a resource, {RESOURCE_UNIT}")
-        address = getattr(opts, "address", "") or ""
-        _check_placement(getattr(opts, "placement", "") or "", address)
-        if address in ("", "auto"):
-            return
+        given = getattr(opts, "address", "") or ""
+        _check_placement(getattr(opts, "placement", "") or "", given)
+        ray = sys.modules.get("ray")
+        if not given or (given == "auto" and ray is not None and ray.is_initialized()):
+            return  # the private instance, or the connection this process has
+        address, how = resolve_address(given)
+        label = f"--address {given}" + (f" ({address}, {how})" if how else "")
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigError(f"--address {address!r} is not HOST:PORT (or auto)")
+            raise ConfigError(f"{label}: {address!r} is not HOST:PORT" if how else f"--address {given!r} is not "
+                              "HOST:PORT (or auto)")  # fmt: skip
         problem = _grpc_problem(host, int(port))
         if problem is not None:
-            raise ConfigError(f"--address {address}: {problem}")
+            raise ConfigError(f"{label}: {problem}")
+        _refuse_foreign(address, given, how)
 
-    def __init__(self, opts: Any = None):
-        super().__init__(opts)
-        address = getattr(opts, "address", "") or ""
+    def __init__(self, opts: Any = None, run_dir: Path | None = None):
+        super().__init__(opts, run_dir)
+        self.given = getattr(opts, "address", "") or ""
         self.check_options(opts)
-        self.ray = import_ray(private=not address or on_loopback(address))
+        ray = sys.modules.get("ray")
+        connected = ray is not None and ray.is_initialized()
+        address, self.how = resolve_address(self.given) if self.given and not connected else (self.given, "")
+        self.ray = import_ray(private=not address or on_loopback(address))  # `auto` on 127.0.0.1 keeps to it too
         self.started = False  # this run connected to Ray (and shuts the connection down at the end)
+        self.private = False  # this run started its private instance (and stops it at the end)
+        self.log: RayLog | None = None  # where Ray's own lines go while this run's connection lasts
         if not self.ray.is_initialized():
-            self._connect(address)
-            self.started = True
+            if run_dir is not None:
+                self.log = RayLog(Path(run_dir) / "ray.log")
+                self.log.attach()
+            try:
+                self._connect(address)
+            except BaseException:
+                self._detach_log()
+                raise
+            self.started, self.private = True, not address
+            if self.log is not None:
+                whose = "the run's private instance, removed at its end" if self.private else f"at {address}"
+                session = self.ray._private.worker._global_node.get_session_dir_path()
+                self.log.write(f"Ray session folder: {session} ({whose}; Ray's own logs are in its logs/)")
         self.host = self.ray.util.get_node_ip_address()
         self.modules: dict[str, nn.Module] = {}
         self.weights: Any = None
@@ -853,12 +1159,23 @@ class RayBackend(Backend):
 
     def _connect(self, address: str) -> None:
         if address:
+            label = f"--address {self.given}" + (f" ({address}, {self.how})" if self.how else "")
             try:
-                with _sigint_ignored():
+                with _sigint_deferred():
                     self.ray.init(address=address, include_dashboard=False, logging_level="WARNING")
             except (ConnectionError, RuntimeError, ValueError) as exc:  # nothing there, a refused token, ...
+                if self.ray.is_initialized():
+                    self.ray.shutdown()
                 reason = ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(f"cannot join the Ray cluster at --address {address}: {reason}") from None
+                raise ConfigError(f"cannot join the Ray cluster at {label}: {reason}") from None
+            except BaseException:  # Ctrl-C
+                if self.ray.is_initialized():
+                    self.ray.shutdown()
+                raise
+            if PRIVATE_RESOURCE in self.ray.cluster_resources():  # one this machine does not run (or did not show)
+                self.ray.shutdown()
+                raise ConfigError(f"{label} is the private Ray instance of another rlfleet run, which ends with that "
+                                  "run: start a cluster to share with `ray start --head` and join that")  # fmt: skip
         else:
             workers = getattr(self.opts, "workers", 1)
             start_private_instance(int(np.ceil(workers * getattr(self.opts, "cpus_per_role", 1.0))))
@@ -909,7 +1226,7 @@ class RayBackend(Backend):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
-        with _sigint_ignored():
+        with _sigint_deferred():
             actor = (
                 self.ray.remote(MailboxActor)
                 .options(num_cpus=0, scheduling_strategy=here, enable_task_events=TASK_EVENTS)
@@ -929,6 +1246,14 @@ class RayBackend(Backend):
             with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
         self._mailbox_actors = []
-        if self.started and self.ray.is_initialized():
+        if self.private:
+            stop_private_instance()
+        elif self.started and self.ray.is_initialized():
             self.ray.shutdown()
-        self.started = False
+        self.started = self.private = False
+        self._detach_log()
+
+    def _detach_log(self) -> None:
+        if self.log is not None:
+            self.log.detach()
+            self.log = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from procs import RLFLEET, kill_session, ray_processes, wait_until_gone
 
+from rlfleet.backends.ray_backend import system_temp_dir
 from rlfleet.run.checkpoint import load_checkpoint
 
 
@@ -93,6 +95,8 @@ def test_a_killed_driver_leaves_a_checkpoint_to_resume_from_and_no_ray_process(t
         if proc.poll() is None:
             proc.kill()
         kill_session(proc.pid)
+        for session in Path(system_temp_dir()).glob(f"rlfleet-ray-*/ray/session_*_{proc.pid}"):
+            shutil.rmtree(session.parent.parent)  # the instance's folder (token, session): a killed driver leaves it
     saved = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert saved["env_steps"] > 0
     resume(run, saved["env_steps"] + 1_000)
