@@ -49,7 +49,7 @@ def train(
     return _runner(cfg)(cfg, callbacks=callbacks).run()
 
 
-RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "progress"}) | {
+RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress"}) | {
     f.name for f in dataclasses.fields(RoleOptions)
 }
 """What a resumed run may change: how long it trains (`--steps`, `--time-limit`), and how and where it runs, which

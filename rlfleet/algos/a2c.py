@@ -45,6 +45,7 @@ from rlfleet.algos.noise import SDEMatrices
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
+from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
@@ -189,7 +190,7 @@ class A2C:
     data = "rollout"
     action_spaces = POLICY_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         action_space = check_action_space(action_space, "a2c", self.action_spaces)
         self.cfg = cfg
         image = has_image(obs_space)
@@ -207,6 +208,7 @@ class A2C:
             ortho_init=cfg.ortho_init,
         )
         self.bounds = action_bounds(action_space)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer(cfg.optimizer, self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
@@ -249,7 +251,7 @@ class A2C:
         return sequence_batch(batch, d.starts, segment.initial_state, self.model.core)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        b = batch.to_torch()
+        b = batch.to_torch(self.device)
         if self.model.core is None:
             dist, value = self.model(b.obs)
         else:

@@ -29,6 +29,7 @@ from rlfleet.algos.common import (
     to_env_actions,
 )
 from rlfleet.data.batch import Batch
+from rlfleet.device import place
 from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
 
@@ -72,11 +73,12 @@ class BC:
     data = "dataset"
     action_spaces = ("Discrete", "Box")
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         action_space = check_action_space(action_space, "bc", self.action_spaces)
         self.cfg = cfg
         self.model = ActorCritic(obs_space, action_space, cfg.encoder, cfg.hidden, cfg.activation, critic=False)
         self.bounds = action_bounds(action_space)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr, weight_decay=cfg.weight_decay)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
@@ -99,7 +101,7 @@ class BC:
         return Batch(obs=demos.obs, act=((act - b.offset) / b.scale).astype(np.float32))
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        b = batch.to_torch()
+        b = batch.to_torch(self.device)
         dist, _ = self.model(b.obs)
         if self.bounds is not None:
             loss = (dist.mean - b.act).pow(2).sum(-1).mean()

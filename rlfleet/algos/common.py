@@ -15,6 +15,7 @@ from torch import nn
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from rlfleet.device import acting, host, module_device
 from rlfleet.envs.wrappers import has_action_start
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.fast import (
@@ -274,6 +275,8 @@ def make_optimizer(
         tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
         if "fused" not in kwargs and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors):
             return FusedAdam(params, lr=lr, **kwargs)
+        if "fused" not in kwargs and all(p.device.type == "cuda" and p.dtype == torch.float32 for p in tensors):
+            kwargs["fused"] = True  # one kernel for every parameter, as on the CPU
     return OPTIMIZERS[name](params, lr=lr, **kwargs)
 
 
@@ -342,6 +345,7 @@ def minibatch_epochs(algo, batch, epochs: int, minibatch_size: int, rng: np.rand
     """`epochs` shuffled passes of `algo.loss` + optimiser step over minibatches; mean metrics."""
     totals: dict[str, float] = {}
     steps = 0
+    batch = batch.to_torch(algo.device)  # on the learner's device once; minibatches are slices of it there
     for _ in range(epochs):
         for minibatch in batch.split(minibatch_size, shuffle=True, rng=rng):
             loss, metrics = algo.loss(minibatch)
@@ -411,20 +415,22 @@ def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator,
     policy (`model.sde`) explores with the noise θᵀ z(s) of the noise matrices whose standard normal draws
     are `sde_draws` `[B, F, A]` (see `StateDependentNoise`).
     """
+    model = acting(model)
     fast = model.numpy_forward(obs)
     if fast is not None:
         params, value = fast
     else:
         with torch.inference_mode():
+            x = obs_tensor(obs, module_device(model))
             if model.core is None:
-                dist, value_t = model(obs_tensor(obs))
+                dist, value_t = model(x)
             else:
-                dist, value_t, state = model.unroll(obs_tensor(obs), state)
+                dist, value_t, state = model.unroll(x, state)
             if model.sde:
-                params = (dist.mean.numpy(), dist.log_std.numpy(), dist.features.numpy())
+                params = (host(dist.mean), host(dist.log_std), host(dist.features))
             else:
-                params = (dist.mean.numpy(), dist.log_std.numpy()) if model.continuous else dist.logits.numpy()
-            value = None if value_t is None else value_t.numpy()
+                params = (host(dist.mean), host(dist.log_std)) if model.continuous else host(dist.logits)
+            value = None if value_t is None else host(value_t)
     if model.continuous:
         mean, log_std = params[0], params[1]
         if explore and model.sde:
@@ -440,16 +446,17 @@ def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator,
 
 def state_values(model, obs: np.ndarray, state=None) -> np.ndarray:
     """V(obs) of an ActorCritic as a NumPy array (zeros without a critic); an LSTM one continues from `state`."""
+    model = acting(model)
     if model.core is not None:
         if model.value_head is None:
             return np.zeros(obs_len(obs), dtype=np.float32)
         with torch.inference_mode():
-            return model.unroll(obs_tensor(obs), state)[1].numpy()
+            return host(model.unroll(obs_tensor(obs, module_device(model)), state)[1])
     fast = model.numpy_forward(obs)
     if fast is not None:
         return fast[1] if fast[1] is not None else np.zeros(obs_len(obs), dtype=np.float32)
     with torch.inference_mode():
-        return model.value(obs_tensor(obs)).numpy()
+        return host(model.value(obs_tensor(obs, module_device(model))))
 
 
 def sequence_batch(batch: Batch, starts: np.ndarray, initial_state, core: LSTMCore) -> Batch:
@@ -463,7 +470,7 @@ def sequence_batch(batch: Batch, starts: np.ndarray, initial_state, core: LSTMCo
     out = batch.apply(lambda leaf: leaf.swapaxes(0, 1))
     h, c = initial_state if initial_state is not None else core.initial_state(n)
     out["starts"] = starts.swapaxes(0, 1)
-    out["h0"], out["c0"] = h.numpy(), c.numpy()
+    out["h0"], out["c0"] = host(h), host(c)
     return out
 
 
@@ -485,11 +492,12 @@ def unroll_sequences(model, b: Batch):
 
 def q_values(model, obs: np.ndarray) -> np.ndarray:
     """Q(obs, ·) of a QNetwork as a NumPy array."""
+    model = acting(model)
     fast = model.numpy_forward(obs)
     if fast is not None:
         return fast
     with torch.inference_mode():
-        return model(obs_tensor(obs)).numpy()
+        return host(model(obs_tensor(obs, module_device(model))))
 
 
 def uniform_actions(n: int, act_dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -526,12 +534,14 @@ def soft_update(target: Sequence[torch.Tensor], source: Sequence[torch.Tensor], 
         torch._foreach_lerp_(list(target), list(source), tau)
 
 
-def obs_tensor(obs: np.ndarray | dict[str, np.ndarray]) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Zero-copy view of a NumPy observation batch (floats as float32, images stay uint8); a dict of them for a
-    dict one."""
+def obs_tensor(
+    obs: np.ndarray | dict[str, np.ndarray], device: torch.device | str = "cpu"
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A NumPy observation batch as a tensor on `device` (on the CPU a zero-copy view; floats as float32, images
+    stay uint8); a dict of them for a dict one."""
 
     def tensor(x: np.ndarray) -> torch.Tensor:
-        t = torch.as_tensor(x)
+        t = torch.as_tensor(x).to(device)
         return t.float() if t.dtype == torch.float64 else t
 
     return map_obs(tensor, obs)

@@ -38,6 +38,7 @@ from rlfleet.algos.common import (
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.device import acting, host, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded, checked, one_of
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
@@ -118,7 +119,7 @@ class DDPG:
     data = "replay"
     action_spaces = BOX_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         self.act_dim = int(check_action_space(action_space, "ddpg", self.action_spaces).shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
         if cfg.batch_size < 1 or not 0.0 < cfg.tau <= 1.0:
@@ -129,6 +130,7 @@ class DDPG:
         self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=1)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         groups = [
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
             {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
@@ -148,7 +150,7 @@ class DDPG:
         if explore and self.env_steps < self.cfg.random_steps:
             raw = uniform_actions(obs_len(obs), self.act_dim, self.rng)
         else:
-            raw = self.actor.numpy_act(obs)
+            raw = acting(self.actor).numpy_act(obs)
             if explore:
                 raw = self.noise.perturb(raw, self.rng)
         extras: dict[str, np.ndarray] = {}
@@ -192,19 +194,19 @@ class DDPG:
             "critic_loss": critic_loss.detach(),
             "actor_loss": actor_loss.detach(),
             "q": q.detach().mean(),
-            "priorities": td.detach().abs().numpy(),
+            "priorities": host(td.abs()),
         }
 
     def _torch_batch(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
         """The batch as tensors, and its actions in the policy's normalised space."""
-        return batch.to_torch(), torch.from_numpy(self.bounds.normalize(batch.act))
+        return batch.to_torch(self.device), torch.as_tensor(self.bounds.normalize(batch.act), device=self.device)
 
     @torch.no_grad()
     def priorities(self, batch: Batch) -> np.ndarray:
         """|y − Q(s, a)| of each transition under the current networks: the priorities `update` writes back,
         without learning (an Ape-X actor's initial priorities)."""
         b, act = self._torch_batch(batch)
-        return (self.critic(b.obs, act)[0] - self.td_target(b)).abs().numpy()
+        return host((self.critic(b.obs, act)[0] - self.td_target(b)).abs())
 
     def state_dict(self) -> dict:
         return {

@@ -44,6 +44,7 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
+from rlfleet.device import acting, host, module_device, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
@@ -175,7 +176,7 @@ class DQN:
     data = "replay"
     action_spaces = DISCRETE_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         check_action_space(action_space, "dqn", self.action_spaces)
         if cfg.target_update_every < 1 or cfg.batch_size < 1:
             raise ValueError("target_update_every and batch_size must be >= 1")
@@ -186,6 +187,7 @@ class DQN:
             obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling, cfg.lstm
         )
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.q.parameters(), cfg.lr)
         self.params = list(self.q.parameters())
         self.rng = np.random.default_rng(seed)
@@ -208,9 +210,10 @@ class DQN:
         eps = self.eps if explore else 0.0
         if self.q.core is None:
             return epsilon_greedy(q_values(self.q, obs), eps, self.rng), {}, state
+        q_net = acting(self.q)
         with torch.inference_mode():
-            q, state = self.q.unroll(obs_tensor(obs), state)
-        return epsilon_greedy(q.numpy(), eps, self.rng), {}, state
+            q, state = q_net.unroll(obs_tensor(obs, module_device(q_net)), state)
+        return epsilon_greedy(host(q), eps, self.rng), {}, state
 
     def reset_state(self, state, done: np.ndarray):
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
@@ -230,7 +233,7 @@ class DQN:
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
         if self.q.core is not None:
             return self._sequence_loss(batch)
-        b = batch.to_torch()
+        b = batch.to_torch(self.device)
         q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():  # the online net's pass over s' (double) keeps no graph: the backward is over B rows
             next_q_target = self.q_target(b.next_obs)
@@ -242,7 +245,7 @@ class DQN:
         td = y - q
         loss = (b.weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
-        return loss, metrics, td.detach().abs().numpy()
+        return loss, metrics, host(td.abs())
 
     def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
         """The recurrent loss over `[B, burn_in + train_len]` sequences (`SequenceReplayBuffer.sample`)."""
@@ -250,7 +253,7 @@ class DQN:
         ret, last, bootstrap = sequence_nstep(
             batch.rew[:, burn:], batch.terminated[:, burn:], batch.truncated[:, burn:], self.cfg.n_step, self.cfg.gamma
         )
-        b = batch.to_torch()
+        b = batch.to_torch(self.device)
         obs, next_obs = (map_obs(lambda x: x.transpose(0, 1), o) for o in (b.obs, b.next_obs))  # time-major
         starts = b.starts.transpose(0, 1)
         state = (b.h0, b.c0) if "h0" in b else None
@@ -271,11 +274,12 @@ class DQN:
             else:
                 next_v = next_q_target.max(1).values
             next_v = next_v.reshape(h.shape[:2]).T  # [B, train_len]
-            y = torch.from_numpy(ret) + torch.from_numpy(bootstrap) * next_v.gather(1, torch.from_numpy(last))
+            ret, bootstrap, last = (torch.as_tensor(x, device=self.device) for x in (ret, bootstrap, last))
+            y = ret + bootstrap * next_v.gather(1, last)
         td = y - q
         loss = (b.weight.unsqueeze(1) * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
-        return loss, metrics, td.detach().abs().mean(1).numpy()
+        return loss, metrics, host(td.abs().mean(1))
 
     @torch.no_grad()
     def priorities(self, batch: Batch) -> np.ndarray:

@@ -46,6 +46,7 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
+from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
@@ -119,13 +120,14 @@ class NStepQ:
     data = "rollout"
     action_spaces = DISCRETE_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         if cfg.target not in TARGETS:
             raise ValueError(f"unknown target {cfg.target!r}; choose one of {TARGETS}")
         check_action_space(action_space, cfg.target, self.action_spaces)
         self.cfg = cfg
         self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer(cfg.optimizer, self.q.parameters(), cfg.lr)
         self.params = list(self.q.parameters())
         self.rng = np.random.default_rng(seed)
@@ -170,7 +172,7 @@ class NStepQ:
         return Batch(obs=d.obs, act=d.act, target=y).flatten_leading(2)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        b = batch.to_torch()
+        b = batch.to_torch(self.device)
         q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
         loss = (b.target - q).pow(2).mean()
         return loss, {"loss": loss.item(), "q": q.mean().item(), "epsilon": float(np.mean(self.eps))}

@@ -33,6 +33,7 @@ from rlfleet.algos.common import (
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
+from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
@@ -86,7 +87,7 @@ class PG:
     data = "rollout"
     action_spaces = POLICY_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         action_space = check_action_space(action_space, "pg", self.action_spaces)
         self.cfg = cfg
         image = has_image(obs_space)
@@ -102,6 +103,7 @@ class PG:
             init_std=cfg.init_std,
         )
         self.bounds = action_bounds(action_space)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr)
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
@@ -133,7 +135,7 @@ class PG:
         return batch.flatten_leading(2)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        b = batch.to_torch()
+        b = batch.to_torch(self.device)
         dist, value = self.model(b.obs)
         adv = b.ret if value is None else b.ret - value.detach()
         if self.cfg.normalize_returns and len(adv) > 1:

@@ -44,6 +44,7 @@ from rlfleet.algos.common import (
 from rlfleet.algos.noise import SDEMatrices
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.device import acting, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
@@ -117,7 +118,7 @@ class SAC:
     data = "replay"
     action_spaces = BOX_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         self.act_dim = int(check_action_space(action_space, "sac", self.action_spaces).shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
         if cfg.batch_size < 1 or not 0.0 < cfg.tau <= 1.0 or cfg.alpha <= 0:
@@ -131,6 +132,7 @@ class SAC:
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.auto_alpha)
         self.target_entropy = -cfg.target_entropy_scale * self.act_dim
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         groups = [
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
             {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
@@ -158,7 +160,7 @@ class SAC:
             draws = None
             if explore and self.actor.noise is not None:  # gSDE: this step's noise matrices, one per env
                 draws = self.sde_matrices.next(self.actor.noise, obs_len(obs), self.rng)
-            raw = self.actor.numpy_act(obs, explore, self.rng, draws)  # greedy: tanh of the mean
+            raw = acting(self.actor).numpy_act(obs, explore, self.rng, draws)  # greedy: tanh of the mean
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
 
@@ -178,8 +180,8 @@ class SAC:
     def update(self, batch: Batch) -> dict:
         """A critic step, a policy step on the updated critics, an α step on the updated policy, then the soft
         target update; 0-dim tensor metrics."""
-        act = torch.from_numpy(self.bounds.normalize(batch.act))
-        b = batch.to_torch()
+        act = torch.as_tensor(self.bounds.normalize(batch.act), device=self.device)
+        b = batch.to_torch(self.device)
         alpha = self.log_alpha.detach().exp()
         # a ~ π(·|s) for the policy step, sampled before the critics step (the policy is the same then); a' ~
         # π(·|s') without a graph, so the policy's backward runs over B rows, not 2B of which half are zeros.

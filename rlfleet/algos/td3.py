@@ -40,6 +40,7 @@ from rlfleet.algos.common import (
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
+from rlfleet.device import acting, host, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded, checked, one_of
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
@@ -130,7 +131,7 @@ class TD3:
     data = "replay"
     action_spaces = BOX_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0):
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
         self.act_dim = int(check_action_space(action_space, "td3", self.action_spaces).shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
         if cfg.batch_size < 1 or cfg.policy_delay < 1 or not 0.0 < cfg.tau <= 1.0:
@@ -141,6 +142,7 @@ class TD3:
         self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=2)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.device = place(self, device)  # networks on the learner's device before the optimizer
         groups = [
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
             {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
@@ -161,7 +163,7 @@ class TD3:
         if explore and self.env_steps < self.cfg.random_steps:
             raw = uniform_actions(obs_len(obs), self.act_dim, self.rng)
         else:
-            raw = self.actor.numpy_act(obs)
+            raw = acting(self.actor).numpy_act(obs)
             if explore:
                 raw = self.noise.perturb(raw, self.rng)
         extras: dict[str, np.ndarray] = {}
@@ -214,7 +216,7 @@ class TD3:
 
     def _torch_batch(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
         """The batch as tensors, and its actions in the policy's normalised space."""
-        return batch.to_torch(), torch.from_numpy(self.bounds.normalize(batch.act))
+        return batch.to_torch(self.device), torch.as_tensor(self.bounds.normalize(batch.act), device=self.device)
 
     @torch.no_grad()
     def priorities(self, batch: Batch) -> np.ndarray:
@@ -252,4 +254,4 @@ class TD3:
 
 def _td_abs(td: torch.Tensor) -> np.ndarray:
     """`[B]` priorities from the twin critics' `[2, B]` TD errors: the mean of their absolute values."""
-    return td.detach().abs().mean(0).numpy()
+    return host(td.abs().mean(0))

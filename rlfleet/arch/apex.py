@@ -509,7 +509,7 @@ class ApexRunner(ParallelRunner):
             if sampled is None:  # no shard holds a batch: the actors must refill them
                 self.starved = True
                 break
-            with self.weights.writing():
+            with self.publishing():
                 out = self.algo.update(Batch(sampled.data))
             priorities = out.pop("priorities")
             out.pop("epsilon", None)  # the learner does not act: the actors' exploration is logged apart

@@ -235,7 +235,7 @@ class DataParallelRunner(ParallelRunner):
         """The `SingleRunner`'s on-policy step on a sampler's segment: schedule, `algo.update(segment)`."""
         segment = item.data
         segment = Segment(segment.data, segment.last_obs, segment.last_value, _state_to_torch(segment.initial_state))
-        with self.weights.writing():  # the schedule may sync target networks: part of the new version
+        with self.publishing():  # the schedule may sync target networks: part of the new version
             self.algo.schedule(self.env_steps, self.total_steps)
             self._consume([item])
             metrics = self.algo.update(segment)
@@ -266,7 +266,7 @@ class DataParallelRunner(ParallelRunner):
         metrics: dict[str, float] = {}
         for _ in range(cfg.gradient_steps):
             batch = self.buffer.sample(cfg.batch_size)
-            with self.weights.writing():
+            with self.publishing():
                 out = self.algo.update(batch)
             priorities = out.pop("priorities", None)
             if priorities is not None and hasattr(self.buffer, "update_priorities"):

@@ -69,7 +69,7 @@ from torch import nn
 
 from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken
-from rlfleet.arch.shared import trainable_params
+from rlfleet.arch.shared import algo_modules, trainable_params
 from rlfleet.backends import RoleGroup
 from rlfleet.fields import bounded
 from rlfleet.optim import ALGO, build_optimizer
@@ -144,7 +144,7 @@ class GradientCentre:
         for g in grads:
             if g.shape != (self.size,):
                 raise ValueError(f"a gradient of {g.shape} values for {self.size} parameters: another model?")
-        total = torch.from_numpy(np.sum(grads, axis=0, dtype=np.float32))
+        total = torch.from_numpy(np.sum(grads, axis=0, dtype=np.float32)).to(self.params[0].device)
         offset = 0
         for p in self.params:
             p.grad = total[offset : offset + p.numel()].view_as(p)
@@ -181,7 +181,7 @@ class GradParallelRunner(ParallelRunner):
         self.grad_sets = self.gradients_per_step()
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         self.start_backend()  # the counter: env steps behind the gradients applied
-        params = trainable_params(self.shared)
+        params = trainable_params(algo_modules(self.algo))  # the learner's own (a device's; shared: CPU copies)
         recipe = self.algo_optimizer() if self.opts.optimizer == ALGO else None  # as param_server's servers get it
         self.optimizer = build_optimizer(self.opts.optimizer, params, self.algo_cfg.lr, algo_optimizer=recipe)
         self.centre = GradientCentre(params, self.optimizer, self.algo.max_grad_norm)
@@ -222,7 +222,7 @@ class GradParallelRunner(ParallelRunner):
         """One centre step on the summed gradients of `items` (schedule, clip, optimizer step, new version)."""
         version = self.weights.version
         self.lags += [version - item.version for item in items]
-        with self.weights.writing():
+        with self.publishing():
             self.algo.schedule(self.env_steps, self.total_steps)  # lr annealing, target-network syncs
             set_lr(self.optimizer, self.algo.lr)
             norm = self.centre.apply([item.grad for item in items if item.grad is not None])

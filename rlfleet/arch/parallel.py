@@ -18,11 +18,13 @@ entry under the architecture's name with the episode count, the recent returns a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -35,6 +37,7 @@ from rlfleet.arch.shared import LocalCopy, algo_modules
 from rlfleet.backends import BACKENDS, RoleGroup, RunFailure, ServiceGroup, make_backend
 from rlfleet.backends.shared_memory import WeightVersion
 from rlfleet.data.rollout import RolloutStorage
+from rlfleet.device import host_modules, sync_host
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.optim import ALGO, OptimizerRecipe, is_shared
@@ -313,12 +316,20 @@ class ParallelRunner(RunBase):
         adds to its own slot, `worker_id + 1`); and the coordinator's own counts: episodes, recent returns,
         the policy lags (weight version learned from minus version acted with) not logged yet."""
         self.backend = make_backend(self.opts.backend, self.opts, self.run_dir)
-        self.shared = self.backend.share(algo_modules(self.algo))
+        self.shared = self.backend.share(host_modules(algo_modules(self.algo)))  # CPU copies of a learner on a device
         self.weights = self.backend.weight_version()
         self.counter = self.backend.step_counter(1 + (self.opts.workers if worker_slots else 0))
         self._episodes = 0
         self.returns: deque[float] = deque(maxlen=100)
         self.lags: list[int] = []
+
+    @contextlib.contextmanager
+    def publishing(self) -> Iterator[None]:
+        """One new weight version: what the body changes in the learner is published to the workers (a learner on
+        a device refreshes the CPU copies they read, `host_modules`, before the version is out)."""
+        with self.weights.writing():
+            yield
+            sync_host(algo_modules(self.algo).values())
 
     @property
     def env_steps(self) -> int:
@@ -350,6 +361,7 @@ class ParallelRunner(RunBase):
 
     def _restore(self, payload: dict[str, Any]) -> None:
         self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
+        sync_host(algo_modules(self.algo).values())  # a learner on a device: the workers' CPU copies too
         self.state.update(payload["state"])
         self.counter.set(int(payload["env_steps"]))
         saved = payload.get(self.arch) or {}

@@ -28,6 +28,9 @@ def _to_tensor(leaf: Leaf, device: torch.device | str, float_dtype: torch.dtype 
         leaf = torch.from_numpy(leaf)
     if float_dtype is not None and leaf.is_floating_point():
         leaf = leaf.to(float_dtype)
+    device = torch.device(device)
+    if device.type == "cuda" and leaf.device.type == "cpu":  # staged through pinned memory, copied asynchronously
+        return leaf.pin_memory().to(device, non_blocking=True)
     return leaf.to(device)
 
 

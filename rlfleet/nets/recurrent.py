@@ -20,14 +20,15 @@ class LSTMCore(nn.Module):
         self.cell = nn.LSTMCell(in_dim, hidden)
         self.out_dim = hidden
 
-    def initial_state(self, batch: int, device: torch.device | str = "cpu") -> State:
-        zeros = torch.zeros(batch, self.out_dim, device=device)
+    def initial_state(self, batch: int, device: torch.device | str | None = None) -> State:
+        """Zeros for `batch` envs, on `device` (None: where the core's weights are)."""
+        zeros = torch.zeros(batch, self.out_dim, device=device or self.cell.weight_hh.device)
         return zeros, zeros.clone()
 
     @staticmethod
     def reset(state: State, done) -> State:
         """A new state with the rows of `done` (a `[B]` bool mask, NumPy or torch) zeroed; `state` is not changed."""
-        keep = (~torch.as_tensor(done, dtype=torch.bool)).to(state[0].dtype).unsqueeze(-1)
+        keep = (~torch.as_tensor(done, dtype=torch.bool, device=state[0].device)).to(state[0].dtype).unsqueeze(-1)
         return state[0] * keep, state[1] * keep
 
     def forward(

@@ -15,6 +15,7 @@ import numpy as np
 
 from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
+from rlfleet.device import device_problem
 from rlfleet.envs import VECTOR_MODES
 from rlfleet.fields import (
     MAX_ENVS,
@@ -118,6 +119,11 @@ class RunConfig:
     CNN learner in a single-process architecture (`single`, `offline`), one thread otherwise (small nets run
     fastest on one thread, and a learner beside worker processes must leave them the cores); see
     `resolve_torch_threads`."""
+    device: str = checked("auto", device_problem)
+    """Where the learner runs: auto, cpu, cuda or cuda:N. auto takes the GPU for a CNN learner (image observations)
+    when there is one and the architecture takes a device (single, offline, data_parallel, grad_parallel,
+    async_grad, apex), the CPU
+    otherwise (see `rlfleet.device`); acting stays on the CPU for MLP policies."""
     progress: bool = field(default=True, metadata={"option": "progress"})
     """Show a progress bar."""
 

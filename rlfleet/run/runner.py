@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.algos import resolve
+from rlfleet.algos import DEFAULT_ARCH, resolve
 from rlfleet.algos.common import UnsupportedSpaceError
+from rlfleet.device import placement_note, resolve_device
 from rlfleet.envs import make_vector_env
 from rlfleet.envs.normalize import (
     ObsStats,
@@ -45,6 +46,7 @@ from rlfleet.run.config import (
     resolve_stop_return,
     resolve_torch_threads,
 )
+from rlfleet.run.config import log as notes
 from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.evaluate import cut_note, episode_bound, evaluate
 from rlfleet.run.hints import exploration_hint
@@ -177,9 +179,14 @@ class RunBase(abc.ABC):
             cfg.torch_threads, single_process=self.single_process, convolutional=convolutional
         )
         torch.set_num_threads(self.torch_threads)
+        arch = cfg.arch or DEFAULT_ARCH.get(cfg.algo, "single")
+        self.device = resolve_device(cfg.device, convolutional, arch)
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
+        note = placement_note(self.device, self.algo, workers_act=arch not in ("single", "offline"))
+        if note is not None:
+            notes.info(note)
         self.obs_stats = self.make_obs_stats()
         self.reward_norm = self.make_reward_norm()
         self.check_config()
@@ -213,7 +220,9 @@ class RunBase(abc.ABC):
         """A fresh algorithm object with this run's config (architectures build one per worker)."""
         info = self.env_info
         try:
-            return self.algo_cls(self.algo_cfg, info["observation_space"], info["action_space"], seed=seed)
+            return self.algo_cls(
+                self.algo_cfg, info["observation_space"], info["action_space"], seed=seed, device=self.device
+            )
         except UnsupportedSpaceError:
             raise
         except UnsupportedObservationError as exc:  # one the encoders cannot take: a space error, not the config's
@@ -280,6 +289,7 @@ class RunBase(abc.ABC):
             "eval_every": self.eval_every,
             "stop_return": self.stop_return,
             "torch_threads": self.torch_threads,
+            "device": str(self.device),
             **(extra or {}),
         }
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
@@ -442,5 +452,6 @@ class RunBase(abc.ABC):
             "episodes": self.episodes,
             "updates": self.state["updates"],
             "torch_threads": self.torch_threads,
+            "device": str(self.device),
             "checkpoint": str(self.run_dir / "checkpoints" / "latest.pt"),
         }

@@ -1,0 +1,194 @@
+"""Where a learner runs (`--device`), and how its networks reach the CPU that acts and the processes that sample.
+
+An algorithm is built on a device (`__init__(..., device=...)`): its networks, target networks and optimizer
+state live there, and each update moves its batch there once (`Batch.to_torch(device)`, through pinned memory
+on CUDA). Acting stays on the CPU for MLP policies, whose NumPy forward (`rlfleet.nets.fast`) is faster there than
+any GPU call for the few envs a process steps: `acting(module)` is then a CPU copy of the learner's network,
+refreshed from it whenever its weights changed since (PyTorch's per-tensor version counters tell, so an optimizer
+step, a `load_state_dict`, a gossip average or any other in-place write is seen). CNN policies act on the
+learner's device (`acts_on_device`), where a forward over a batch of frames is far faster than on the CPU
+(docs/benchmarks.md, "Learners on a GPU"). Architectures that share the learner's networks with worker processes
+share these CPU copies (`host_modules`) and refresh them (`sync_host`) inside each weight version.
+
+`auto` (the default) takes the GPU for CNN learners (image observations) when CUDA is there, the CPU otherwise:
+measured, a 64x64 MLP updates faster on the CPU than on an H100 (a kernel launch costs more than its whole
+update), a Nature CNN many times faster on the GPU. The `meta` device (tensors with shapes and no values) runs
+every operation of an update without computing it: the test suite uses it to catch a tensor left on the wrong
+device on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import weakref
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from rlfleet.fields import ConfigError
+
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+_DEVICE = re.compile(r"^(auto|cpu|meta|cuda|cuda:\d+)$")
+
+# architectures whose learner (or centre) takes a device; the others learn in CPU shared memory or on CPU workers
+DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex")
+
+
+def device_problem(value) -> str | None:
+    """A `checked` test of `--device`'s syntax (whether the machine has it is `resolve_device`'s)."""
+    if isinstance(value, str) and _DEVICE.match(value):
+        return None
+    return f"must be one of {DEVICE_CHOICES}"
+
+
+def resolve_device(setting: str, convolutional: bool, arch: str) -> torch.device:
+    """The learner's device for `--device setting`: `auto` gives CUDA to a CNN learner (`convolutional`) when
+    there is a GPU and the architecture takes a device, the CPU otherwise. A device the machine lacks or the
+    architecture cannot use is a `ConfigError` naming it."""
+    if setting == "auto":
+        use = convolutional and arch in DEVICE_ARCHS and torch.cuda.is_available()
+        return torch.device("cuda" if use else "cpu")
+    device = torch.device(setting)
+    if device.type == "cpu":
+        return device
+    if arch not in DEVICE_ARCHS:
+        raise ConfigError(
+            f"--device {setting}: the {arch} architecture learns on the CPU; "
+            f"a learner on a device runs with --arch {', '.join(DEVICE_ARCHS)}"
+        )
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {setting}: this machine has no CUDA device (PyTorch sees none)")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"--device {setting}: this machine has {count} CUDA device{'s' * (count != 1)} "
+                f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def placement_note(device: torch.device, algo, workers_act: bool) -> str | None:
+    """The line a run starts with when a GPU is in play: where the learner runs and where acting happens
+    (`workers_act`: worker processes act, on the CPU). None on a machine without CUDA learning on the CPU."""
+    if device.type == "cpu":
+        if not torch.cuda.is_available():
+            return None
+        return "learner on the CPU (auto: an MLP learner updates faster there; --device cuda puts it on the GPU)"
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    if workers_act:
+        where = "the workers act on the CPU with the weights it publishes"
+    elif any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module)):
+        where = "acting on it too (a CNN policy)"
+    else:
+        where = "acting on the CPU with a copy of its weights refreshed after each update"
+    return f"learner on {device}{name}; {where}"
+
+
+def place(algo, device: torch.device | str) -> torch.device:
+    """Move every network (`nn.Module` attribute) and free parameter (SAC's log α) of `algo` to `device`; returns
+    the device. Called once the networks are built and before anything holds their parameters (optimizer,
+    parameter lists): a parameter may come back as a new object (PyTorch keeps it for CUDA, not for `meta`)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return device
+    for name, value in list(vars(algo).items()):
+        if isinstance(value, nn.Module):
+            value.to(device)
+        elif isinstance(value, nn.Parameter):
+            setattr(algo, name, nn.Parameter(value.detach().to(device), requires_grad=value.requires_grad))
+    return device
+
+
+def acts_on_device(module: nn.Module) -> bool:
+    """Whether a network acts on the learner's device rather than through a CPU copy: CNNs do."""
+    return any(isinstance(m, nn.Conv2d) for m in module.modules())
+
+
+def _state_tensors(module: nn.Module) -> list[torch.Tensor]:
+    return list(module.state_dict(keep_vars=True).values())
+
+
+class HostCopy:
+    """A CPU copy of a network on another device, refreshed from it when its tensors have changed."""
+
+    def __init__(self, source: nn.Module):
+        self.source = weakref.ref(source)
+        self.module = _cpu_clone(source)
+        self.pairs = list(zip(_state_tensors(self.module), _state_tensors(source), strict=True))
+        self.versions: tuple[int, ...] | None = None
+
+    def refresh(self, force: bool = False) -> nn.Module:
+        """The copy, its values first copied from the source if any of the source's tensors changed (or `force`)."""
+        versions = tuple(src._version for _, src in self.pairs)
+        if force or versions != self.versions:
+            with torch.no_grad():
+                for dst, src in self.pairs:
+                    dst.copy_(src)
+            self.versions = versions
+        return self.module
+
+
+def _cpu_clone(source: nn.Module) -> nn.Module:
+    """A CPU module with the structure of `source`, its values not copied yet (`HostCopy.refresh` does)."""
+    clone = copy.deepcopy(source).to_empty(device="cpu")
+    for m in clone.modules():
+        m.__dict__.pop("_np", None)  # a NumPy forward compiled for the source (None on a device) is rebuilt
+    return clone
+
+
+_HOST_COPIES: weakref.WeakKeyDictionary[nn.Module, HostCopy] = weakref.WeakKeyDictionary()
+_ACTS_THROUGH: weakref.WeakKeyDictionary[nn.Module, HostCopy | None] = weakref.WeakKeyDictionary()
+
+
+def host_copy(module: nn.Module) -> HostCopy:
+    """The one `HostCopy` of `module` (made on first use)."""
+    held = _HOST_COPIES.get(module)
+    if held is None:
+        held = _HOST_COPIES[module] = HostCopy(module)
+    return held
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """Where a module's tensors are (the CPU for one without any)."""
+    first = next(module.parameters(), None)
+    if first is None:
+        first = next(module.buffers(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
+def on_cpu(module: nn.Module) -> bool:
+    return module_device(module).type == "cpu"
+
+
+def acting(module: nn.Module) -> nn.Module:
+    """The network to act with: `module` itself on the CPU or where it acts on its device (`acts_on_device`),
+    else its CPU copy, current with its weights. Decided on a module's first call (it stays where it was put)."""
+    try:
+        through = _ACTS_THROUGH[module]
+    except KeyError:
+        through = None if on_cpu(module) or acts_on_device(module) else host_copy(module)
+        _ACTS_THROUGH[module] = through
+    return module if through is None else through.refresh()
+
+
+def host(t: torch.Tensor):
+    """A tensor's values as a NumPy array on the host (a view for a CPU tensor)."""
+    return t.detach().cpu().numpy()
+
+
+def host_modules(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """The networks as worker processes see them: each on the CPU (a `HostCopy` of one on a device)."""
+    return {name: m if on_cpu(m) else host_copy(m).refresh(force=True) for name, m in modules.items()}
+
+
+def sync_host(modules: Iterable[nn.Module]) -> None:
+    """Refresh the CPU copies of the networks that have one (`host_modules`) from their devices."""
+    for m in modules:
+        held = _HOST_COPIES.get(m)
+        if held is not None:
+            held.refresh()

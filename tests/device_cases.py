@@ -1,0 +1,48 @@
+"""The runs that check a learner on a device: every algorithm (and the variants with code paths of their own: LSTM,
+gSDE) on `single`, and the architectures with a central learner with a rollout and a replay algorithm each. Run
+with the learner on `meta` by `tests/unit/test_device.py` (every machine) and on CUDA by `tests/gpu` (a GPU's)."""
+
+from __future__ import annotations
+
+STEPS = 400
+SINGLE = [
+    ("pg", "CartPole-v1", {}),
+    ("a2c", "CartPole-v1", {}),
+    ("a3c", "CartPole-v1", {"arch": "single"}),
+    ("ppo", "CartPole-v1", {}),
+    ("ppo", "CartPole-v1", {"overrides": {"lstm": 16, "epochs": 1, "rollout_len": 8}}),  # meta ops are slow
+    ("ppo", "Pendulum-v1", {"overrides": {"sde": True}}),
+    ("dqn", "CartPole-v1", {}),
+    ("dqn", "CartPole-v1", {"preset": "lstm"}),
+    ("onestep_q", "CartPole-v1", {}),
+    ("sarsa", "CartPole-v1", {}),
+    ("nstep_q", "CartPole-v1", {}),
+    ("ddpg", "Pendulum-v1", {}),
+    ("td3", "Pendulum-v1", {}),
+    ("sac", "Pendulum-v1", {}),
+    ("sac", "Pendulum-v1", {"overrides": {"sde": True}}),
+]
+CENTRAL = [
+    ("ppo", "CartPole-v1", {"arch": "data_parallel", "workers": 2}),
+    ("dqn", "CartPole-v1", {"arch": "data_parallel", "workers": 2, "overrides": {"learning_starts": 100}}),
+    ("a2c", "CartPole-v1", {"arch": "grad_parallel", "workers": 2}),
+    ("a2c", "CartPole-v1", {"arch": "async_grad", "workers": 2}),
+    ("dqn", "CartPole-v1", {"arch": "apex", "actors": 2, "steps": 1_500, "overrides": {"learning_starts": 200}}),
+    ("td3", "Pendulum-v1", {"arch": "apex", "actors": 2, "steps": 1_500, "overrides": {"learning_starts": 200}}),
+]
+CASES = SINGLE + CENTRAL
+QUICK = {"eval_episodes": 2, "vector_mode": "sync", "eval_max_steps": 50}
+
+
+def case_id(case) -> str:
+    algo, env, kw = case
+    return "-".join([algo, env.split("-")[0], *(f"{k}={v}" for k, v in kw.items())])
+
+
+def run_case(train, case, device: str, run_opts: dict):
+    """Train one case briefly with the learner on `device`; its `RunResult`."""
+    algo, env, kw = case
+    kw = {"steps": STEPS, **kw}
+    result = train(algo, env, device=device, **QUICK, **kw, **run_opts)
+    assert result["updates"] > 0 and result["env_steps"] >= kw["steps"]
+    return result

@@ -1,0 +1,196 @@
+"""`--device`: which device a learner gets, the errors for one it cannot have, and, on a machine without a GPU, every
+algorithm on every architecture that takes a device run with its learner on PyTorch's `meta` device.
+
+A meta tensor has a shape and no values, and PyTorch refuses to combine it with a CPU tensor just as it refuses a
+CUDA one: an update that leaves a tensor on the CPU (a target made with `torch.from_numpy`, a state made with
+`torch.zeros`) fails here as it would on a GPU. What a real GPU does with values the host reads back (metrics,
+priorities, the acting copy) the `meta_learner` fixture stands in for: a value read from a meta tensor reads as
+zeros. `.numpy()` straight on a device tensor is not stood in for: it fails on CUDA, so it fails here too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from device_cases import CASES, QUICK, case_id, run_case
+
+from rlfleet import train
+from rlfleet.algos import resolve
+from rlfleet.data.demos import Demonstrations
+from rlfleet.device import HostCopy, acting, host_modules, resolve_device, sync_host
+from rlfleet.fields import ConfigError
+
+T = torch.Tensor
+
+
+def _host_zeros(t: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(t.shape, dtype=t.dtype)
+
+
+@pytest.fixture
+def meta_learner(monkeypatch):
+    """Reads of a meta tensor's values from the host (`.item()`, `.cpu()`, `.to("cpu")`, a copy into a CPU tensor,
+    `bool()`) give zeros, as a GPU would give its values."""
+    orig = {name: getattr(T, name) for name in ("item", "cpu", "to", "copy_", "tolist", "__float__", "__bool__")}
+
+    def to(self, *args, **kwargs):
+        if self.is_meta:
+            target = kwargs.get("device", args[0] if args and isinstance(args[0], str | torch.device) else None)
+            if target is not None and torch.device(target).type == "cpu":
+                dtype = kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None))
+                out = _host_zeros(self)
+                return out if dtype is None else out.to(dtype)
+        return orig["to"](self, *args, **kwargs)
+
+    def copy_(self, src, *args, **kwargs):
+        if isinstance(src, T) and src.is_meta and not self.is_meta:
+            return self.zero_()
+        return orig["copy_"](self, src, *args, **kwargs)
+
+    def read(name):
+        return lambda self, *a, **k: orig[name](_host_zeros(self) if self.is_meta else self, *a, **k)
+
+    patches = {name: read(name) for name in ("item", "cpu", "tolist", "__float__")}
+    patches |= {"to": to, "copy_": copy_, "__bool__": lambda self: True if self.is_meta else orig["__bool__"](self)}
+    for name, fn in patches.items():
+        monkeypatch.setattr(T, name, fn)
+
+
+def _demos(tmp_path, n: int = 64) -> str:
+    rng = np.random.default_rng(0)
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    data = Demonstrations(
+        rng.normal(size=(n, 4)).astype(np.float32),
+        rng.integers(2, size=n),
+        np.ones(n, dtype=np.float32),
+        starts,
+        env="CartPole-v1",
+        action_space=gym.spaces.Discrete(2),
+    )
+    path = tmp_path / "demos.npz"
+    data.save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_every_algorithm_updates_with_its_learner_on_another_device(case, meta_learner, run_opts):
+    result = run_case(train, case, "meta", run_opts)
+    assert result["device"] == "meta"
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert config["device"] == "meta" and config["run"]["device"] == "meta"
+
+
+@pytest.mark.atari
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_cnn_learner_updates_and_acts_on_its_device(algo, meta_learner, run_opts):
+    pytest.importorskip("ale_py")
+    small = {"ppo": {"rollout_len": 32, "minibatch_size": 32}, "dqn": {"learning_starts": 100, "buffer_size": 500}}
+    result = train(
+        algo, "ALE/Pong-v5", steps=300, n_envs=2, device="meta", overrides=small[algo],
+        **QUICK, **run_opts,
+    )  # fmt: skip
+    assert result["updates"] > 0
+
+
+def test_offline_learns_on_the_device(meta_learner, run_opts, tmp_path):
+    result = train("bc", "CartPole-v1", dataset=_demos(tmp_path), steps=50, device="meta", **QUICK, **run_opts)
+    assert result["device"] == "meta" and result["updates"] > 0
+
+
+# ------------------------------------------------------------------------------------------ the acting copy
+def _algo(name: str, env: str, device: str):
+    algo_cls, config_cls, _, _ = resolve(name)
+    e = gym.make(env)
+    return algo_cls(config_cls(), e.observation_space, e.action_space, seed=0, device=device)
+
+
+def test_an_mlp_acts_through_a_cpu_copy_refreshed_whenever_the_learner_changed(meta_learner):
+    ppo = _algo("ppo", "CartPole-v1", "meta")
+    assert all(p.is_meta for p in ppo.model.parameters())
+    copy = acting(ppo.model)
+    assert copy is not ppo.model and all(p.device.type == "cpu" for p in copy.parameters())
+    assert acting(ppo.model) is copy  # one copy, reused
+    refreshes = []
+    real = HostCopy.refresh
+
+    def counting(self, force=False):
+        before = self.versions
+        out = real(self, force)
+        refreshes.append(self.versions != before)
+        return out
+
+    HostCopy.refresh = counting
+    try:
+        acting(ppo.model)
+        assert refreshes == [False]  # unchanged since the last copy: nothing copied
+        with torch.no_grad():
+            next(ppo.model.parameters()).add_(1.0)  # any in-place write (an optimizer step, a load, an average)
+        acting(ppo.model)
+        assert refreshes[-1]
+        ppo.model.load_state_dict(ppo.model.state_dict())
+        acting(ppo.model)
+        assert refreshes[-1]
+    finally:
+        HostCopy.refresh = real
+
+
+def test_the_acting_copy_takes_the_learners_values():
+    """On the CPU alone: a module whose copy is refreshed from another module with new values (what `HostCopy`
+    does for a device module) gets them, buffers included."""
+    source = torch.nn.BatchNorm1d(3)
+    copy = HostCopy(source)
+    with torch.no_grad():
+        source.weight.fill_(2.0)
+        source.running_mean.fill_(5.0)
+    out = copy.refresh()
+    assert torch.equal(out.weight, source.weight) and torch.equal(out.running_mean, source.running_mean)
+    assert out.weight.data_ptr() != source.weight.data_ptr()
+
+
+def test_workers_share_cpu_copies_of_a_learner_on_a_device(meta_learner):
+    dqn = _algo("dqn", "CartPole-v1", "meta")
+    modules = {"q": dqn.q, "q_target": dqn.q_target}
+    shared = host_modules(modules)
+    assert all(p.device.type == "cpu" for m in shared.values() for p in m.parameters())
+    cpu = _algo("dqn", "CartPole-v1", "cpu")
+    same = host_modules({"q": cpu.q})
+    assert same["q"] is cpu.q  # a CPU learner's networks are shared as they are
+    sync_host(modules.values())  # refreshes the copies; a CPU module has none to refresh
+    sync_host([cpu.q])
+
+
+def test_a_cnn_acts_on_the_learners_device(meta_learner):
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    algo_cls, config_cls, _, _ = resolve("ppo")
+    ppo = algo_cls(config_cls(), space, gym.spaces.Discrete(6), device="meta")
+    assert acting(ppo.model) is ppo.model
+    actions, extras, _ = ppo.act(np.zeros((3, 4, 84, 84), np.uint8))
+    assert actions.shape == (3,) and extras["value"].shape == (3,)
+
+
+# ------------------------------------------------------------------------------------------ which device
+def test_auto_gives_the_gpu_to_cnn_learners_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cuda")
+    assert resolve_device("auto", convolutional=False, arch="single") == torch.device("cpu")
+    assert resolve_device("auto", convolutional=True, arch="hogwild") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cpu")
+
+
+def test_a_device_the_machine_lacks_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="--device cuda: this machine has no CUDA device"):
+        resolve_device("cuda", convolutional=False, arch="single")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"--device cuda:7: this machine has 1 CUDA device \(cuda:0\)"):
+        resolve_device("cuda:7", convolutional=False, arch="single")
+    with pytest.raises(ConfigError, match="the hogwild architecture learns on the CPU.*single, offline"):
+        resolve_device("cuda:0", convolutional=False, arch="hogwild")
