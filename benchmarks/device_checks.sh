@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's checks that need a GPU machine, most valuable first, each bounded by its own timeout, so that one
-# run of about 9 minutes gives every figure it can. Output: the terminal and $OUT/device_checks.log (with OUT unset:
+# run of about 9.5 minutes gives every figure it can. Output: the terminal and $OUT/device_checks.log (with OUT unset:
 # ./device-out). Packages the GPU machine lacks (gymnasium, ale-py, mujoco, stable-baselines3) come as wheels in
 # .whl/ (docs/benchmarks.md, "Learners on a GPU", says how they are fetched).
 #
@@ -26,15 +26,15 @@ python3 -c "import torch, gymnasium; print('torch', torch.__version__, 'cuda', t
 git log --oneline -1 2>/dev/null || true
 
 step "1. the gpu test module, without its learning runs"
-timeout 210 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8 -x
+timeout 170 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8 -x
 
 step "2. learner updates per second, CPU against GPU (the table behind --device auto)"
-timeout 150 python3 benchmarks/device_learner.py updates --repeats 3 --out "$OUT/device_updates.json"
+timeout 100 python3 benchmarks/device_learner.py updates --repeats 3 --out "$OUT/device_updates.json"
 
 step "3. the gpu test module's learning runs"
-timeout 200 python3 -m pytest tests/gpu -m "gpu and learning" -p no:cacheprovider -q --durations=8
+timeout 140 python3 -m pytest tests/gpu -m "gpu and learning" -p no:cacheprovider -q --durations=8
 
 step "4. SAC on HalfCheetah-v5, 20,000 steps, rlfleet and SB3 with the learner on the GPU"
-timeout 240 python3 benchmarks/device_learner.py sac --seeds 0 1 2 --out "$OUT/device_sac.json"
+timeout 150 python3 benchmarks/device_learner.py sac --seeds 0 1 2 --out "$OUT/device_sac.json"
 
 step "done"
