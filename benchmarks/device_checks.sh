@@ -26,7 +26,7 @@ python3 -c "import torch, gymnasium; print('torch', torch.__version__, 'cuda', t
 git log --oneline -1 2>/dev/null || true
 
 step "1. the gpu test module, without its learning runs"
-timeout 170 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8 -x
+timeout 170 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8
 
 step "2. learner updates per second, CPU against GPU (the table behind --device auto)"
 timeout 100 python3 benchmarks/device_learner.py updates --repeats 3 --out "$OUT/device_updates.json"
