@@ -4,8 +4,9 @@ An algorithm is built on a device (`__init__(..., device=...)`): its networks, t
 state live there, and each update moves its batch there once (`Batch.to_torch(device)`, through pinned memory
 on CUDA). Acting stays on the CPU for MLP policies, whose NumPy forward (`rlfleet.nets.fast`) is faster there than
 any GPU call for the few envs a process steps: `acting(module)` is then a CPU copy of the learner's network,
-refreshed from it whenever its weights changed since (PyTorch's per-tensor version counters tell, so an optimizer
-step, a `load_state_dict`, a gossip average or any other in-place write is seen). CNN policies act on the
+refreshed from it whenever its weights changed since (PyTorch's per-tensor version counters tell: a
+`load_state_dict`, a gossip average or any other in-place write bumps them, and `optimize` bumps them after each
+optimizer step, whose fused kernels do not: `note_step`). CNN policies act on the
 learner's device (`acts_on_device`), where a forward over a batch of frames is far faster than on the CPU
 (docs/benchmarks.md, "Learners on a GPU"). Architectures that share the learner's networks with worker processes
 share these CPU copies (`host_modules`) and refresh them (`sync_host`) inside each weight version.
@@ -26,6 +27,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.autograd.graph import increment_version
 
 from rlfleet.fields import ConfigError
 
@@ -187,8 +189,18 @@ def host_modules(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
 
 
 def sync_host(modules: Iterable[nn.Module]) -> None:
-    """Refresh the CPU copies of the networks that have one (`host_modules`) from their devices."""
+    """Copy the networks that have a CPU copy (`host_modules`) into it, changed or not: an architecture publishing a
+    weight version calls it, and its optimizer may be one whose kernels leave the version counters alone."""
     for m in modules:
         held = _HOST_COPIES.get(m)
         if held is not None:
-            held.refresh()
+            held.refresh(force=True)
+
+
+def note_step(optimizer: torch.optim.Optimizer) -> None:
+    """After an optimizer step: bump the version counters of its parameters when they are on a device. Fused
+    kernels (`Adam(fused=True)`, what CUDA learners step with) write the parameters without bumping them, and the
+    CPU copies that act (`acting`) refresh when a counter moves. A CPU learner has no copies: nothing to do."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if params and params[0].device.type != "cpu":
+        increment_version(params)

@@ -4,6 +4,8 @@ with the learner on `meta` by `tests/unit/test_device.py` (every machine) and on
 
 from __future__ import annotations
 
+import torch
+
 STEPS = 400
 SINGLE = [
     ("pg", "CartPole-v1", {}),
@@ -45,4 +47,13 @@ def run_case(train, case, device: str, run_opts: dict):
     kw = {"steps": STEPS, **kw}
     result = train(algo, env, device=device, **QUICK, **kw, **run_opts)
     assert result["updates"] > 0 and result["env_steps"] >= kw["steps"]
+    learner = result.algo
+    tensors = {
+        f"{name}.{key}": t
+        for name, module in vars(learner).items()
+        if isinstance(module, torch.nn.Module)
+        for key, t in module.state_dict().items()
+    }
+    elsewhere = [name for name, t in tensors.items() if t.device.type != torch.device(device).type]
+    assert tensors and not elsewhere, f"{algo}'s tensors not on {device}: {elsewhere}"
     return result

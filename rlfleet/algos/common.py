@@ -15,7 +15,7 @@ from torch import nn
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
-from rlfleet.device import acting, host, module_device
+from rlfleet.device import acting, host, module_device, note_step
 from rlfleet.envs.wrappers import has_action_start
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.fast import (
@@ -317,9 +317,11 @@ def optimize(
         hook(params)
     if max_grad_norm is None:
         optimizer.step()
+        note_step(optimizer)
         return float("nan")
     norm = clip_grad_norm(params, max_grad_norm)
     optimizer.step()
+    note_step(optimizer)
     return float(norm)
 
 

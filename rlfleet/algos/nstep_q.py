@@ -127,13 +127,13 @@ class NStepQ:
         self.cfg = cfg
         self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.target_clock = SyncClock(cfg.target_update_every)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer(cfg.optimizer, self.q.parameters(), cfg.lr)
         self.params = list(self.q.parameters())
         self.rng = np.random.default_rng(seed)
         self.eps_final = sample_final_epsilons(cfg.n_envs, cfg.eps_final_choices, cfg.eps_final_probs, self.rng)
         self.eps = np.full(cfg.n_envs, cfg.eps_start)
-        self.target_clock = SyncClock(cfg.target_update_every)
 
     def act(self, obs: np.ndarray, state=None, explore: bool = True):
         return epsilon_greedy(q_values(self.q, obs), self.eps if explore else 0.0, self.rng), {}, state

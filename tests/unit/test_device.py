@@ -20,8 +20,9 @@ from device_cases import CASES, QUICK, case_id, run_case
 
 from rlfleet import train
 from rlfleet.algos import resolve
+from rlfleet.algos.common import optimize
 from rlfleet.data.demos import Demonstrations
-from rlfleet.device import HostCopy, acting, host_modules, resolve_device, sync_host
+from rlfleet.device import HostCopy, acting, host_copy, host_modules, resolve_device, sync_host
 from rlfleet.fields import ConfigError
 
 T = torch.Tensor
@@ -34,8 +35,10 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def meta_learner(monkeypatch):
     """Reads of a meta tensor's values from the host (`.item()`, `.cpu()`, `.to("cpu")`, a copy into a CPU tensor,
-    `bool()`) give zeros, as a GPU would give its values."""
-    orig = {name: getattr(T, name) for name in ("item", "cpu", "to", "copy_", "tolist", "__float__", "__bool__")}
+    `int()`, `bool()`) give zeros, as a GPU would give its values."""
+    orig = {
+        name: getattr(T, name) for name in ("item", "cpu", "to", "copy_", "tolist", "__float__", "__int__", "__bool__")
+    }
 
     def to(self, *args, **kwargs):
         if self.is_meta:
@@ -54,7 +57,7 @@ def meta_learner(monkeypatch):
     def read(name):
         return lambda self, *a, **k: orig[name](_host_zeros(self) if self.is_meta else self, *a, **k)
 
-    patches = {name: read(name) for name in ("item", "cpu", "tolist", "__float__")}
+    patches = {name: read(name) for name in ("item", "cpu", "tolist", "__float__", "__int__")}
     patches |= {"to": to, "copy_": copy_, "__bool__": lambda self: True if self.is_meta else orig["__bool__"](self)}
     for name, fn in patches.items():
         monkeypatch.setattr(T, name, fn)
@@ -194,3 +197,29 @@ def test_a_device_the_machine_lacks_is_refused(monkeypatch):
         resolve_device("cuda:7", convolutional=False, arch="single")
     with pytest.raises(ConfigError, match="the hogwild architecture learns on the CPU.*single, offline"):
         resolve_device("cuda:0", convolutional=False, arch="hogwild")
+
+
+class DataWriteSGD(torch.optim.SGD):
+    """Writes the parameters through `.data`, which, like a fused kernel, leaves their version counters alone."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data.add_(p.grad, alpha=-group["lr"])
+
+
+def test_a_step_whose_kernel_leaves_the_version_counters_alone_still_refreshes_the_acting_copy(meta_learner):
+    ppo = _algo("ppo", "CartPole-v1", "meta")
+    opt = DataWriteSGD(ppo.model.parameters(), lr=0.1)
+    copy = host_copy(ppo.model)
+    acting(ppo.model)
+    seen = copy.versions
+    loss = sum(p.sum() for p in ppo.model.parameters())
+    loss.backward()
+    opt.step()
+    assert tuple(src._version for _, src in copy.pairs) == seen  # what a fused step does: nothing to see
+    loss = sum(p.sum() for p in ppo.model.parameters())
+    optimize(opt, loss, list(ppo.model.parameters()), None)  # every algorithm steps through optimize
+    acting(ppo.model)
+    assert copy.versions != seen
