@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/device_checks.log") 2>&1
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 MUJOCO_GL=disable  # no rendering: MuJoCo imports no OpenGL
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || exit 1
