@@ -198,9 +198,11 @@ def sync_host(modules: Iterable[nn.Module]) -> None:
 
 
 def note_step(optimizer: torch.optim.Optimizer) -> None:
-    """After an optimizer step: bump the version counters of its parameters when they are on a device. Fused
-    kernels (`Adam(fused=True)`, what CUDA learners step with) write the parameters without bumping them, and the
-    CPU copies that act (`acting`) refresh when a counter moves. A CPU learner has no copies: nothing to do."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    """After an optimizer step: bump the version counters of the parameters it stepped (those with a gradient) when
+    they are on a device. Fused kernels (`Adam(fused=True)`, what CUDA learners step with) write them without bumping
+    them, and the CPU copies that act (`acting`) refresh when a counter moves. The others are left alone: a graph
+    built on them before this step (SAC samples its policy step's actions before the critics step, in one optimizer)
+    stays valid. A CPU learner has no copies: nothing to do."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if params and params[0].device.type != "cpu":
         increment_version(params)

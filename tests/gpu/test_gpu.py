@@ -101,7 +101,7 @@ def test_a_gpu_update_equals_the_cpu_update(algo, monkeypatch):
         seen = grads[device] = []
         set_gradient_hook(
             learner.optimizer,
-            lambda params, seen=seen: seen.append([p.grad.cpu() for p in params if p.grad is not None]),
+            lambda params, seen=seen: seen.append([p.grad.to("cpu", copy=True) for p in params if p.grad is not None]),
         )
         if algo == "ppo":  # one minibatch step, as `minibatch_epochs` takes it
             loss, out = learner.loss(batch)

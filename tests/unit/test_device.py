@@ -206,7 +206,8 @@ class DataWriteSGD(torch.optim.SGD):
     def step(self, closure=None):
         for group in self.param_groups:
             for p in group["params"]:
-                p.data.add_(p.grad, alpha=-group["lr"])
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-group["lr"])
 
 
 def test_a_step_whose_kernel_leaves_the_version_counters_alone_still_refreshes_the_acting_copy(meta_learner):
@@ -223,3 +224,8 @@ def test_a_step_whose_kernel_leaves_the_version_counters_alone_still_refreshes_t
     optimize(opt, loss, list(ppo.model.parameters()), None)  # every algorithm steps through optimize
     acting(ppo.model)
     assert copy.versions != seen
+    value = ppo.model.value_head.linear.weight
+    before = value._version
+    loss = sum(p.sum() for p in ppo.model.actor_body.parameters())  # a step of the policy's body alone
+    optimize(opt, loss, list(ppo.model.parameters()), None)
+    assert value._version == before  # a parameter the step did not write keeps its version (graphs on it hold)
