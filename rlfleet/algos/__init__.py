@@ -6,7 +6,11 @@ checks type, finiteness and range of every field before a run starts.
 
 The contract every algorithm class keeps (architectures call nothing else):
 
-- `__init__(cfg, obs_space, action_space, seed)`; raises `UnsupportedSpaceError` for spaces it can't handle;
+- `__init__(cfg, obs_space, action_space, seed, device="cpu")`; raises `UnsupportedSpaceError` for spaces it can't
+  handle; puts its networks on `device` (`rlfleet.device.place`, before its optimizer is built) and keeps it as
+  `device`: its updates move their batches there (`Batch.to_torch(self.device)`), and every tensor it makes in an
+  update is made there; `act` goes through `rlfleet.device.acting` (a CPU copy of an MLP on a device) and brings
+  results back with `rlfleet.device.host`;
 - `act(obs, state=None, explore=True) -> (actions, extras, state)` batched over envs; `extras` is a dict
   of per-env arrays stored with the rollout (values, log-probabilities);
 - `schedule(env_steps, total_steps)`: exploration, learning-rate and target-network schedules;
