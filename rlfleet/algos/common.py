@@ -347,7 +347,8 @@ def minibatch_epochs(algo, batch, epochs: int, minibatch_size: int, rng: np.rand
     """`epochs` shuffled passes of `algo.loss` + optimiser step over minibatches; mean metrics."""
     totals: dict[str, float] = {}
     steps = 0
-    batch = batch.to_torch(algo.device)  # on the learner's device once; minibatches are slices of it there
+    if algo.device.type != "cpu":  # on the learner's device once; minibatches are slices of it there
+        batch = batch.to_torch(algo.device)
     for _ in range(epochs):
         for minibatch in batch.split(minibatch_size, shuffle=True, rng=rng):
             loss, metrics = algo.loss(minibatch)
