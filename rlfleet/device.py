@@ -203,6 +203,7 @@ def note_step(optimizer: torch.optim.Optimizer) -> None:
     them, and the CPU copies that act (`acting`) refresh when a counter moves. The others are left alone: a graph
     built on them before this step (SAC samples its policy step's actions before the critics step, in one optimizer)
     stays valid. A CPU learner has no copies: nothing to do."""
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if params and params[0].device.type != "cpu":
-        increment_version(params)
+    groups = optimizer.param_groups
+    if not groups or not groups[0]["params"] or groups[0]["params"][0].device.type == "cpu":
+        return
+    increment_version([p for group in groups for p in group["params"] if p.grad is not None])
