@@ -69,3 +69,13 @@ def ray_processes() -> dict[int, str]:
         if state != "Z" and (cmd.startswith("ray::") or "/site-packages/ray/" in cmd):
             found[int(entry.name)] = cmd
     return found
+
+
+def assert_nothing_left(sid: int, started: set[int]) -> None:
+    """No process left in the run's session, and none of the Ray processes `started` (should one have left it)."""
+    left = wait_until_gone(sid, timeout=15)
+    assert not left, f"processes left in the run's session: {left}"
+    deadline = time.monotonic() + 15
+    while (still := set(ray_processes()) & started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not still, f"Ray processes the run started are still there: {still}"

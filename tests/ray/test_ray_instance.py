@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from procs import RLFLEET, kill_session, ray_processes, session_processes, wait_until_gone
+from procs import RLFLEET, assert_nothing_left, kill_session, ray_processes, session_processes
 
 from rlfleet.backends import ray_backend
 from rlfleet.fields import ConfigError
@@ -41,16 +41,6 @@ def wait_for_process(proc: subprocess.Popen, name: str, timeout: float = 120) ->
         assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
         assert time.monotonic() < deadline, f"no {name} after {timeout:.0f} s"
         time.sleep(0.02)
-
-
-def assert_nothing_left(sid: int, started: set[int]) -> None:
-    """No process left in the run's session, and none of the Ray processes `started` (should one have left it)."""
-    left = wait_until_gone(sid, timeout=15)
-    assert not left, f"processes left in the run's session: {left}"
-    deadline = time.monotonic() + 15
-    while (still := set(ray_processes()) & started) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not still, f"Ray processes the run started are still there: {still}"
 
 
 def test_ctrl_c_while_the_private_instance_starts_stops_the_run(tmp_path: Path):

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from procs import RLFLEET, kill_session, ray_processes, wait_until_gone
+from procs import RLFLEET, assert_nothing_left, kill_session, ray_processes
 
 from rlfleet.backends.ray_backend import system_temp_dir
 from rlfleet.run.checkpoint import load_checkpoint
@@ -44,12 +44,7 @@ def test_ctrl_c_on_a_ray_run_saves_a_checkpoint_and_leaves_no_ray_process(tmp_pa
         assert proc.returncode == 0, f"exit {proc.returncode} after SIGINT:\n{err[-3000:]}"
         assert "stopped by interrupted" in out, out
         assert "Traceback" not in err, err[-3000:]
-        left = wait_until_gone(sid, timeout=15)
-        assert not left, f"processes left in the run's session: {left}"
-        deadline = time.monotonic() + 15
-        while (still := set(ray_processes()) & started) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not still, f"Ray processes the run started are still there: {still}"
+        assert_nothing_left(sid, started)
     finally:
         if proc.poll() is None:
             os.killpg(sid, signal.SIGKILL)
