@@ -184,7 +184,7 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
-        note = placement_note(self.device, self.algo, workers_act=arch not in ("single", "offline"))
+        note = placement_note(self.device, self.algo, workers_act=not self.single_process)
         if note is not None:
             notes.info(note)
         self.obs_stats = self.make_obs_stats()
