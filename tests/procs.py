@@ -79,3 +79,12 @@ def assert_nothing_left(sid: int, started: set[int]) -> None:
     while (still := set(ray_processes()) & started) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not still, f"Ray processes the run started are still there: {still}"
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it is stopped: alive, its sockets open, answering nothing."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"{pid} did not stop"
+        time.sleep(0.01)

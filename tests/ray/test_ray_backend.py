@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import stop_process
 from spawned import ScriptedRole, make_tally, make_tally_never_starting
 
 from rlfleet.arch.parallel import ParallelOptions
@@ -389,15 +390,6 @@ def test_an_actor_killed_mid_run_is_restarted_and_the_run_still_solves(run_opts,
     log = (run / "workers.log").read_text()
     assert "worker 0 died" in log and "restarting it" in log, log
     assert result["solved"], result.result
-
-
-def stop_process(pid: int) -> None:
-    """SIGSTOP `pid` and wait until it is stopped: alive, answering nothing."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, f"{pid} did not stop"
-        time.sleep(0.01)
 
 
 def test_a_hung_service_actor_is_killed_for_want_of_an_answer_and_restarted(tmp_path):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import RLFLEET, kill_session, session_processes, wait_until_gone
+from procs import RLFLEET, kill_session, session_processes, stop_process, wait_until_gone
 
 from rlfleet.arch.gossip import GossipTimeout
 from rlfleet.launch import train
@@ -376,15 +376,6 @@ def test_a_hung_gossip_learner_ends_the_run_with_an_error_naming_it(run_opts):
     assert result["stopped_by"] == "failure" and re.search(waited, result["failure"]), result
     assert load_checkpoint(run)["env_steps"] == result["env_steps"]
     assert "the run stops: learner" in (run / "workers.log").read_text()
-
-
-def stop_process(pid: int) -> None:
-    """SIGSTOP `pid` and wait until it is stopped: alive, its sockets open, answering nothing."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, f"{pid} did not stop"
-        time.sleep(0.01)
 
 
 HUNG_SERVICES = {
