@@ -158,7 +158,8 @@ def _spaces(args: argparse.Namespace) -> int:
     simple = ", ".join(OBSERVATION_SPACES[:-2])
     print(
         f"\nobservation spaces every algorithm takes: {simple}, and Dict or Tuple of these\n"
-        "  Box images (uint8, C x H x W): a CNN (Nature DQN's, or --set encoder=mnih2013); other Boxes: flattened\n"
+        "  Box images (uint8, C x H x W): a CNN (Nature DQN's; MinAtar's under 36 x 36; or --set encoder=mnih2013);\n"
+        "  other Boxes: flattened\n"
         "  Discrete: one-hot; MultiDiscrete: one-hots side by side; MultiBinary: its bits\n"
         "  Dict: one encoder per entry (a CNN for each image), their features side by side; Tuple (and Dict inside\n"
         "  Dict): one flat Dict with keys '0', '1', ... ('outer.inner' when nested)\n"

@@ -86,7 +86,7 @@ class Config(NormOptions, SDEOptions):
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
-    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     shared: bool = False
     """One encoder for policy and value also for vector observations (images and `lstm` always share)."""
     lstm: int = bounded(0, ge=0)
@@ -114,6 +114,10 @@ PRESETS = {
         encoder="mnih2013",
         lr_anneal=True,
         total_steps=10_000_000,
+    ),
+    # MinAtar (Young & Tian 2019): the Atari settings above on the MinAtar paper's network
+    "minatar": dict(
+        n_envs=16, rollout_len=5, lr=7e-4, ent_coef=0.01, max_grad_norm=0.5, encoder="minatar", total_steps=5_000_000
     ),
     "paper": dict(rollout_len=5, gae_lambda=1.0, lr=7e-4, ent_coef=0.01, lr_anneal=True, normalize_advantage=False),
     # The A3C paper's continuous agent: separate policy and value MLPs of one 200-unit ReLU layer, σ² by
@@ -175,6 +179,8 @@ A3C_VARIANT: dict[str, Any] = dict(
 A3C_PRESETS = {
     # the paper's Atari settings: Mnih 2013 network, η = 7e-4 annealed over the run, gradients clipped at 40
     "atari": dict(lr=7e-4, encoder="mnih2013", max_grad_norm=40.0, total_steps=40_000_000),
+    # MinAtar: the paper's Atari settings on the MinAtar paper's network
+    "minatar": dict(lr=7e-4, encoder="minatar", max_grad_norm=40.0, total_steps=5_000_000),
     # the paper's recurrent agent for low-dimensional input: 128 LSTM cells after the encoder
     "lstm": dict(PRESETS["lstm"]),
     # the paper's continuous agent (separate 200-unit policy and value networks, σ² by softplus, β = 1e-4);

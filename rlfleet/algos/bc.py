@@ -53,7 +53,7 @@ class Config:
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
-    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     total_steps: int = bounded(5_000, ge=1)
     """Default budget in gradient steps (the offline runner counts gradient steps, not env steps)."""
     dagger_iterations: int = bounded(4, ge=0)

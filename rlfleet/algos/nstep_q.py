@@ -91,7 +91,7 @@ class Config(NormOptions):
     dueling: bool = False
     """Dueling value/advantage head."""
     encoder: str = "auto"
-    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""
 
@@ -110,6 +110,18 @@ PRESETS = {
         eps_anneal_steps=1_000_000,
         encoder="mnih2013",
         total_steps=10_000_000,
+    ),
+    # MinAtar: the Atari settings on the MinAtar paper's network, ε annealed over the MinAtar paper's 100k steps
+    "minatar": dict(
+        n_envs=16,
+        rollout_len=5,
+        lr=7e-4,
+        optimizer="rmsprop",
+        lr_anneal=True,
+        target_update_every=10_000,
+        eps_anneal_steps=100_000,
+        encoder="minatar",
+        total_steps=5_000_000,
     ),
 }
 

@@ -69,7 +69,7 @@ class Config(NormOptions):
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu."""
     encoder: str = "auto"
-    """auto (MLP for vectors, Nature CNN for images), mlp, mnih2013 or nature."""
+    """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     log_std: str = "state_independent"
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
     init_std: float = bounded(1.0, gt=0)
@@ -78,7 +78,10 @@ class Config(NormOptions):
     """Default training budget in env steps."""
 
 
-PRESETS = {"atari": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, total_steps=10_000_000)}
+PRESETS = {
+    "atari": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, total_steps=10_000_000),
+    "minatar": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, encoder="minatar", total_steps=5_000_000),
+}
 
 
 class PG:

@@ -46,10 +46,14 @@ Presets: on Atari envs (dqn) and MuJoCo envs (ddpg, td3) a run with no --preset 
 preset, the paper's settings (docs/architectures/apex.md lists them and what differs); elsewhere (CartPole,
 Pendulum) the usual defaults or family preset.
 
-Pacing: the learner keeps the algorithm's replay ratio, `gradient_steps` updates per `train_freq × n_envs`
-env steps taken in once `learning_starts` transitions are stored (the sample efficiency of the
-single-process algorithm); an actor may run `AHEAD` blocks ahead of what the learner has caught up with, and
-then waits. The paper's learner is not paced (it learns as fast as it can while 360 actors fill the replay).
+Pacing (the default): the learner keeps the algorithm's replay ratio, `gradient_steps` updates
+per `train_freq × n_envs` env steps taken in once `learning_starts` transitions are stored (the sample efficiency
+of the single-process algorithm, whatever the number of actors and cores); an actor may run `AHEAD` blocks ahead
+of what the learner has caught up with, and then waits. `--unpaced` is the paper's learner: it updates as
+fast as it can (`gradient_steps` updates between looks at the actors' blocks) once the replay holds
+`learning_starts` transitions, and every block's credit goes back at once, so actors never wait for it; how
+often a transition is replayed then depends on the speeds of actors and learner (`charts/replay_add_rate`
+against `charts/replay_sample_rate`).
 
 Logged besides the usual: `charts/actor_sps` (env steps taken in per second), `charts/learner_ups` (updates
 per second), `charts/replay_size` (over all shards), `charts/replay_add_rate` and `charts/replay_sample_rate`
@@ -322,6 +326,10 @@ class ApexOptions(RoleOptions):
     """ε of the exploration ladder ε_i = ε^(1 + α·i/(N−1)) (dqn's ε_i; ddpg and td3 scale their noise by ε_i / ε)."""
     epsilon_alpha: float = bounded(7.0, ge=0)
     """α of the exploration ladder (0: every actor explores with ε)."""
+    unpaced: bool = False
+    """The paper's learner: it updates as fast as it can once the replay holds learning_starts transitions, and
+    actors never wait for it. Without it the learner keeps the algorithm's replay ratio (gradient_steps updates per
+    train_freq × n_envs env steps) and an actor waits when it runs AHEAD blocks ahead of it."""
 
     @property
     def workers(self) -> int:
@@ -402,6 +410,7 @@ class ApexRunner(ParallelRunner):
                 "replay_shards": self.opts.replay_shards,
                 "epsilons": self.epsilons,
                 "ahead": AHEAD,
+                "unpaced": self.opts.unpaced,
             }
         )
 
@@ -489,14 +498,17 @@ class ApexRunner(ParallelRunner):
         self.actor_returns[report.worker] += report.returns
         self.exploration[report.worker] = report.exploration
         self.added += self.opts.block
-        self.held.append(report)
+
+    def ready(self) -> bool:
+        """Whether the replay has held `learning_starts` transitions (and a batch), from which point on it learns."""
+        if self.ready_at is None and sum(self.sizes) >= max(self.algo_cfg.learning_starts, self.algo_cfg.batch_size):
+            self.ready_at = self.env_steps
+        return self.ready_at is not None
 
     def due(self) -> int:
         """Updates the learner owes for the steps taken in (0 before the replay holds `learning_starts`)."""
-        if self.ready_at is None:
-            if sum(self.sizes) < max(self.algo_cfg.learning_starts, self.algo_cfg.batch_size):
-                return 0
-            self.ready_at = self.env_steps
+        if not self.ready():
+            return 0
         return int((self.env_steps - self.ready_at) * self.ratio) - self.learned
 
     def learn(self, n: int) -> tuple[dict[str, float], int]:
@@ -544,7 +556,10 @@ class ApexRunner(ParallelRunner):
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """Take in the actors' reports that came (up to `AHEAD` per actor) if the learner has caught up, learn what
         is due (at most `gradient_steps` updates a pass), and give the actors their credits back once the learner has
-        caught up with the steps taken in (or cannot: no shard holds a batch, after a shard lost its data)."""
+        caught up with the steps taken in (or cannot: no shard holds a batch, after a shard lost its data).
+        Unpaced: `coordinate_unpaced`."""
+        if self.opts.unpaced:
+            return self.coordinate_unpaced(pool)
         returns: list[float] = []
         taken = 0
         caught_up = self.due() <= 0 or self.starved
@@ -554,6 +569,7 @@ class ApexRunner(ParallelRunner):
             if report is None:
                 break
             self.take_in(report)
+            self.held.append(report)
             returns += report.returns
             taken += 1
         metrics, updates = self.learn(min(max(self.due(), 0), self.algo_cfg.gradient_steps))
@@ -561,6 +577,24 @@ class ApexRunner(ParallelRunner):
             for report in self.held:
                 pool.release(report.worker, report.incarnation)
             self.held = []
+        if taken == 0 and updates == 0:
+            return None
+        return Taken(returns, metrics, updates)
+
+    def coordinate_unpaced(self, pool: RoleGroup) -> Taken | None:
+        """The paper's learner: take in every report that came (waiting for one only while the replay is not ready
+        to learn from), give its credit back at once, then make `gradient_steps` updates if the replay is ready."""
+        returns: list[float] = []
+        taken = 0
+        while taken < self.opts.actors * AHEAD:
+            report = pool.get_any(0.0 if self.ready() else WAIT_S if taken == 0 else 0.001)
+            if report is None:
+                break
+            self.take_in(report)
+            pool.release(report.worker, report.incarnation)
+            returns += report.returns
+            taken += 1
+        metrics, updates = self.learn(self.algo_cfg.gradient_steps) if self.ready() else ({}, 0)
         if taken == 0 and updates == 0:
             return None
         return Taken(returns, metrics, updates)

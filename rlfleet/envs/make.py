@@ -50,6 +50,9 @@ from gymnasium.wrappers import (
     TransformReward,
 )
 
+from rlfleet.envs.minatar import is_minatar_id, is_minatar_spec
+from rlfleet.envs.minatar import make as make_minatar
+from rlfleet.envs.minatar import register as register_minatar
 from rlfleet.envs.wrappers import (
     EnvPoolVectorEnv,
     FlatDictObservation,
@@ -173,6 +176,8 @@ def resolve_env_spec(env_id: str) -> EnvSpec:
             importlib.import_module(module)
         except (ImportError, TypeError, ValueError) as exc:  # TypeError, ValueError: a relative or empty name
             raise UnknownEnvError(f"cannot import {module!r}, the module of env id {module}:{env_id}: {exc}") from None
+    if is_minatar_id(env_id):
+        register_minatar(env_id)
     if env_id in gym.registry:
         return gym.spec(env_id)
     ale_available = _import_ale()
@@ -290,7 +295,8 @@ def make_env(
 
     Args:
         env: a Gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``, ``"PongNoFrameskip-v4"``,
-            ``"rlfleet/CartPoleNoVel-v1"``) or a zero-argument callable returning a ``gymnasium.Env``
+            ``"MinAtar/Breakout-v1"`` (see :mod:`rlfleet.envs.minatar`), ``"rlfleet/CartPoleNoVel-v1"``) or a
+            zero-argument callable returning a ``gymnasium.Env``
             (then ``env_kwargs`` and ``render_mode`` must be left out; put them in the callable).
         seed: seeds the env's first ``reset()`` and its action/observation spaces (``None``: unseeded).
         training: for Atari, a training env clips rewards to their sign and may end episodes on life
@@ -323,7 +329,7 @@ def make_env(
 
     Raises:
         UnknownEnvError: unknown id (the message suggests close matches).
-        ImportError: an ``ALE/...`` id without ale-py installed.
+        ImportError: an ``ALE/...`` id without ale-py installed, a ``MinAtar/...`` one without minatar.
         ValueError: unknown or invalid options.
     """
     if isinstance(env, str):
@@ -336,7 +342,10 @@ def make_env(
                 raise ValueError(f"option(s) {atari_only} only apply to Atari envs, not {env!r}")
             if _is_mujoco_spec(spec):
                 route_mujoco_warnings()
-            built = RecordEpisodeStatistics(gym.make(spec.id, render_mode=render_mode, **env_kwargs))
+            if is_minatar_spec(spec):
+                built = RecordEpisodeStatistics(make_minatar(spec, render_mode, env_kwargs))
+            else:
+                built = RecordEpisodeStatistics(gym.make(spec.id, render_mode=render_mode, **env_kwargs))
     elif callable(env):
         if env_kwargs or render_mode is not None:
             given = sorted(env_kwargs) + (["render_mode"] if render_mode is not None else [])
@@ -538,9 +547,11 @@ def _reward_threshold(spec: EnvSpec | None) -> float | None:
 
 
 def _family(spec: EnvSpec | None, is_atari: bool, action_space: gym.Space) -> str | None:
-    """Which preset an env picks when none is given: Atari, MuJoCo, other Box actions, or none (defaults)."""
+    """Which preset an env picks when none is given: Atari, MinAtar, MuJoCo, other Box actions, or none (defaults)."""
     if is_atari:
         return "atari"
+    if spec is not None and is_minatar_spec(spec):
+        return "minatar"
     if spec is not None and _is_mujoco_spec(spec):
         return "mujoco"
     return "continuous" if isinstance(action_space, gym.spaces.Box) else None
@@ -551,7 +562,7 @@ def env_spec_info(env: EnvSource, **env_kwargs: Any) -> dict[str, Any]:
 
     Returns:
         ``{"id", "reward_threshold" (None if unknown), "max_episode_steps" (agent steps, None if
-        unbounded), "is_atari", "family" ("atari", "mujoco", "continuous" for any other env with Box actions,
+        unbounded), "is_atari", "family" ("atari", "minatar", "mujoco", "continuous" for any other env with Box actions,
         or None: picks an algorithm's preset of that name),
         "observation_space", "action_space"}``; spaces are those seen by an agent (for Atari: the
         preprocessed, frame-stacked ones).

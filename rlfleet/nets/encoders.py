@@ -1,5 +1,5 @@
-"""Observation encoders: an MLP for vectors and the Mnih-2013 / Nature DQN CNNs for stacked Atari frames, for every
-Gymnasium observation space.
+"""Observation encoders: an MLP for vectors, the Mnih-2013 / Nature DQN CNNs for stacked Atari frames and MinAtar's for
+its 10×10 grids, for every Gymnasium observation space.
 
 `FlatInput` turns an observation of any space but an image into one float vector per sample: a `Box` flattened,
 a `Discrete` one-hot, a `MultiDiscrete` as its one-hots side by side, a `MultiBinary` as 0/1 floats, and a `Dict`
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -178,42 +179,83 @@ class MLP(nn.Module):
 
 
 class _AtariCNN(nn.Module):
-    """Shared scaffolding: uint8 frames scaled to [0, 1], convolutions, one fully connected layer."""
+    """Shared scaffolding: uint8 frames scaled to [0, 1] (divided by `scale`, the image space's bound: 255 for Atari
+    frames, 1 for MinAtar's 0/1 grids), the class's convolutions (`CONVS`: channels, kernel, stride), one fully
+    connected layer of `FC` units."""
 
-    def __init__(self, in_channels: int, convs: list[tuple[int, int, int]], fc: int, size: int = 84):
+    CONVS: ClassVar[tuple[tuple[int, int, int], ...]] = ()
+    FC: ClassVar[int] = 0
+
+    def __init__(self, in_channels: int = 4, size: int = 84, scale: float = 255.0):
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels
-        for out, kernel, stride in convs:
+        for out, kernel, stride in self.CONVS:
             layers += [layer_init(nn.Conv2d(channels, out, kernel, stride)), nn.ReLU()]
             channels = out
         layers.append(nn.Flatten())
         conv = nn.Sequential(*layers)
         with torch.no_grad():
             flat = conv(torch.zeros(1, in_channels, size, size)).shape[1]
-        self.net = nn.Sequential(conv, layer_init(nn.Linear(flat, fc)), nn.ReLU())
-        self.out_dim = fc
+        self.net = nn.Sequential(conv, layer_init(nn.Linear(flat, self.FC)), nn.ReLU())
+        self.out_dim = self.FC
+        self.scale = float(scale)
+
+    @classmethod
+    def min_size(cls) -> int:
+        """The smallest frame side the convolutions take (each leaves at least one cell)."""
+        size = 1
+        for _, kernel, stride in reversed(cls.CONVS):
+            size = (size - 1) * stride + kernel
+        return size
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float() / 255.0)
+        return self.net(obs.float() / self.scale)
 
 
 class Mnih2013CNN(_AtariCNN):
     """The network of Mnih et al. 2013 used by the A3C paper: conv 16×8×8/4, conv 32×4×4/2, fc 256."""
 
-    def __init__(self, in_channels: int = 4, size: int = 84):
-        super().__init__(in_channels, [(16, 8, 4), (32, 4, 2)], 256, size)
+    CONVS = ((16, 8, 4), (32, 4, 2))
+    FC = 256
 
 
 class NatureCNN(_AtariCNN):
     """The Nature DQN network: conv 32×8×8/4, 64×4×4/2, 64×3×3/1, fc 512."""
 
-    def __init__(self, in_channels: int = 4, size: int = 84):
-        super().__init__(in_channels, [(32, 8, 4), (64, 4, 2), (64, 3, 1)], 512, size)
+    CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    FC = 512
 
 
-ENCODERS = {"mlp", "mnih2013", "nature"}
-CNNS = {"mnih2013": Mnih2013CNN, "nature": NatureCNN}
+class MinAtarCNN(_AtariCNN):
+    """The MinAtar paper's network (Young & Tian 2019) for its 10×10 grids: conv 16×3×3/1, fc 128."""
+
+    CONVS = ((16, 3, 1),)
+    FC = 128
+
+
+ENCODERS = {"mlp", "mnih2013", "nature", "minatar"}
+CNNS: dict[str, type[_AtariCNN]] = {"mnih2013": Mnih2013CNN, "nature": NatureCNN, "minatar": MinAtarCNN}
+
+
+def auto_cnn(space: gym.spaces.Box) -> str:
+    """The CNN `auto` picks for an image: Nature DQN's, or MinAtar's for frames smaller than Nature's smallest
+    (36×36)."""
+    return "nature" if min(space.shape[1:]) >= NatureCNN.min_size() else "minatar"
+
+
+def make_cnn(kind: str, space: gym.spaces.Box) -> nn.Module:
+    """The CNN `kind` for an image space `(C, H, W)`, scaling by the space's upper bound; a ValueError naming the
+    smallest frame it takes when the image is smaller."""
+    cls = CNNS[kind]
+    channels, height, width = space.shape
+    if min(height, width) < cls.min_size():
+        smallest = cls.min_size()
+        raise ValueError(
+            f"encoder {kind!r} takes frames of at least {smallest}×{smallest}, the observations are {height}×{width}: "
+            f"--set encoder=auto (it picks a CNN that fits) or minatar"
+        )
+    return cls(channels, height, float(np.max(space.high)))
 
 
 class MultiInputEncoder(nn.Module):
@@ -223,7 +265,8 @@ class MultiInputEncoder(nn.Module):
     def __init__(self, space: gym.spaces.Dict, cnn: str, hidden: Sequence[int], activation: str):
         super().__init__()
         images = [key for key, sub in space.spaces.items() if is_image(sub)]
-        self.cnns = nn.ModuleDict({key: CNNS[cnn](space[key].shape[0], space[key].shape[1]) for key in images})
+        kinds = {key: auto_cnn(space[key]) if cnn == "auto" else cnn for key in images}
+        self.cnns = nn.ModuleDict({key: make_cnn(kinds[key], space[key]) for key in images})
         rest = gym.spaces.Dict({key: sub for key, sub in space.spaces.items() if key not in images})
         self.rest = FlatInput(rest) if len(rest.spaces) else None
         features = sum(c.out_dim for c in self.cnns.values()) + (self.rest.out_dim if self.rest is not None else 0)
@@ -240,22 +283,23 @@ class MultiInputEncoder(nn.Module):
 def make_encoder(
     obs_space: gym.Space, kind: str = "auto", hidden: Sequence[int] = (64, 64), activation: str = "tanh"
 ) -> nn.Module:
-    """Pick an encoder for an observation space: images (C, H, W) get a CNN, a `Dict` with images a
+    """Pick an encoder for an observation space: images (C, H, W) get a CNN (`auto`: Nature DQN's, MinAtar's for
+    grids under 36×36), a `Dict` with images a
     `MultiInputEncoder`, everything else an MLP (behind a `FlatInput` for spaces other than `Box`)."""
     if kind not in ENCODERS | {"auto"}:
         raise ValueError(f"unknown encoder {kind!r}; choose one of {sorted(ENCODERS | {'auto'})}")
     if isinstance(obs_space, gym.spaces.Box):
         shape = obs_space.shape
         if kind == "auto":
-            kind = "nature" if is_image(obs_space) else "mlp"
+            kind = auto_cnn(obs_space) if is_image(obs_space) else "mlp"
         if kind == "mlp":
             return MLP(int(np.prod(shape)), hidden, activation)
         if len(shape) != 3:
             raise ValueError(f"encoder {kind!r} needs image observations (C, H, W), got shape {shape}")
-        return CNNS[kind](shape[0], shape[1])
+        return make_cnn(kind, obs_space)
     inputs = FlatInput(obs_space)  # rejects the spaces no encoder takes
     if has_image(obs_space) and kind != "mlp":
-        return MultiInputEncoder(obs_space, "nature" if kind == "auto" else kind, hidden, activation)
+        return MultiInputEncoder(obs_space, kind, hidden, activation)
     if kind not in ("auto", "mlp"):
         raise ValueError(f"encoder {kind!r} needs image observations (C, H, W), got {obs_space}")
     return MLP(inputs.out_dim, hidden, activation, inputs=inputs)

@@ -3,6 +3,8 @@ shards (eviction, priority write-back on the right rows of the right shard), and
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -461,3 +463,18 @@ def test_apex_picks_the_papers_preset_on_atari_and_keeps_beta_fixed(tmp_path, ca
     finally:
         runner.services.stop()
         runner.eval_envs.close()
+
+
+def test_the_unpaced_learner_updates_as_fast_as_it_can_and_the_paced_one_keeps_the_replay_ratio(tmp_path):
+    """Paced, the learner makes gradient_steps updates per train_freq × n_envs env steps once learning starts (here 1
+    per 1,024: about 4 in 4,000 steps); unpaced (the paper's), it updates while the actor steps, far more often (about
+    100 here: a CartPole actor steps 4,000 times in a second)."""
+    common = dict(arch="apex", actors=1, steps=4_500, stop_return=1e9, eval_every=4_500, eval_episodes=1,
+                  overrides={"learning_starts": 500, "train_freq": 256, "gradient_steps": 1},
+                  logdir=str(tmp_path), progress=False)  # fmt: skip
+    paced = train("dqn", "CartPole-v1", name="paced", **common)
+    unpaced = train("dqn", "CartPole-v1", name="unpaced", unpaced=True, **common)
+    steps_learning = paced["env_steps"] - 500
+    assert steps_learning // 1024 - 1 <= paced["updates"] <= steps_learning // 1024 + 1
+    assert unpaced["updates"] >= 20
+    assert json.loads((unpaced.run_dir / "config.json").read_text())["unpaced"] is True
