@@ -3,8 +3,9 @@
 # terminal and $OUT/device_checks.log (with OUT unset: ./device-out). Packages the GPU machine lacks (gymnasium,
 # ale-py, mujoco, stable-baselines3) come as wheels in .whl/ (docs/devices.md, "Measured", says how they are fetched).
 #
-#     bash benchmarks/device_checks.sh                 # every step, about 9 minutes
-#     bash benchmarks/device_checks.sh tests sac       # some of them: tests updates learning sac
+#     bash benchmarks/device_checks.sh tests pong_ppo sac   # what is still pending, most valuable first (~12 min)
+#     bash benchmarks/device_checks.sh a3c_pong             # one step; every step, in this order:
+#         tests (2 min) updates (2) learning (2) pong_ppo (8) sac (2.5) a3c_pong (9) apex_pong (5) gala_pong (9)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -17,7 +18,7 @@ if [ -d .whl ]; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-tests updates learning sac}
+steps=${*:-tests pong_ppo sac}
 wanted() { [[ " $steps " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
@@ -38,8 +39,28 @@ if wanted learning; then
     step "learning: the gpu test module's learning runs"
     timeout 120 python3 -m pytest tests/gpu -m "gpu and learning" -p no:cacheprovider -q --durations=8 -rA
 fi
+if wanted pong_ppo; then
+    step "pong_ppo: PPO on Pong, learner on the GPU, 16 env processes, 7 minutes (goal: >= 18 within 10)"
+    timeout 540 python3 benchmarks/atari_scale.py ppo --env ALE/Pong-v5 --minutes 7 --device cuda --envs 16 \
+        --eval-every 250000 --eval-episodes 5 --out "$OUT/pong_ppo"
+fi
 if wanted sac; then
     step "sac: SAC on HalfCheetah-v5, 20,000 steps, rlfleet and SB3 with the learner on the GPU"
     timeout 140 python3 benchmarks/device_learner.py sac --seeds 0 1 2 --out "$OUT/device_sac.json"
+fi
+if wanted a3c_pong; then
+    step "a3c_pong: A3C on Pong at 1, 2, 4, 8 and 16 workers, 100 s each: frames/s and time to -15"
+    timeout 600 python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.67 --workers 1,2,4,8,16 \
+        --eval-every 100000 --eval-episodes 3 --out "$OUT/a3c_pong"
+fi
+if wanted apex_pong; then
+    step "apex_pong: Ape-X DQN on Pong, 14 actors, the unpaced learner on the GPU, 4 minutes"
+    timeout 330 python3 benchmarks/atari_scale.py apex --env ALE/Pong-v5 --minutes 4 --actors 14 --device cuda \
+        --eval-every 250000 --eval-episodes 3 --out "$OUT/apex_pong"
+fi
+if wanted gala_pong; then
+    step "gala_pong: GALA with 4 and 8 learners (2 minutes each), then A2C at equal frames (at most 4), on Pong"
+    timeout 600 python3 benchmarks/atari_scale.py gala --env ALE/Pong-v5 --minutes 2 --learners 4,8 \
+        --eval-every 250000 --eval-episodes 3 --out "$OUT/gala_pong"
 fi
 step "done"

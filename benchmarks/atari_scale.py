@@ -1,0 +1,273 @@
+"""The seeds' Atari experiments at scale, each run bounded by --minutes: curves of the greedy score against frames and
+against wall time, and a summary table.
+
+Experiments (one run at a time, each `rlfleet.train` with `time_limit = --minutes`):
+
+  ppo    PPO with its learner on --device and --envs env workers (async vector envs for ALE ids): score against
+         wall time (the goal on Pong: >= 18 within 10 minutes).
+  a3c    A3C (hogwild) at each worker count of --workers: frames/s, its scaling over one worker, and the time and
+         frames to --reference (the first greedy evaluation at or above it), the A3C paper's Table 2 and Figure 3.
+  apex   Ape-X DQN with --actors actors and the paper's unpaced learner on --device: actor frames/s, learner
+         updates/s and samples/s (the paper: ~50k frames/s from 360 actors, 19 batches of 512 a second), score.
+  gala   GALA (A2C on --arch gossip) with each learner count of --learners, then single-process A2C for as many
+         frames as the biggest GALA run took (or twice --minutes): frames/s and score at equal frames.
+  all    every experiment above, in that order.
+
+Frames are env steps times the frame skip (4 for ALE ids, 1 for MinAtar). Writes OUT/summary.json (every run:
+options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables) and OUT/curves_<experiment>.png.
+
+    python benchmarks/atari_scale.py ppo --env ALE/Pong-v5 --minutes 10 --device cuda --envs 16
+    python benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 8 --workers 1,2,4,8,16
+    python benchmarks/atari_scale.py all --env MinAtar/Breakout-v1 --minutes 0.05 --workers 1,2 --learners 2 \
+        --actors 2 --out /tmp/scale        # the smoke run CI makes (under a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+EXPERIMENTS = ("ppo", "a3c", "apex", "gala")
+REFERENCE = {"ALE/Pong-v5": -15.0, "PongNoFrameskip-v4": -15.0, "MinAtar/Breakout-v1": 3.0}
+"""The score every worker count reaches within a short run (Pong: -15, 6 points above a random policy's -21, which
+A3C reaches early in the paper's Figure 3 curves at every thread count; MinAtar Breakout: 3, seven times random)."""
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "unknown")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """metrics.csv as key -> [(env steps, seconds, value), ...]."""
+    rows: dict[str, list[tuple[int, float, float]]] = {}
+    with open(run_dir / "metrics.csv") as f:
+        for step, seconds, key, value in csv.reader(f):
+            if step != "step":
+                rows.setdefault(key, []).append((int(step), float(seconds), float(value)))
+    return rows
+
+
+def median_of(rows: dict[str, list], key: str) -> float | None:
+    values = [v for _, _, v in rows.get(key, [])[1:]] or [v for _, _, v in rows.get(key, [])]  # after the first line
+    return statistics.median(values) if values else None
+
+
+def one_run(name: str, algo: str, args: argparse.Namespace, out: Path, **options: Any) -> dict[str, Any]:
+    """One bounded run; what the tables and curves need from it."""
+    from rlfleet import train
+
+    print(f"[atari_scale] {name}: {algo} {options}", file=sys.stderr, flush=True)
+    options.setdefault("time_limit", args.minutes * 60)
+    result = train(algo, args.env, seed=args.seed, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
+                   stop_return=1e9, logdir=str(out / "runs"), name=name, progress=False, **options)  # fmt: skip
+    r = result.result
+    rows = read_metrics(result.run_dir)
+    evals = [(step, seconds, value) for step, seconds, value in rows.get("eval/return_mean", [])]
+    reached = next(((s, t) for s, t, v in evals if v >= args.reference), None)
+    skip = args.frame_skip
+    return {
+        "name": name,
+        "algo": algo,
+        "options": {k: v for k, v in options.items() if k != "time_limit"},
+        "frames": r["env_steps"] * skip,
+        "seconds": r["wall_time_s"],
+        "frames_per_s": r["env_steps"] * skip / max(r["wall_time_s"], 1e-9),
+        "score": r["eval_return_mean"],
+        "best_score": r["best_eval_return"],
+        "reference_at_s": None if reached is None else reached[1],
+        "reference_at_frames": None if reached is None else reached[0] * skip,
+        "evals": [[s * skip, t, v] for s, t, v in evals],
+        "actor_frames_per_s": (median_of(rows, "charts/actor_sps") or 0) * skip or None,
+        "learner_updates_per_s": median_of(rows, "charts/learner_ups"),
+        "learner_samples_per_s": median_of(rows, "charts/replay_sample_rate"),
+        "device": r.get("device"),
+        "run_dir": str(result.run_dir),
+    }
+
+
+def run_ppo(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    return [one_run("ppo", "ppo", args, out, n_envs=args.envs, device=args.device)]
+
+
+def run_a3c(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    return [one_run(f"a3c-{n}", "a3c", args, out, arch="hogwild", workers=n) for n in args.workers]
+
+
+def run_apex(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    options = dict(arch="apex", actors=args.actors, unpaced=True, device=args.device)
+    return [one_run(f"apex-{args.actors}", "dqn", args, out, **options)]
+
+
+def run_gala(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    runs = [one_run(f"gala-{k}", "a2c", args, out, arch="gossip", learners=k) for k in args.learners]
+    frames = max(run["frames"] for run in runs)
+    a2c = one_run("a2c", "a2c", args, out, steps=max(1, frames // args.frame_skip), time_limit=args.minutes * 60 * 2)
+    return runs + [a2c]
+
+
+RUNNERS = {"ppo": run_ppo, "a3c": run_a3c, "apex": run_apex, "gala": run_gala}
+
+
+def score_at(run: dict[str, Any], frames: int) -> float | None:
+    """The last evaluation at or before `frames`."""
+    before = [v for f, _, v in run["evals"] if f <= frames]
+    return before[-1] if before else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def fmt(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}" if isinstance(x, float) else f"{x:,}"
+
+
+def table(experiment: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    head = f"### {experiment} on {args.env} ({args.minutes:g} min a run)\n\n"
+    if experiment == "a3c":
+        base = next((r for r in runs if r["options"].get("workers") == 1), runs[0])
+        lines = ["| workers | frames/s | scaling | frames | score | time to " + f"{args.reference:g} (s) | speedup |",
+                 "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in runs:
+            t1, tn = base["reference_at_s"], r["reference_at_s"]
+            speedup = ratio(t1, tn)
+            lines.append(f"| {r['options']['workers']} | {fmt(r['frames_per_s'], 0)} | "
+                         f"{fmt(ratio(r['frames_per_s'], base['frames_per_s']), 2)}× | {fmt(r['frames'])} | "
+                         f"{fmt(r['score'])} | {fmt(tn)} | {fmt(speedup, 2)} |")  # fmt: skip
+    elif experiment == "apex":
+        lines = ["| actors | actor frames/s | learner updates/s | learner samples/s | frames | score | device |",
+                 "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in runs:
+            lines.append(f"| {r['options']['actors']} | {fmt(r['actor_frames_per_s'], 0)} | "
+                         f"{fmt(r['learner_updates_per_s'])} | {fmt(r['learner_samples_per_s'], 0)} | "
+                         f"{fmt(r['frames'])} | {fmt(r['score'])} | {r['device']} |")  # fmt: skip
+    elif experiment == "gala":
+        a2c = runs[-1]
+        lines = ["| run | frames/s | frames | score | A2C at these frames |", "|---|---|---|---|---|"]
+        for r in runs:
+            equal = score_at(a2c, r["frames"]) if r is not a2c else None
+            lines.append(f"| {r['name']} | {fmt(r['frames_per_s'], 0)} | {fmt(r['frames'])} | {fmt(r['score'])} | "
+                         f"{fmt(equal)} |")  # fmt: skip
+    else:
+        lines = ["| run | device | frames/s | frames | score | best | time to " + f"{args.reference:g} (s) |",
+                 "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in runs:
+            lines.append(f"| {r['name']} | {r['device']} | {fmt(r['frames_per_s'], 0)} | {fmt(r['frames'])} | "
+                         f"{fmt(r['score'])} | {fmt(r['best_score'])} | {fmt(r['reference_at_s'])} |")  # fmt: skip
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(experiment: str, runs: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_frames, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        frames = [f for f, _, _ in r["evals"]]
+        seconds = [t for _, t, _ in r["evals"]]
+        scores = [v for _, _, v in r["evals"]]
+        by_frames.plot(frames, scores, marker=".", label=r["name"])
+        by_time.plot(seconds, scores, marker=".", label=r["name"])
+    for ax, xlabel in ((by_frames, "frames"), (by_time, "wall time (s)")):
+        ax.axhline(args.reference, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("greedy score (mean of evaluation games)")
+        ax.grid(alpha=0.3)
+    by_frames.legend(fontsize=8)
+    fig.suptitle(f"{experiment} on {args.env}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def counts(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} takes comma-separated counts, got {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag} takes counts >= 1, got {text!r}")
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", choices=(*EXPERIMENTS, "all"))
+    parser.add_argument("--env", default="ALE/Pong-v5")
+    parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run")
+    parser.add_argument("--workers", default="1,2,4,8,16", help="a3c: worker counts")
+    parser.add_argument("--learners", default="4,8", help="gala: learner counts")
+    parser.add_argument("--actors", type=int, default=14, help="apex: actors")
+    parser.add_argument("--envs", type=int, default=16, help="ppo: env workers")
+    parser.add_argument("--device", default="auto", help="ppo and apex: the learner's device")
+    parser.add_argument("--reference", type=float, default=None, help="the score whose first reaching is timed")
+    parser.add_argument("--eval-every", type=int, default=None, help="env steps between evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the runs, summary and curves")
+    args = parser.parse_args()
+    args.workers = counts(parser, "--workers", args.workers)
+    args.learners = counts(parser, "--learners", args.learners)
+    if args.minutes <= 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes}")
+    if args.reference is None:
+        if args.env not in REFERENCE:
+            parser.error(f"no reference score known for {args.env}: give --reference")
+        args.reference = REFERENCE[args.env]
+
+    from rlfleet.envs import env_spec_info
+
+    info = env_spec_info(args.env)  # an unknown id or a missing extra: one error before any run
+    args.frame_skip = 4 if info["is_atari"] else 1
+    if args.eval_every is None:
+        args.eval_every = 100_000 if info["is_atari"] else 10_000
+    out = args.out or Path(tempfile.mkdtemp(prefix="atari-scale-"))
+    out.mkdir(parents=True, exist_ok=True)
+    experiments = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
+    document: dict[str, Any] = {"machine": machine(), "env": args.env, "minutes": args.minutes,
+                                "reference": args.reference, "experiments": {}}  # fmt: skip
+    markdown = []
+    for experiment in experiments:
+        runs = RUNNERS[experiment](args, out)
+        document["experiments"][experiment] = runs
+        markdown.append(table(experiment, runs, args))
+        plot(experiment, runs, args, out / f"curves_{experiment}.png")
+        (out / "summary.json").write_text(json.dumps(document, indent=1) + "\n")  # after each: a crash loses little
+    m = document["machine"]
+    header = f"Machine: {m['cpu']}, {m['cores']} cores, GPU {m['gpu'] or 'none'}; torch {m['torch']}.\n\n"
+    (out / "summary.md").write_text(header + "\n".join(markdown))
+    print(header + "\n".join(markdown))
+    print(f"[atari_scale] wrote {out}/summary.json, summary.md and curves_*.png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
