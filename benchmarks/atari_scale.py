@@ -5,8 +5,10 @@ Experiments (one run at a time, each `rlfleet.train` with `time_limit = --minute
 
   ppo    PPO with its learner on --device and --envs env workers (async vector envs for ALE ids): score against
          wall time (the goal on Pong: >= 18 within 10 minutes).
-  a3c    A3C (hogwild) at each worker count of --workers: frames/s, its scaling over one worker, and the time and
-         frames to --reference (the first greedy evaluation at or above it), the A3C paper's Table 2 and Figure 3.
+  a3c    A3C (hogwild) at each worker count of --workers: frames/s, its scaling over one worker, the time and
+         frames to --reference (the first greedy evaluation at or above it), the A3C paper's Table 2 and Figure 3,
+         and where a worker's segment goes (ms copying the shared parameters, acting, in the loss, back-propagating
+         and applying the gradient to the shared parameters and statistics: the run's hogwild/<phase>_ms).
   apex   Ape-X DQN with --actors actors and the paper's unpaced learner on --device: actor frames/s, learner
          updates/s and samples/s (the paper: ~50k frames/s from 360 actors, 19 batches of 512 a second), score.
   gala   GALA (A2C on --arch gossip) with each learner count of --learners, then single-process A2C for as many
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 EXPERIMENTS = ("ppo", "a3c", "apex", "gala")
+PHASES = ("pull", "act", "loss", "backward", "apply")  # a hogwild worker's segment (rlfleet.arch.hogwild.PHASES)
 REFERENCE = {"ALE/Pong-v5": -15.0, "PongNoFrameskip-v4": -15.0, "MinAtar/Breakout-v1": 3.0}
 """The score every worker count reaches within a short run (Pong: -15, 6 points above a random policy's -21, which
 A3C reaches early in the paper's Figure 3 curves at every thread count; MinAtar Breakout: 3, seven times random)."""
@@ -105,6 +108,7 @@ def one_run(name: str, algo: str, args: argparse.Namespace, out: Path, **options
         "actor_frames_per_s": (median_of(rows, "charts/actor_sps") or 0) * skip or None,
         "learner_updates_per_s": median_of(rows, "charts/learner_ups"),
         "learner_samples_per_s": median_of(rows, "charts/replay_sample_rate"),
+        "segment_ms": {p: median_of(rows, f"hogwild/{p}_ms") for p in PHASES if f"hogwild/{p}_ms" in rows} or None,
         "device": r.get("device"),
         "run_dir": str(result.run_dir),
     }
@@ -149,18 +153,24 @@ def fmt(x: Any, digits: int = 1) -> str:
     return f"{x:,.{digits}f}" if isinstance(x, float) else f"{x:,}"
 
 
+def segment_times(run: dict[str, Any]) -> str:
+    """A hogwild run's median milliseconds per segment in each phase, `pull / act / loss / backward / apply`."""
+    times = run.get("segment_ms") or {}
+    return " / ".join(fmt(times.get(p), 2) for p in PHASES)
+
+
 def table(experiment: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     head = f"### {experiment} on {args.env} ({args.minutes:g} min a run)\n\n"
     if experiment == "a3c":
         base = next((r for r in runs if r["options"].get("workers") == 1), runs[0])
-        lines = ["| workers | frames/s | scaling | frames | score | time to " + f"{args.reference:g} (s) | speedup |",
-                 "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines = ["| workers | frames/s | scaling | frames | score | time to " + f"{args.reference:g} (s) | speedup | "
+                 "ms per segment: " + " / ".join(PHASES) + " |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in runs:
             t1, tn = base["reference_at_s"], r["reference_at_s"]
             speedup = ratio(t1, tn)
             lines.append(f"| {r['options']['workers']} | {fmt(r['frames_per_s'], 0)} | "
                          f"{fmt(ratio(r['frames_per_s'], base['frames_per_s']), 2)}× | {fmt(r['frames'])} | "
-                         f"{fmt(r['score'])} | {fmt(tn)} | {fmt(speedup, 2)} |")  # fmt: skip
+                         f"{fmt(r['score'])} | {fmt(tn)} | {fmt(speedup, 2)} | {segment_times(r)} |")  # fmt: skip
     elif experiment == "apex":
         lines = ["| actors | actor frames/s | learner updates/s | learner samples/s | frames | score | device |",
                  "|---|---|---|---|---|---|---|"]  # fmt: skip

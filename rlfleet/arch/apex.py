@@ -599,32 +599,29 @@ class ApexRunner(ParallelRunner):
             return None
         return Taken(returns, metrics, updates)
 
-    def monitor_step(self, logger, start, new_returns, metrics, stop_requested, updates) -> str | None:
-        next_log = self.state["next_log"]
-        reason = super().monitor_step(logger, start, new_returns, metrics, stop_requested, updates)
-        if self.state["next_log"] != next_log:
-            now = time.perf_counter()
-            last_time, last_steps, last_updates, last_added, last_sampled = self.last_rates
-            elapsed = max(now - last_time, 1e-9)
-            row = {
-                "charts/actor_sps": (self.env_steps - last_steps) / elapsed,
-                "charts/learner_ups": (self.state["updates"] - last_updates) / elapsed,
-                "charts/replay_add_rate": (self.added - last_added) / elapsed,
-                "charts/replay_sample_rate": (self.sampled - last_sampled) / elapsed,
-                "charts/replay_size": float(sum(self.sizes)),
-                **{f"charts/exploration_{i}": x for i, x in sorted(self.exploration.items())},
-            }
-            for i, returns in enumerate(self.actor_returns):
-                if returns:
-                    row[f"charts/episodic_return_{i}"] = float(np.mean(returns))
-                    returns.clear()
-            if self.staleness:
-                row["charts/sample_staleness"] = float(np.mean(self.staleness))
-                row["charts/sample_staleness_max"] = float(max(self.staleness))
-                self.staleness = []
-            logger.log(self.env_steps, row)
-            self.last_rates = (now, self.env_steps, self.state["updates"], self.added, self.sampled)
-        return reason
+    def log_row(self) -> dict[str, float]:
+        """The policy lag, and the rates, replay size, exploration, returns and staleness since the last row."""
+        now = time.perf_counter()
+        last_time, last_steps, last_updates, last_added, last_sampled = self.last_rates
+        elapsed = max(now - last_time, 1e-9)
+        row = {
+            "charts/actor_sps": (self.env_steps - last_steps) / elapsed,
+            "charts/learner_ups": (self.state["updates"] - last_updates) / elapsed,
+            "charts/replay_add_rate": (self.added - last_added) / elapsed,
+            "charts/replay_sample_rate": (self.sampled - last_sampled) / elapsed,
+            "charts/replay_size": float(sum(self.sizes)),
+            **{f"charts/exploration_{i}": x for i, x in sorted(self.exploration.items())},
+        }
+        for i, returns in enumerate(self.actor_returns):
+            if returns:
+                row[f"charts/episodic_return_{i}"] = float(np.mean(returns))
+                returns.clear()
+        if self.staleness:
+            row["charts/sample_staleness"] = float(np.mean(self.staleness))
+            row["charts/sample_staleness_max"] = float(max(self.staleness))
+            self.staleness = []
+        self.last_rates = (now, self.env_steps, self.state["updates"], self.added, self.sampled)
+        return super().log_row() | row
 
     def restart_crashed(self, pool, logger, how: str) -> None:
         """The crashed actors, then the crashed shards."""

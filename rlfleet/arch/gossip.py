@@ -683,16 +683,9 @@ class GossipRunner(ParallelRunner):
             return {}, 0
         return item.metrics, 1
 
-    def monitor_step(self, logger, start, new_returns, metrics, stop_requested, updates):
-        """`ParallelRunner.monitor_step`, and with every log row each learner's returns, steps per second and
-        shares of time, the totals, and the latest consensus distance."""
-        next_log = self.state["next_log"]
-        reason = super().monitor_step(logger, start, new_returns, metrics, stop_requested, updates)
-        if self.state["next_log"] != next_log:
-            self.log_gossip(logger)
-        return reason
-
-    def log_gossip(self, logger) -> None:
+    def log_row(self) -> dict[str, float]:
+        """The policy lag, and each learner's returns, steps per second and shares of time since the last row, the
+        totals, and the latest consensus distance."""
         now = time.perf_counter()
         wall = max(now - getattr(self, "_last_gossip_log", self._invocation_start), 1e-9)
         self._last_gossip_log = now
@@ -718,8 +711,8 @@ class GossipRunner(ParallelRunner):
             row["gossip/staleness"] = total["staleness"] / total["mixed"]
         if self.consensus:
             row["gossip/round"], row["gossip/consensus_distance"] = self.consensus[-1]
-        logger.log(self.env_steps, row)
         self.stats = [self._fresh_stats() for _ in self.stats]
+        return super().log_row() | row
 
     # ----------------------------------------------------------------------------------------- loop
     def start_workers(self, stop_flag, logger) -> RoleGroup:

@@ -45,6 +45,11 @@ from rlfleet.optim import build_optimizer, is_shared
 from rlfleet.run.config import ConfigError
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
+PHASES = ("pull", "act", "loss", "backward", "apply")
+"""Where a worker's segment goes, timed: copy the shared parameters (pull), collect the segment (act: forward
+passes and env steps), the loss's forward pass (loss), back-propagation and the norm clip (backward), and the
+optimizer's step on the shared parameters (apply: the shared-parameter write and, with shared_rmsprop or
+shared_adam, the shared statistics)."""
 
 
 @dataclass
@@ -72,6 +77,8 @@ class HogwildWorker(WorkerActor):
     ):
         super().__init__(spec, shared, worker_id, incarnation)
         self.counter = counter  # the global step count T; this worker adds to its own slot
+        self.timing = dict.fromkeys(PHASES, 0.0)  # seconds in each phase since the last report
+        self.segments = 0
         # shared kinds come built by the coordinator; per-worker ones keep their statistics here
         self.optimizer = optimizer or build_optimizer(
             spec.optimizer, self.copy.shared_params, spec.lr, algo_optimizer=getattr(self.algo, "optimizer", None)
@@ -80,29 +87,42 @@ class HogwildWorker(WorkerActor):
     def step(self, global_steps: int) -> tuple[int, dict[str, float]]:
         """One segment and one lock-free update of the shared parameters; (env steps taken, loss metrics). A
         segment with nothing to learn from (REINFORCE without a finished episode) makes no update: no metrics."""
-        algo = self.algo
+        algo, timing, clock = self.algo, self.timing, time.perf_counter
+        t0 = clock()
         self.copy.pull()
+        t1 = clock()
         algo.schedule(global_steps, self.spec.total_steps)
         set_lr(self.optimizer, algo.lr)  # the algorithm's own lr schedule
         before = self.collector.env_steps
         segment = self.collector.collect_rollout(self.storage)
         steps = self.collector.env_steps - before
+        t2 = clock()
+        timing["pull"] += t1 - t0
+        timing["act"] += t2 - t1
+        self.segments += 1
         batch = algo.process(segment)
         if len(batch) == 0:
             return steps, {}
         loss, metrics = algo.loss(batch)
         for p in self.copy.local_params:
             p.grad = None
+        t3 = clock()
         loss.backward()
         limit = self.spec.max_grad_norm if self.spec.max_grad_norm > 0 else float("inf")
         metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(self.copy.local_params, limit))
         self.copy.push_grads()
+        t4 = clock()
         self.optimizer.step()
+        t5 = clock()
+        timing["loss"] += t3 - t2
+        timing["backward"] += t4 - t3
+        timing["apply"] += t5 - t4
         return steps, metrics
 
-    def produce(self, global_steps: int, stop) -> tuple[int, list[float], dict[str, float]]:
+    def produce(self, global_steps: int, stop) -> tuple[int, list[float], dict[str, float], dict[str, float]]:
         """Segments for `report_every_s` (at least one), each added to the worker's slot of T; then the report
-        home: (updates made, returns of the episodes finished, the last loss metrics)."""
+        home: (updates made, returns of the episodes finished, the last loss metrics, the seconds spent in each of
+        `PHASES` and the segments since the last report, under "segments")."""
         updates, metrics, started = 0, {}, time.monotonic()
         t = global_steps
         while True:
@@ -112,7 +132,9 @@ class HogwildWorker(WorkerActor):
                 updates, metrics = updates + 1, step_metrics
             t = self.counter.value
             if stop.is_set() or t >= self.spec.total_steps or time.monotonic() - started >= self.spec.report_every_s:
-                return updates, self.collector.pop_new_returns(), metrics
+                timing = {**self.timing, "segments": float(self.segments)}
+                self.timing, self.segments = dict.fromkeys(PHASES, 0.0), 0
+                return updates, self.collector.pop_new_returns(), metrics, timing
 
 
 class HogwildRunner(ParallelRunner):
@@ -146,6 +168,7 @@ class HogwildRunner(ParallelRunner):
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
+        self.timing = dict.fromkeys((*PHASES, "segments"), 0.0)  # summed over the workers' reports since the last row
         self._write_config({"optimizer": self.opts.optimizer, "workers": self.opts.workers})
 
     def _extra_state(self) -> dict[str, Any]:
@@ -174,7 +197,9 @@ class HogwildRunner(ParallelRunner):
             report = pool.get_any(max(0.0, deadline - time.monotonic()))
             if report is None:
                 break
-            n_updates, returns, worker_metrics = report
+            n_updates, returns, worker_metrics, timing = report
+            for key, seconds in timing.items():
+                self.timing[key] += seconds
             new_returns += returns
             updates += n_updates
             metrics = worker_metrics or metrics
@@ -182,8 +207,29 @@ class HogwildRunner(ParallelRunner):
         self.count_returns(new_returns)
         return Taken(new_returns, metrics, updates) if reports else None
 
+    def log_row(self) -> dict[str, float]:
+        """Where the workers' time went since the last row: `hogwild/<phase>_ms`, the mean milliseconds of a segment
+        in each of `PHASES` over the workers' segments, and `hogwild/<phase>_share`, its share of their time."""
+        segments = self.timing["segments"]
+        if segments == 0:
+            return super().log_row()
+        total = sum(self.timing[phase] for phase in PHASES) or 1e-12
+        row = {f"hogwild/{phase}_ms": 1e3 * self.timing[phase] / segments for phase in PHASES}
+        row |= {f"hogwild/{phase}_share": self.timing[phase] / total for phase in PHASES}
+        self.timing = dict.fromkeys(self.timing, 0.0)
+        return super().log_row() | row
+
     def wind_down(self, stop_flag, pool: RoleGroup) -> None:
-        """Stop the workers, then count the episodes they reported on their way out."""
+        """Stop the workers, then count the episodes and time they reported on their way out."""
         self.stop_roles(stop_flag, pool)
         while (report := pool.get_any(0.0)) is not None:
             self.count_returns(report[1])
+            for key, seconds in report[3].items():
+                self.timing[key] += seconds
+
+    def finish(self, logger, start: float, stopped_by: str) -> None:
+        """The timing of the segments since the last log row, then the usual final evaluation and checkpoint (so a
+        run shorter than a log row says where its time went too)."""
+        if self.timing["segments"] > 0:
+            logger.log(self.env_steps, self.log_row())
+        super().finish(logger, start, stopped_by)

@@ -444,15 +444,16 @@ class ParallelRunner(RunBase):
         stop_requested: bool,
         updates: int,
     ) -> str | None:
-        """`after_update` (logging, evaluation, checkpoints, stop conditions) plus the policy lag, logged with
-        every log row; returns the reason to stop, if any."""
-        next_log = self.state["next_log"]
-        reason = self.after_update(logger, start, new_returns, self.returns, metrics, stop_requested, updates=updates)
-        if self.state["next_log"] != next_log and self.lags:
-            lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
-            logger.log(self.env_steps, lag)
-            self.lags.clear()
-        return reason
+        """`after_update` (logging, evaluation, checkpoints, stop conditions); returns the reason to stop, if any."""
+        return self.after_update(logger, start, new_returns, self.returns, metrics, stop_requested, updates=updates)
+
+    def log_row(self) -> dict[str, float]:
+        """The policy lag since the last log row (mean and max), where the architecture measures one."""
+        if not self.lags:
+            return {}
+        lag = {"charts/policy_lag": float(np.mean(self.lags)), "charts/policy_lag_max": max(self.lags)}
+        self.lags.clear()
+        return lag
 
     def _report(self, text: str, show: bool = True) -> None:
         """Worker trouble: printed (`show`), and appended to `<run>/workers.log`."""

@@ -340,6 +340,11 @@ class RunBase(abc.ABC):
             self._cut_noted = True
             logger.note(cut_note(cut, self.cfg.eval_episodes, self.eval_max_steps, "--eval-max-steps"))
 
+    def log_row(self) -> dict[str, float]:
+        """What a runner logs besides SPS and the losses with every log row (`after_update` calls it once a row):
+        an architecture's rates, shares of time and lags since the last row."""
+        return {}
+
     def after_update(
         self,
         logger: RunLogger,
@@ -364,7 +369,8 @@ class RunBase(abc.ABC):
             last_time, last_steps = self._last_log
             sps = (steps - last_steps) / max(now - last_time, 1e-9)
             self._last_log = (now, steps)
-            logger.log(steps, {"charts/SPS": sps, **{f"losses/{k}": v for k, v in metrics.items()}}, elapsed)
+            losses = {f"losses/{k}": v for k, v in metrics.items()}
+            logger.log(steps, {"charts/SPS": sps, **losses, **self.log_row()}, elapsed)
         solved = False
         if steps >= self.state["next_eval"]:
             while self.state["next_eval"] <= steps:

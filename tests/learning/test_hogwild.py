@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlfleet.arch.hogwild import PHASES
 from rlfleet.launch import train
 
 pytestmark = pytest.mark.learning
@@ -22,6 +23,17 @@ def test_async_method_solves_cartpole_with_two_workers(algo, run_opts):
                    eval_every=5_000, **run_opts)  # fmt: skip
     assert result["solved"], f"{algo} on hogwild: {result.result}"
     assert result["eval_return_mean"] >= 475
+    # where the workers' time went, with every log row: milliseconds per segment and shares of each phase
+    rows = [line.split(",") for line in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    by_step: dict[str, dict[str, float]] = {}
+    for step, _, key, value in rows:
+        if key.startswith("hogwild/"):
+            by_step.setdefault(step, {})[key] = float(value)
+    assert by_step, "no hogwild/ timing rows"
+    for row in by_step.values():
+        assert set(row) == {f"hogwild/{p}_{k}" for p in PHASES for k in ("ms", "share")}
+        assert all(row[f"hogwild/{p}_ms"] >= 0 for p in PHASES) and row["hogwild/act_ms"] > 0
+        assert sum(row[f"hogwild/{p}_share"] for p in PHASES) == pytest.approx(1.0)
 
 
 def test_a3c_lstm_solves_cartpole_without_velocities(run_opts):

@@ -19,8 +19,8 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_every_experiment_writes_its_runs_tables_and_curves(tmp_path):
     out = tmp_path / "scale"
-    done = run("all", "--env", "MinAtar/Breakout-v1", "--minutes", "0.12", "--workers", "2", "--learners", "2",
-               "--actors", "1", "--eval-every", "2000", "--eval-episodes", "2", "--out", str(out), cwd=tmp_path)  # fmt: skip
+    options = ["--minutes", "0.12", "--workers", "2", "--learners", "2", "--actors", "1", "--eval-every", "2000"]
+    done = run("all", "--env", "MinAtar/Breakout-v1", *options, "--eval-episodes", "2", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["reference"] == 3.0 and summary["machine"]["cores"] >= 1
@@ -30,6 +30,8 @@ def test_every_experiment_writes_its_runs_tables_and_curves(tmp_path):
         for r in runs:
             assert r["frames"] > 0 and r["frames_per_s"] > 0, r["name"]
             assert r["evals"] and all(len(e) == 3 for e in r["evals"]), r["name"]
+    a3c = summary["experiments"]["a3c"][0]
+    assert set(a3c["segment_ms"]) == {"pull", "act", "loss", "backward", "apply"}  # where a worker's segment goes
     apex = summary["experiments"]["apex"][0]
     assert apex["options"]["unpaced"] is True and apex["actor_frames_per_s"] > 0
     # A2C runs for as many frames as GALA took (or until its own time limit)
