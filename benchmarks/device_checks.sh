@@ -5,7 +5,8 @@
 #
 #     bash benchmarks/device_checks.sh tests pong_ppo sac   # what is still pending, most valuable first (~12 min)
 #     bash benchmarks/device_checks.sh a3c_pong             # one step; every step, in this order:
-#         tests (2 min) updates (2) learning (2) pong_ppo (8) sac (2.5) a3c_pong (9) apex_pong (5) gala_pong (9)
+#         tests (2 min) updates (2) learning (2) pong_ppo (8) sac (2.5) a3c_pong (9) a3c_numa (2.5) apex_pong (5)
+#         gala_pong (9)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -49,9 +50,17 @@ if wanted sac; then
     timeout 140 python3 benchmarks/device_learner.py sac --seeds 0 1 2 --out "$OUT/device_sac.json"
 fi
 if wanted a3c_pong; then
-    step "a3c_pong: A3C on Pong at 1, 2, 4, 8 and 16 workers, 100 s each: frames/s and time to -15"
+    step "a3c_pong: A3C on Pong at 1, 2, 4, 8 and 16 workers, 100 s each: frames/s, time to -15, ms per phase"
+    lscpu | grep -i -E "^(socket|core|thread|numa)"
     timeout 600 python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.67 --workers 1,2,4,8,16 \
         --eval-every 100000 --eval-episodes 3 --out "$OUT/a3c_pong"
+fi
+if wanted a3c_numa; then
+    step "a3c_numa: 16 A3C workers on the first NUMA node's cores only, against all cores (a3c_pong's row)"
+    node0=$(lscpu -p=CPU,NODE | grep -v '^#' | awk -F, '$2 == 0 {print $1}' | paste -sd,)
+    echo "node 0 cpus: $node0"
+    timeout 240 taskset -c "$node0" python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.67 \
+        --workers 16 --eval-every 1000000 --eval-episodes 1 --out "$OUT/a3c_numa"
 fi
 if wanted apex_pong; then
     step "apex_pong: Ape-X DQN on Pong, 14 actors, the unpaced learner on the GPU, 4 minutes"
