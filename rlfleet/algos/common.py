@@ -343,20 +343,39 @@ def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> torch.Ten
     return total
 
 
-def minibatch_epochs(algo, batch, epochs: int, minibatch_size: int, rng: np.random.Generator) -> dict[str, float]:
-    """`epochs` shuffled passes of `algo.loss` + optimiser step over minibatches; mean metrics."""
+def minibatch_epochs(
+    algo, batch, epochs: int, minibatch_size: int, rng: np.random.Generator, stop_kl: float | None = None
+) -> dict[str, float]:
+    """`epochs` shuffled passes of `algo.loss` + optimiser step over minibatches; mean metrics of the steps taken,
+    and `epochs`, the passes made (fractional when stopped). With `stop_kl`, the passes end at the first minibatch
+    whose `approx_kl` metric exceeds it, before that minibatch's step."""
     totals: dict[str, float] = {}
     steps = 0
     if algo.device.type != "cpu":  # on the learner's device once; minibatches are slices of it there
         batch = batch.to_torch(algo.device)
+    passes = 0.0
     for _ in range(epochs):
-        for minibatch in batch.split(minibatch_size, shuffle=True, rng=rng):
+        minibatches = list(batch.split(minibatch_size, shuffle=True, rng=rng))
+        for i, minibatch in enumerate(minibatches):
             loss, metrics = algo.loss(minibatch)
+            if stop_kl is not None and metrics["approx_kl"] > stop_kl:
+                return {**{k: v / max(steps, 1) for k, v in totals.items()}, "epochs": passes + i / len(minibatches)}
             metrics["grad_norm"] = optimize(algo.optimizer, loss, algo.params, algo.cfg.max_grad_norm)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             steps += 1
-    return {k: v / max(steps, 1) for k, v in totals.items()}
+        passes += 1
+    return {**{k: v / max(steps, 1) for k, v in totals.items()}, "epochs": passes}
+
+
+def explained_variance(predicted: np.ndarray | torch.Tensor, target: np.ndarray | torch.Tensor) -> float:
+    """1 − Var(target − predicted) / Var(target): 1 for perfect values, 0 for a constant, below 0 for worse; NaN
+    when the targets do not vary."""
+    predicted, target = (
+        np.asarray(host(x) if isinstance(x, torch.Tensor) else x, np.float64) for x in (predicted, target)
+    )
+    variance = np.var(target)
+    return float("nan") if variance == 0 else float(1 - np.var(target - predicted) / variance)
 
 
 def current_lr(algo) -> float:

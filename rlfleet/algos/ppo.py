@@ -5,7 +5,11 @@ minibatch SGD on
 
     L = −E[min(ρ A, clip(ρ, 1 ± ε) A)] + vf_coef · E[(R − V)²] − ent_coef · E[H],   ρ = π/π_old,
 
-with optional per-minibatch advantage normalisation and value clipping. Box actions get a diagonal
+with optional per-minibatch advantage normalisation and value clipping. Logged per update, as SB3 and CleanRL do:
+`approx_kl` (the mean of (ρ − 1) − log ρ over the minibatches, an estimate of KL(π_old ‖ π)), `clip_fraction`
+and the segment's `explained_variance` (1 − Var(R − V)/Var(R) of the values recorded while acting). With
+`target_kl` > 0 a segment's epochs stop at the first minibatch whose `approx_kl` exceeds 1.5 × target_kl,
+before its step (SB3's rule). Box actions get a diagonal
 Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see `ActionBounds`), which explores with
 independent noise or, with `sde`, with gSDE's state-dependent noise (`StateDependentNoise`). With `lstm` > 0
 the minibatches are whole env sequences, replayed through the LSTM from the segment's initial state.
@@ -26,6 +30,7 @@ from rlfleet.algos.common import (
     check_action_space,
     clip_norm,
     current_lr,
+    explained_variance,
     linear,
     make_optimizer,
     minibatch_epochs,
@@ -79,6 +84,9 @@ class Config(NormOptions, SDEOptions):
     """Weight of the value loss."""
     max_grad_norm: float = bounded(0.5, ge=0)
     """Global gradient-norm clip; 0 disables it."""
+    target_kl: float = bounded(0.0, ge=0)
+    """0: every epoch runs; else a segment's epochs stop at the first minibatch whose approx_kl exceeds 1.5 ×
+    target_kl, before its step (SB3's rule; CleanRL checks once an epoch)."""
     normalize_advantage: bool = True
     """Standardise advantages per minibatch."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
@@ -258,7 +266,8 @@ class PPO:
         adv = b.adv
         if self.cfg.normalize_advantage and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        ratio = (dist.log_prob(b.act) - b.logp).exp()
+        log_ratio = dist.log_prob(b.act) - b.logp
+        ratio = log_ratio.exp()
         surrogate = torch.min(ratio * adv, ratio.clamp(1 - self.clip, 1 + self.clip) * adv)
         policy_loss = -surrogate.mean()
         if self.cfg.value_clip > 0:
@@ -270,11 +279,13 @@ class PPO:
         loss = policy_loss + self.cfg.vf_coef * value_loss - self.cfg.ent_coef * entropy
         with torch.no_grad():
             clip_frac = ((ratio - 1).abs() > self.clip).float().mean().item()
+            approx_kl = ((ratio - 1) - log_ratio).mean().item()
         metrics = {
             "policy_loss": policy_loss.item(),
             "value_loss": value_loss.item(),
             "entropy": entropy.item(),
             "clip_fraction": clip_frac,
+            "approx_kl": approx_kl,
         }
         return loss, metrics
 
@@ -291,7 +302,10 @@ class PPO:
         size = self.cfg.minibatch_size
         if self.model.core is not None:  # the batch is N sequences of rollout_len steps
             size = max(1, size // self.cfg.rollout_len)
-        return minibatch_epochs(self, batch, self.cfg.epochs, size, self.rng)
+        stop_kl = 1.5 * self.cfg.target_kl if self.cfg.target_kl > 0 else None
+        metrics = minibatch_epochs(self, batch, self.cfg.epochs, size, self.rng, stop_kl=stop_kl)
+        metrics["explained_variance"] = explained_variance(batch.value, batch.ret)
+        return metrics
 
     def state_dict(self) -> dict:
         return {

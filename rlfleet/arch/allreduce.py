@@ -344,6 +344,11 @@ class AllReduceRunner(ParallelRunner):
                 f"{algo} learns from {self.algo.data} data; the allreduce architecture runs on-policy algorithms "
                 f"whose update steps one optimizer (a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
             )
+        if getattr(self.algo_cfg, "target_kl", 0) > 0:
+            raise ConfigError(
+                f"{algo} target_kl={self.algo_cfg.target_kl} stops each learner's epochs at its own minibatch, so the "
+                "learners' all-reduced optimizer steps would no longer match: use --set target_kl=0 on allreduce"
+            )
         if getattr(self.algo_cfg, "baseline", True) is False:
             raise ConfigError(
                 f"{algo} without a baseline learns from complete episodes only, a different number of optimizer "
