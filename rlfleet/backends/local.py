@@ -31,29 +31,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.multiprocessing as mp
 from torch import nn
 
 from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
-
-
-def _exit_with_parent() -> None:
-    """Leave at once if the coordinator dies without stopping us (SIGKILL, out of memory): no orphans."""
-    parent = mp.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rlfleet-parent-watch", daemon=True).start()
-
+from rlfleet.backends.child import child_setup
 
 STARTUP_GRACE_S = 60.0  # time a starting worker has, beyond the heartbeat interval, for its first beat
 
@@ -93,9 +78,7 @@ class Outbox:
 def _bootstrap(target: Callable, worker_id: int, incarnation: int, outbox: Outbox, args: tuple) -> None:
     """Process entry point: one thread, Ctrl-C ignored, gone with the coordinator, exceptions sent home with
     their traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
-    _exit_with_parent()
+    child_setup()
     try:
         target(worker_id, incarnation, outbox, *args)
     except BaseException:

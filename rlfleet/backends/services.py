@@ -37,7 +37,6 @@ from multiprocessing.connection import AuthenticationError, Client, Listener, an
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.multiprocessing as mp
 
 from rlfleet.backends.base import (
@@ -51,6 +50,7 @@ from rlfleet.backends.base import (
     WorkerFailure,
     slow_after,
 )
+from rlfleet.backends.child import child_setup
 
 RECONNECT_S = 60.0  # how long a handle keeps trying to reach a dead service before it gives up
 POLL_S = 0.05  # a handle's wait between connection attempts, and its longest wait for a reply between checks
@@ -84,11 +84,7 @@ def _answer(service: Any, lock: threading.Lock, conn, authkey: bytes) -> None:
 
 def _serve(make_service: Callable, index: int, incarnation: int, address: str, authkey: bytes, home) -> None:
     """Process entry point of one service: build it, listen, answer each client in a thread of its own."""
-    from rlfleet.backends.local import _exit_with_parent
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
-    _exit_with_parent()
+    child_setup()
     try:
         service = make_service(index, incarnation)
         with contextlib.suppress(FileNotFoundError):
