@@ -13,6 +13,8 @@ As in the paper's Algorithm 1, an update steps the critics first; the actor's lo
 the critics as that step left them (through detached weights: its gradient reaches the actor only), and
 the targets move last. The twin critics are one `QEnsemble` (one batched pass for both); one Adam holds
 both networks' parameter groups, and each step moves only the network that has gradients.
+
+`rlfleet.algos.ddpg.DDPG` is this class without the three changes (`critics`, `policy_delay`, `smooth`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,36 @@ from rlfleet.nets.continuous import DeterministicActor, QEnsemble
 
 
 @dataclass
-class Config(PriorityOptions, NormOptions, ReplayOptions):
+class DPGOptions(PriorityOptions, NormOptions, ReplayOptions):
+    """What DDPG and TD3 share (with DDPG's defaults): the deterministic actor and its exploration noise, the
+    critics' learning rate and targets, the networks, over replay."""
+
+    tau: float = bounded(0.01, gt=0, le=1)
+    """Polyak rate of the target networks: θ' ← (1 − τ) θ' + τ θ at every actor update."""
+    actor_lr: float = bounded(1e-3, ge=0)
+    """Learning rate of the actor (Adam)."""
+    critic_lr: float = bounded(1e-3, ge=0)
+    """Learning rate of the critic (Adam)."""
+    action_noise: str = checked("gaussian", one_of(ACTION_NOISES))
+    """Exploration noise added to μ(s): gaussian (drawn afresh every step) or ou (Ornstein–Uhlenbeck: correlated
+    over about 1 / (ou_theta · ou_dt) steps and reset at each episode's start; for sparse rewards behind a long
+    run-up, see `rlfleet.algos.noise`)."""
+    exploration_noise: float = bounded(0.1, ge=0)
+    """σ of the exploration noise (gaussian: its std; ou: the process's σ), in units of half the action range."""
+    ou_theta: float = bounded(0.15, ge=0)
+    """ou noise: θ, how fast the process is pulled back to 0 (per unit of time, `ou_dt` per step)."""
+    ou_dt: float = bounded(1e-2, gt=0)
+    """ou noise: dt, the time one env step advances the process by."""
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
+    """Hidden layer sizes of the actor and the critic MLPs."""
+    activation: str = "relu"
+    """MLP activation: relu, tanh or elu."""
+    total_steps: int = bounded(50_000, ge=1)
+    """Default training budget in env steps."""
+
+
+@dataclass
+class Config(DPGOptions):
     """TD3 hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
     tau: float = bounded(0.02, gt=0, le=1)
@@ -57,28 +88,14 @@ class Config(PriorityOptions, NormOptions, ReplayOptions):
     """Learning rate of the actor (Adam)."""
     critic_lr: float = bounded(2e-3, ge=0)
     """Learning rate of the twin critics (Adam)."""
-    action_noise: str = checked("gaussian", one_of(ACTION_NOISES))
-    """Exploration noise added to μ(s): gaussian (drawn afresh every step) or ou (Ornstein–Uhlenbeck: correlated
-    over about 1 / (ou_theta · ou_dt) steps and reset at each episode's start; for sparse rewards behind a long
-    run-up, see `rlfleet.algos.noise`)."""
     exploration_noise: float = bounded(0.2, ge=0)
     """σ of the exploration noise (gaussian: its std; ou: the process's σ), in units of half the action range."""
-    ou_theta: float = bounded(0.15, ge=0)
-    """ou noise: θ, how fast the process is pulled back to 0 (per unit of time, `ou_dt` per step)."""
-    ou_dt: float = bounded(1e-2, gt=0)
-    """ou noise: dt, the time one env step advances the process by."""
     policy_delay: int = bounded(2, ge=1)
     """Critic updates per actor (and target) update."""
     target_noise: float = bounded(0.2, ge=0)
     """σ̃ of the target policy smoothing noise (normalised action units)."""
     target_noise_clip: float = bounded(0.5, ge=0)
     """c: the smoothing noise is clipped to [−c, c]."""
-    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
-    """Hidden layer sizes of the actor and the critic MLPs."""
-    activation: str = "relu"
-    """MLP activation: relu, tanh or elu."""
-    total_steps: int = bounded(50_000, ge=1)
-    """Default training budget in env steps."""
 
 
 # MuJoCo locomotion (picked automatically for MuJoCo envs): the TD3 paper's and CleanRL's settings — replay of
@@ -107,22 +124,19 @@ PRESETS: dict[str, dict] = {
         total_steps=1_000_000,
     ),
 }
-# Ape-X DPG (Horgan et al. 2018, section 4.2 and appendix) over the MuJoCo preset: batch 512, 5-step returns,
-# proportional priorities α = 0.6 with β = 0.4 fixed, a replay of 1M transitions (the paper's continuous-control
-# replay is smaller than its Atari one; its exact size is not restated here beyond that: 1M, the MuJoCo
-# preset's, is kept). Kept from the MuJoCo preset, unlike the paper: Polyak targets (τ = 0.005; the paper copies
-# the targets every 100 updates), Adam 3e-4 and no gradient clip. The `apex` architecture picks it by itself on
-# MuJoCo envs.
-PRESETS["apex"] = dict(
-    PRESETS["mujoco"],
-    batch_size=512,
-    n_step=5,
-    buffer_size=1_000_000,
-    prioritized=True,
-    alpha=0.6,
-    beta=0.4,
-    beta_anneal=False,
-)
+
+
+def apex_preset(mujoco: dict) -> dict:
+    """Ape-X DPG (Horgan et al. 2018, section 4.2 and appendix) over a MuJoCo preset: batch 512, 5-step returns,
+    proportional priorities α = 0.6 with β = 0.4 fixed, a replay of 1M transitions (the paper's continuous-control
+    replay is smaller than its Atari one; its exact size is not restated here beyond that: 1M, the MuJoCo preset's,
+    is kept). Kept from the MuJoCo preset, unlike the paper: Polyak targets (τ = 0.005; the paper copies the targets
+    every 100 updates), Adam 3e-4 and no gradient clip. The `apex` architecture picks it by itself on MuJoCo envs."""
+    return dict(mujoco, batch_size=512, n_step=5, buffer_size=1_000_000, prioritized=True, alpha=0.6, beta=0.4,
+                beta_anneal=False)  # fmt: skip
+
+
+PRESETS["apex"] = apex_preset(PRESETS["mujoco"])
 
 
 class TD3:
@@ -130,16 +144,19 @@ class TD3:
 
     data = "replay"
     action_spaces = BOX_ACTIONS
+    name = "td3"
+    critics = 2
+    """Q networks, each regressed on the same target (the smallest of the target critics' values)."""
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
-        self.act_dim = int(check_action_space(action_space, "td3", self.action_spaces).shape[0])
+        self.act_dim = int(check_action_space(action_space, self.name, self.action_spaces).shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
-        if cfg.batch_size < 1 or cfg.policy_delay < 1 or not 0.0 < cfg.tau <= 1.0:
-            raise ValueError("batch_size and policy_delay must be >= 1 and tau in (0, 1]")
         self.cfg = cfg
+        if cfg.batch_size < 1 or self.policy_delay() < 1 or not 0.0 < cfg.tau <= 1.0:
+            raise ValueError("batch_size and policy_delay must be >= 1 and tau in (0, 1]")
         self.bounds = ActionBounds(action_space)
         self.actor = DeterministicActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation)
-        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=2)
+        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=self.critics)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
@@ -184,13 +201,20 @@ class TD3:
     def schedule(self, env_steps: int, total_steps: int) -> None:
         self.env_steps = env_steps
 
+    def policy_delay(self) -> int:
+        """Critic updates per actor (and target) update."""
+        return self.cfg.policy_delay
+
+    def smooth(self, next_act: torch.Tensor) -> torch.Tensor:
+        """Target policy smoothing: ã' = clip(μ'(s') + clip(ε, −c, c), −1, 1), ε ~ N(0, σ̃²)."""
+        cfg = self.cfg
+        noise = (torch.randn_like(next_act) * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
+        return (next_act + noise).clamp(-1.0, 1.0)
+
     def td_target(self, b: Batch) -> torch.Tensor:
         """y = r + γ^k (1 − terminated) min_k Q'_k(s', ã'), ã' the smoothed target action."""
-        cfg = self.cfg
         with torch.no_grad():
-            next_act = self.actor_target(b.next_obs)
-            noise = (torch.randn_like(next_act) * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
-            next_act = (next_act + noise).clamp(-1.0, 1.0)
+            next_act = self.smooth(self.actor_target(b.next_obs))
             next_q = self.critic_target(b.next_obs, next_act).min(0).values
             return b.rew + b.discount * (1.0 - b.terminated) * next_q
 
@@ -199,13 +223,13 @@ class TD3:
         target update. `priorities` are the critics' mean |TD errors| of the critic step."""
         b, act = self._torch_batch(batch)
         y = self.td_target(b)
-        q = self.critic(b.obs, act)  # [2, B]
+        q = self.critic(b.obs, act)  # [critics, B]
         td = q - y
         critic_loss = (b.weight * td.pow(2)).mean(1).sum()  # importance weights: ones unless prioritized
         optimize(self.optimizer, critic_loss, self.params, None)  # only the critics have gradients
         self.updates += 1
         metrics = {"critic_loss": critic_loss.detach(), "q": q.detach()[0].mean(), "priorities": _td_abs(td)}
-        if self.updates % self.cfg.policy_delay:
+        if self.updates % self.policy_delay():
             return metrics
         actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
         optimize(self.optimizer, actor_loss, self.params, None)  # only the actor has gradients
@@ -253,5 +277,5 @@ class TD3:
 
 
 def _td_abs(td: torch.Tensor) -> np.ndarray:
-    """`[B]` priorities from the twin critics' `[2, B]` TD errors: the mean of their absolute values."""
+    """`[B]` priorities from the critics' `[critics, B]` TD errors: the mean of their absolute values."""
     return host(td.abs().mean(0))
