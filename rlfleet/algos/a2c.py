@@ -115,10 +115,6 @@ PRESETS = {
         lr_anneal=True,
         total_steps=10_000_000,
     ),
-    # MinAtar (Young & Tian 2019): the Atari settings above on the MinAtar paper's network
-    "minatar": dict(
-        n_envs=16, rollout_len=5, lr=7e-4, ent_coef=0.01, max_grad_norm=0.5, encoder="minatar", total_steps=5_000_000
-    ),
     "paper": dict(rollout_len=5, gae_lambda=1.0, lr=7e-4, ent_coef=0.01, lr_anneal=True, normalize_advantage=False),
     # The A3C paper's continuous agent: separate policy and value MLPs of one 200-unit ReLU layer, σ² by
     # softplus, entropy weight 1e-4; the rest tuned for one process on Pendulum-v1 (docs/algorithms.md,
@@ -157,6 +153,8 @@ PRESETS = {
         ent_coef=0.0,
     ),
 }
+# MinAtar (Young & Tian 2019): the Atari settings on the MinAtar paper's network
+PRESETS["minatar"] = dict(PRESETS["atari"], encoder="minatar", total_steps=5_000_000)
 
 
 # A3C (Mnih et al. 2016, Algorithm S3) is this loss run by asynchronous workers (`a3c`, default architecture

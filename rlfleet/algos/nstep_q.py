@@ -111,19 +111,9 @@ PRESETS = {
         encoder="mnih2013",
         total_steps=10_000_000,
     ),
-    # MinAtar: the Atari settings on the MinAtar paper's network, ε annealed over the MinAtar paper's 100k steps
-    "minatar": dict(
-        n_envs=16,
-        rollout_len=5,
-        lr=7e-4,
-        optimizer="rmsprop",
-        lr_anneal=True,
-        target_update_every=10_000,
-        eps_anneal_steps=100_000,
-        encoder="minatar",
-        total_steps=5_000_000,
-    ),
 }
+# MinAtar: the Atari settings on the MinAtar paper's network, ε annealed over the MinAtar paper's 100k steps
+PRESETS["minatar"] = dict(PRESETS["atari"], eps_anneal_steps=100_000, encoder="minatar", total_steps=5_000_000)
 
 
 class NStepQ:

@@ -80,8 +80,8 @@ class Config(NormOptions):
 
 PRESETS = {
     "atari": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, total_steps=10_000_000),
-    "minatar": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, encoder="minatar", total_steps=5_000_000),
 }
+PRESETS["minatar"] = dict(PRESETS["atari"], encoder="minatar", total_steps=5_000_000)  # the MinAtar paper's network
 
 
 class PG:
