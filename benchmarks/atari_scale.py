@@ -15,7 +15,8 @@ Experiments (one run at a time, each `rlfleet.train` with `time_limit = --minute
          frames as the biggest GALA run took (or twice --minutes): frames/s and score at equal frames.
   all    every experiment above, in that order.
 
-Frames are env steps times the frame skip (4 for ALE ids, 1 for MinAtar). Writes OUT/summary.json (every run:
+Frames are env steps times the frame skip (4 for ALE ids, 1 for MinAtar); frames/s is the steady rate, the median
+of a run's `charts/SPS` rows after the first (start-up and evaluations left out). Writes OUT/summary.json (every run:
 options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables) and OUT/curves_<experiment>.png.
 
     python benchmarks/atari_scale.py ppo --env ALE/Pong-v5 --minutes 10 --device cuda --envs 16
@@ -99,7 +100,8 @@ def one_run(name: str, algo: str, args: argparse.Namespace, out: Path, **options
         "options": {k: v for k, v in options.items() if k != "time_limit"},
         "frames": r["env_steps"] * skip,
         "seconds": r["wall_time_s"],
-        "frames_per_s": r["env_steps"] * skip / max(r["wall_time_s"], 1e-9),
+        # steady: the median of the run's SPS rows after the first (no start-up, no evaluation in them)
+        "frames_per_s": (median_of(rows, "charts/SPS") or r["env_steps"] / max(r["wall_time_s"], 1e-9)) * skip,
         "score": r["eval_return_mean"],
         "best_score": r["best_eval_return"],
         "reference_at_s": None if reached is None else reached[1],
@@ -138,9 +140,8 @@ RUNNERS = {"ppo": run_ppo, "a3c": run_a3c, "apex": run_apex, "gala": run_gala}
 
 
 def score_at(run: dict[str, Any], frames: int) -> float | None:
-    """The last evaluation at or before `frames`."""
-    before = [v for f, _, v in run["evals"] if f <= frames]
-    return before[-1] if before else None
+    """The evaluation nearest to `frames` (a run steps whole segments, so its last one may be a little past)."""
+    return min(run["evals"], key=lambda e: abs(e[0] - frames))[2] if run["evals"] else None
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

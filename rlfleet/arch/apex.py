@@ -587,7 +587,8 @@ class ApexRunner(ParallelRunner):
         returns: list[float] = []
         taken = 0
         while taken < self.opts.actors * AHEAD:
-            report = pool.get_any(0.0 if self.ready() else WAIT_S if taken == 0 else 0.001)
+            learning = self.ready() and not self.starved  # else wait for blocks, as the paced learner does
+            report = pool.get_any(0.0 if learning else WAIT_S if taken == 0 else 0.001)
             if report is None:
                 break
             self.take_in(report)

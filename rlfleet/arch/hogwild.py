@@ -231,5 +231,5 @@ class HogwildRunner(ParallelRunner):
         """The timing of the segments since the last log row, then the usual final evaluation and checkpoint (so a
         run shorter than a log row says where its time went too)."""
         if self.timing["segments"] > 0:
-            logger.log(self.env_steps, self.log_row())
+            logger.log(self.env_steps, self.log_row(), time.perf_counter() - start)
         super().finish(logger, start, stopped_by)

@@ -186,7 +186,7 @@ class _AtariCNN(nn.Module):
     CONVS: ClassVar[tuple[tuple[int, int, int], ...]] = ()
     FC: ClassVar[int] = 0
 
-    def __init__(self, in_channels: int = 4, size: int = 84, scale: float = 255.0):
+    def __init__(self, in_channels: int = 4, size: int = 84, scale: float = 255.0, width: int | None = None):
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels
@@ -196,7 +196,7 @@ class _AtariCNN(nn.Module):
         layers.append(nn.Flatten())
         conv = nn.Sequential(*layers)
         with torch.no_grad():
-            flat = conv(torch.zeros(1, in_channels, size, size)).shape[1]
+            flat = conv(torch.zeros(1, in_channels, size, width or size)).shape[1]  # size × width frames
         self.net = nn.Sequential(conv, layer_init(nn.Linear(flat, self.FC)), nn.ReLU())
         self.out_dim = self.FC
         self.scale = float(scale)
@@ -255,7 +255,7 @@ def make_cnn(kind: str, space: gym.spaces.Box) -> nn.Module:
             f"encoder {kind!r} takes frames of at least {smallest}×{smallest}, the observations are {height}×{width}: "
             f"--set encoder=auto (it picks a CNN that fits) or minatar"
         )
-    return cls(channels, height, float(np.max(space.high)))
+    return cls(channels, height, float(np.max(space.high)), width)
 
 
 class MultiInputEncoder(nn.Module):
