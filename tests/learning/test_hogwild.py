@@ -33,7 +33,7 @@ def test_async_method_solves_cartpole_with_two_workers(algo, run_opts):
     for row in by_step.values():
         assert set(row) == {f"hogwild/{p}_{k}" for p in PHASES for k in ("ms", "share")}
         assert all(row[f"hogwild/{p}_ms"] >= 0 for p in PHASES) and row["hogwild/act_ms"] > 0
-        assert sum(row[f"hogwild/{p}_share"] for p in PHASES) == pytest.approx(1.0)
+        assert sum(row[f"hogwild/{p}_share"] for p in PHASES) == pytest.approx(1.0, abs=1e-4)  # 6 digits in the csv
 
 
 def test_a3c_lstm_solves_cartpole_without_velocities(run_opts):
