@@ -208,7 +208,7 @@ def test_the_private_instance_s_session_folder_goes_with_it(tmp_path: Path, ray_
 RAY_LINE = re.compile(r"^\((raylet|autoscaler)\b", re.MULTILINE)  # how Ray prefixes its own lines
 
 
-@pytest.mark.parametrize("source", ["raylet", "autoscaler"])
+@pytest.mark.parametrize("source", ["raylet", pytest.param("autoscaler", marks=pytest.mark.slow)])  # one in CI
 def test_ray_s_own_lines_go_to_the_run_s_log_not_to_the_terminal(tmp_path: Path, source: str):
     """Ray printed its raylet's messages (an actor killed here) and its autoscaler's (roles asking for 1000 GPUs
     here: the run stops after 60 s) in the terminal, coloured, among rlfleet's lines: they go to `<run>/ray.log`."""

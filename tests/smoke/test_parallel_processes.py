@@ -398,7 +398,8 @@ def start_and_wait_for_services(tmp_path: Path, arch: str, *extra: str) -> tuple
     return proc, run, json.loads((run / pids_file).read_text())
 
 
-@pytest.mark.parametrize("arch", ["apex", "param_server"])
+# param_server's case is slow (CI time): tests/ray/test_ray_backend.py drills a hung parameter server on Ray
+@pytest.mark.parametrize("arch", ["apex", pytest.param("param_server", marks=pytest.mark.slow)])
 def test_a_sigstopped_service_is_killed_as_hung_and_restarted_and_its_callers_survive(tmp_path, arch):
     """Service 1 (a replay shard, a parameter server) is SIGSTOPped: alive, answering nothing. The roles blocked
     in calls to it are not killed as hung (their heartbeat is held while it does not answer); after --heartbeat-s
@@ -426,7 +427,8 @@ def test_a_sigstopped_service_is_killed_as_hung_and_restarted_and_its_callers_su
     assert result["stopped_by"] == "steps" and result["env_steps"] >= int(HUNG_SERVICES[arch][0][-1]), result
 
 
-@pytest.mark.parametrize("arch", ["apex", "param_server"])
+# the same wait (`wait_service`) for both: one in CI
+@pytest.mark.parametrize("arch", ["apex", pytest.param("param_server", marks=pytest.mark.slow)])
 def test_ctrl_c_while_the_coordinator_waits_on_a_hung_service_stops_the_run_at_once(tmp_path, arch):
     """Service 1 is SIGSTOPped (the heartbeat, 120 s, far off) and the coordinator soon waits on it: the first Ctrl-C
     still stops the run within seconds, with a checkpoint, result.json and no process left."""
