@@ -125,7 +125,8 @@ PRESETS = {
     ),
     # MinAtar (Young & Tian 2019): the settings of pgx's MinAtar PPO example (Koyamada et al. 2023, after
     # PureJaxRL): 128-step segments, 3 epochs, clip 0.2, entropy 0.01, Adam 3e-4, gradient norm 0.5, with 8 envs
-    # and minibatches of 256 where it steps 4,096 envs on an accelerator; the MinAtar paper's network.
+    # and minibatches of 256 where it steps 4,096 envs on an accelerator; the MinAtar paper's network; the learning
+    # rate annealed to 0 over the run (rlfleet's PPO default), where pgx keeps it constant.
     # Measured: docs/minatar.md.
     "minatar": dict(
         n_envs=8,
