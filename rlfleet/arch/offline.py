@@ -26,6 +26,7 @@ import numpy as np
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.demos import DatasetError, kwargs_items, load_demonstrations
+from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collect import EpisodeRecorder, record_episodes
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.evaluate import load_agent
@@ -153,7 +154,7 @@ class OfflineRunner(RunBase):
 
     def _restore(self, payload: dict[str, Any]) -> None:
         size = self.state["dataset_size"]
-        self.algo.load_state_dict(payload["algo"])
+        load_algo_state(self.algo, payload, self.run_dir, self.cfg.algo)
         self.state.update(payload["state"])
         if self.state["dataset_size"] != size:
             raise DatasetError(

@@ -41,6 +41,7 @@ from rlfleet.device import host_modules, sync_host
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.optim import ALGO, OptimizerRecipe, is_shared
+from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, usable_cores
 from rlfleet.run.logger import RunLogger
@@ -360,7 +361,7 @@ class ParallelRunner(RunBase):
         return payload
 
     def _restore(self, payload: dict[str, Any]) -> None:
-        self.algo.load_state_dict(payload["algo"])  # copies into the shared tensors, sharing kept
+        load_algo_state(self.algo, payload, self.run_dir, self.cfg.algo)  # into the shared tensors, sharing kept
         sync_host(algo_modules(self.algo).values())  # a learner on a device: the workers' CPU copies too
         self.state.update(payload["state"])
         self.counter.set(int(payload["env_steps"]))

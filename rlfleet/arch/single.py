@@ -16,6 +16,7 @@ from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
 from rlfleet.envs.normalize import normalize_observations, normalize_rewards
 from rlfleet.run import env_state
+from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import RunConfig
 from rlfleet.run.runner import RunBase, RunResult, StopRequest, workers_ignore_sigint
@@ -85,7 +86,7 @@ class SingleRunner(RunBase):
         return payload
 
     def _restore(self, payload: dict[str, Any]) -> None:
-        self.algo.load_state_dict(payload["algo"])
+        load_algo_state(self.algo, payload, self.run_dir, self.cfg.algo)
         if self.obs_stats is not None:
             self.obs_stats.load_state_dict(payload["obs_norm"])
         if self.reward_norm is not None:

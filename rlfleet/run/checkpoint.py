@@ -101,3 +101,15 @@ def run_folder_of(path: str | Path) -> Path:
             "(the resumed run writes into that run folder)"
         )
     return path.parent.parent
+
+
+def load_algo_state(algo: Any, payload: dict[str, Any], checkpoint: str | Path, name: str) -> None:
+    """`algo.load_state_dict(payload["algo"])`, a `CheckpointError` naming the checkpoint and the first problem when
+    the saved state does not fit the algorithm (another version's networks or counters)."""
+    try:
+        algo.load_state_dict(payload["algo"])
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointError(
+            f"checkpoint {checkpoint} does not fit rlfleet's {name} ({exc.__class__.__name__}: {detail})"
+        ) from None

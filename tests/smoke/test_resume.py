@@ -256,3 +256,25 @@ def test_stops_at_the_time_limit_and_resumes_equal_uninterrupted(algo: str, run_
     compared = [key for key in ends[0] if key not in ("run_config", "state")]
     found = differences(*({key: end[key] for key in compared} for end in ends))
     assert [path for path in found if not any(field in path for field in WALL_CLOCK)] == []
+
+
+@pytest.mark.parametrize("arch", ["single", "hogwild"])
+def test_a_checkpoint_whose_algorithm_state_does_not_fit_is_one_line_and_changes_nothing(tmp_path, arch):
+    """A checkpoint of another version of an algorithm (a counter or network it lacks) is refused on --resume as on
+    eval: one CheckpointError naming the checkpoint and the missing part, the run folder left as it was."""
+    from rlfleet.run.checkpoint import CheckpointError
+
+    algo = "a3c" if arch == "hogwild" else "ppo"
+    options = {"workers": 1} if arch == "hogwild" else {}
+    train(algo, "CartPole-v1", steps=512, eval_every=512, eval_episodes=1, stop_return=1e9, logdir=str(tmp_path),
+          name="r", progress=False, **options)  # fmt: skip
+    latest = tmp_path / "r" / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(latest)
+    del payload["algo"]["optimizer"]  # as if written by a version whose algorithm had no optimizer state
+    save_checkpoint(latest, payload)
+    before = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()}
+    with pytest.raises(
+        CheckpointError, match=rf"^checkpoint .*r does not fit rlfleet's {algo} \(KeyError: 'optimizer'\)$"
+    ):
+        train(resume=tmp_path / "r", steps=1_024, progress=False)
+    assert {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()} == before
