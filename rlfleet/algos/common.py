@@ -353,19 +353,21 @@ def minibatch_epochs(
     steps = 0
     if algo.device.type != "cpu":  # on the learner's device once; minibatches are slices of it there
         batch = batch.to_torch(algo.device)
-    passes = 0.0
-    for _ in range(epochs):
+
+    def summary(passes: float) -> dict[str, float]:
+        return {**{k: v / max(steps, 1) for k, v in totals.items()}, "epochs": passes}
+
+    for epoch in range(epochs):
         minibatches = list(batch.split(minibatch_size, shuffle=True, rng=rng))
         for i, minibatch in enumerate(minibatches):
             loss, metrics = algo.loss(minibatch)
             if stop_kl is not None and metrics["approx_kl"] > stop_kl:
-                return {**{k: v / max(steps, 1) for k, v in totals.items()}, "epochs": passes + i / len(minibatches)}
+                return summary(epoch + i / len(minibatches))
             metrics["grad_norm"] = optimize(algo.optimizer, loss, algo.params, algo.cfg.max_grad_norm)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             steps += 1
-        passes += 1
-    return {**{k: v / max(steps, 1) for k, v in totals.items()}, "epochs": passes}
+    return summary(float(epochs))
 
 
 def explained_variance(predicted: np.ndarray | torch.Tensor, target: np.ndarray | torch.Tensor) -> float:

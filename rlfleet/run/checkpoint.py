@@ -108,8 +108,15 @@ def load_algo_state(algo: Any, payload: dict[str, Any], checkpoint: str | Path, 
     the saved state does not fit the algorithm (another version's networks or counters)."""
     try:
         algo.load_state_dict(payload["algo"])
-    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
-        detail = (str(exc).strip().splitlines() or [""])[0]
-        raise CheckpointError(
-            f"checkpoint {checkpoint} does not fit rlfleet's {name} ({exc.__class__.__name__}: {detail})"
-        ) from None
+    except MISFITS as exc:
+        raise misfit(checkpoint, name, exc) from None
+
+
+MISFITS = (TypeError, ValueError, KeyError, RuntimeError)
+"""What building or loading an algorithm from another version's config or state raises."""
+
+
+def misfit(checkpoint: str | Path, name: str, exc: Exception) -> CheckpointError:
+    """The one line for a checkpoint whose config or state does not fit `name`: the exception's first line."""
+    detail = (str(exc).strip().splitlines() or [""])[0]
+    return CheckpointError(f"checkpoint {checkpoint} does not fit rlfleet's {name} ({type(exc).__name__}: {detail})")

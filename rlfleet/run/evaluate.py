@@ -20,7 +20,7 @@ from rlfleet.algos import resolve
 from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.fields import Bounds, check_fields, check_value
-from rlfleet.run.checkpoint import CheckpointError, load_algo_state, load_checkpoint
+from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
 from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.paths import check_output_folder
 
@@ -121,11 +121,8 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
         cfg = config_cls(**payload["algo_config"])
         check_fields(cfg, lambda f: f"{run['algo']} config {f.name}")
         algo = algo_cls(cfg, info["observation_space"], info["action_space"])
-    except (TypeError, ValueError, KeyError, RuntimeError) as exc:  # another version's config
-        detail = (str(exc).strip().splitlines() or [""])[0]
-        raise CheckpointError(
-            f"checkpoint {checkpoint} does not fit rlfleet's {run['algo']} ({exc.__class__.__name__}: {detail})"
-        ) from None
+    except MISFITS as exc:  # another version's config
+        raise misfit(checkpoint, run["algo"], exc) from None
     load_algo_state(algo, payload, checkpoint, run["algo"])  # another version's networks: the same one line
     return ObsNormalizedAgent.from_checkpoint(algo, payload), run
 
