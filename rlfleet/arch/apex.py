@@ -557,45 +557,31 @@ class ApexRunner(ParallelRunner):
         """Take in the actors' reports that came (up to `AHEAD` per actor) if the learner has caught up, learn what
         is due (at most `gradient_steps` updates a pass), and give the actors their credits back once the learner has
         caught up with the steps taken in (or cannot: no shard holds a batch, after a shard lost its data).
-        Unpaced: `coordinate_unpaced`."""
-        if self.opts.unpaced:
-            return self.coordinate_unpaced(pool)
+        Unpaced (the paper's learner): take in every report that came, waiting for one only while the replay cannot
+        be learned from, give each credit back at once, then make `gradient_steps` updates once the replay is ready."""
+        unpaced, steps = self.opts.unpaced, self.algo_cfg.gradient_steps
+        learning = unpaced and self.ready() and not self.starved  # unpaced and learning: never wait for blocks
+        caught_up = unpaced or self.due() <= 0 or self.starved
+        limit = self.opts.actors * AHEAD if caught_up else 0  # paced and behind: learn first (the blocks wait)
         returns: list[float] = []
         taken = 0
-        caught_up = self.due() <= 0 or self.starved
-        limit = self.opts.actors * AHEAD if caught_up else 0  # behind: learn first (the blocks wait for it)
         while taken < limit:
-            report = pool.get_any(WAIT_S if taken == 0 else 0.001)
-            if report is None:
-                break
-            self.take_in(report)
-            self.held.append(report)
-            returns += report.returns
-            taken += 1
-        metrics, updates = self.learn(min(max(self.due(), 0), self.algo_cfg.gradient_steps))
-        if self.due() <= 0 or self.starved:
-            for report in self.held:
-                pool.release(report.worker, report.incarnation)
-            self.held = []
-        if taken == 0 and updates == 0:
-            return None
-        return Taken(returns, metrics, updates)
-
-    def coordinate_unpaced(self, pool: RoleGroup) -> Taken | None:
-        """The paper's learner: take in every report that came (waiting for one only while the replay is not ready
-        to learn from), give its credit back at once, then make `gradient_steps` updates if the replay is ready."""
-        returns: list[float] = []
-        taken = 0
-        while taken < self.opts.actors * AHEAD:
-            learning = self.ready() and not self.starved  # else wait for blocks, as the paced learner does
             report = pool.get_any(0.0 if learning else WAIT_S if taken == 0 else 0.001)
             if report is None:
                 break
             self.take_in(report)
-            pool.release(report.worker, report.incarnation)
+            if unpaced:
+                pool.release(report.worker, report.incarnation)
+            else:
+                self.held.append(report)
             returns += report.returns
             taken += 1
-        metrics, updates = self.learn(self.algo_cfg.gradient_steps) if self.ready() else ({}, 0)
+        due = (steps if self.ready() else 0) if unpaced else min(max(self.due(), 0), steps)
+        metrics, updates = self.learn(due)
+        if self.due() <= 0 or self.starved:  # (unpaced: nothing is held)
+            for report in self.held:
+                pool.release(report.worker, report.incarnation)
+            self.held = []
         if taken == 0 and updates == 0:
             return None
         return Taken(returns, metrics, updates)
