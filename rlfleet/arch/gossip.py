@@ -84,7 +84,7 @@ import torch
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup, RunFailure
-from rlfleet.backends.mailboxes import Mailboxes
+from rlfleet.backends.mailboxes import Mailboxes, MailboxesReset
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.run.config import ConfigError
 
@@ -332,6 +332,9 @@ class GossipReport:
     note: str | None = None
     trouble: str | None = None
     """Why the learner gave up waiting (`GossipTimeout`)."""
+    generation: int = 0
+    """The mailboxes' generation its round belongs to (`Mailboxes.generation`: a round of an earlier one is not
+    averaged with those of the mailboxes restarted since)."""
 
 
 class GossipLearner(WorkerActor):
@@ -354,14 +357,22 @@ class GossipLearner(WorkerActor):
         self.metrics: dict[str, float] = {}
         self.adopted = False  # this incarnation's first round: taken from the in-neighbours, not learned
         self.note: str | None = None  # sent with the next completed round
-        if incarnation == 0:
-            self.round, self.phase = spec.start_round, "learn"
-        elif self.gala:  # nobody waits for its reads: rejoin past every round posted, so nobody waits for it
-            self.round = max(mailboxes.written(j) for j in range(mailboxes.n)) + 1
+        self.round, self.phase = spec.start_round, "learn"
+        if incarnation > 0:
+            try:
+                self.rejoin()
+            except MailboxesReset:  # restarted since this learner's spec was made: rejoin its new counters
+                self.rejoin()
+
+    def rejoin(self) -> None:
+        """A restarted learner's place in the rounds, from the mailboxes' counters."""
+        mb = self.mailboxes
+        if self.gala:  # nobody waits for its reads: rejoin past every round posted, so nobody waits for it
+            self.round = max(mb.written(j) for j in range(mb.n)) + 1
             self.adopt(self.round)
             self.phase = "post"
         else:  # the last round the dead incarnation posted: read what is left of it, then rejoin at the next
-            self.round, self.phase = mailboxes.written(worker_id), "drain"
+            self.round, self.phase = mb.written(self.worker_id), "drain"
 
     def flatten(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
@@ -471,6 +482,17 @@ class GossipLearner(WorkerActor):
         self.adopted = True
 
     def produce(self, global_steps: int, stop=None) -> GossipReport | None:
+        try:
+            return self.play(global_steps, stop)
+        except MailboxesReset as reset:  # every learner meets it: they all go on from the same round
+            self.round, self.since = reset.round, None
+            if self.phase != "learn":  # what it holds now (learned, not yet mixed) is its message of that round
+                self.phase = "post"
+            self.note = f"the mailboxes were restarted: rejoined at round {reset.round} with its own parameters"
+            return self.report()
+
+    def play(self, global_steps: int, stop=None) -> GossipReport | None:
+        """The phases until a round completes, the wait slice ends or `stop` is set."""
         slice_end = time.monotonic() + self.spec.wait_slice_s
         while True:
             if self.phase == "learn":
@@ -501,7 +523,7 @@ class GossipLearner(WorkerActor):
         """What happened since the last item; after a completed round its metrics (and every `state_every` rounds,
         or after this incarnation's first, its parameters and state), and the round moves on."""
         item = GossipReport(self.worker_id, self.incarnation, self.steps, self.returns, trouble=trouble,
-                            **self.timings, **self.counts)  # fmt: skip
+                            generation=self.mailboxes.generation, **self.timings, **self.counts)  # fmt: skip
         self.steps, self.returns = 0, []
         self.timings = dict.fromkeys(self.timings, 0.0)
         self.counts = dict.fromkeys(self.counts, 0)
@@ -607,6 +629,8 @@ class GossipRunner(ParallelRunner):
         self.state_rounds = [-1] * opts.learners
         self.pending: dict[int, dict[int, np.ndarray]] = {}  # round -> {learner: flat parameters}
         self.round = -1  # the latest round all learners sent
+        self.highest_round = -1  # the latest round any learner completed (restarted mailboxes start past it)
+        self.mailboxes: Mailboxes | None = None
         self.consensus: deque[tuple[int, float]] = deque(maxlen=10_000)  # (round, consensus distance)
         self.stats = [self._fresh_stats() for _ in range(opts.learners)]
         if resume_from is not None:
@@ -673,7 +697,10 @@ class GossipRunner(ParallelRunner):
             raise GossipTimeout(item.trouble)
         if item.state is not None:
             self.states[item.worker], self.state_rounds[item.worker] = item.state, item.round
-        if item.params is not None and item.round > self.round:
+        if item.round is not None:
+            self.highest_round = max(self.highest_round, item.round)
+        current = self.mailboxes is None or item.generation == self.mailboxes.generation
+        if item.params is not None and current and item.round > self.round:
             sent = self.pending.setdefault(item.round, {})
             sent[item.worker] = item.params
             if len(sent) == self.opts.learners:
@@ -718,9 +745,33 @@ class GossipRunner(ParallelRunner):
     def start_workers(self, stop_flag, logger) -> RoleGroup:
         """The mailboxes first (every learner having posted and read the round before the first), then the
         learners."""
-        self.mailboxes = self.backend.mailboxes(self.opts.learners, self.size, self.spec.start_round)
+        opts = self.opts
+        self.mailboxes = self.backend.mailboxes(
+            opts.learners, self.size, self.spec.start_round, rejoin_round=lambda: self.highest_round + 1,
+            max_restarts=opts.max_restarts, pids_file=self.run_dir / "mailboxes.json", heartbeat_s=opts.heartbeat_s,
+        )  # fmt: skip
         learner = partial(GossipLearner, self.spec, self.mailboxes)
-        return self.start_roles(learner, stop_flag, AHEAD)
+        return self.start_roles(learner, stop_flag, AHEAD, services=self.mailboxes.keeper)
+
+    def restart_crashed(self, pool, logger, how: str) -> None:
+        """The crashed learners, then the mailboxes' process, where they have one (restarted empty by its keeper:
+        every learner rejoins past every round seen, with its own parameters; rounds begun before are not
+        averaged)."""
+        super().restart_crashed(pool, logger, how)
+        keeper = self.mailboxes.keeper if self.mailboxes is not None else None
+        if keeper is None:
+            return
+        for crash in keeper.check():
+            self.pending = {}
+            self._report(f"{crash.describe()}\nrestarting them empty: every learner rejoins at round "
+                         f"{self.highest_round + 1} with its own parameters")  # fmt: skip
+            logger.log(self.env_steps, {"charts/mailbox_restarts": keeper.restarts})
+
+    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+        self.stop_roles(stop_flag, pool, self.mailboxes.keeper if self.mailboxes is not None else None)
+
+    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+        self.stop_roles(stop_flag, pool, self.mailboxes.keeper if self.mailboxes is not None else None)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """The next item of any learner, taken in (`take`); None unless it completed a round."""

@@ -237,9 +237,21 @@ class Backend(ABC):
         """The version of the published weights (`version`, `set`, `writing()`, `read(copy, stop)`)."""
         return WeightVersion(SPAWN)
 
-    def mailboxes(self, n: int, size: int, start_round: int = 0) -> Mailboxes:
+    def mailboxes(
+        self,
+        n: int,
+        size: int,
+        start_round: int = 0,
+        rejoin_round: Callable[[], int] | None = None,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        heartbeat_s: float | None = None,
+    ) -> Mailboxes:
         """Gossip mailboxes of `n` learners for flat parameter vectors of `size` floats, every learner having
-        posted and read round `start_round - 1`; on one machine, shared memory with a semaphore per learner."""
+        posted and read round `start_round - 1`; on one machine, shared memory with a semaphore per learner (no
+        process of its own: nothing to watch). Where they are a process of their own, their `keeper` restarts it
+        empty (up to `max_restarts` times; `pids_file` as for services) when it dies or does not answer for
+        `heartbeat_s`, and every learner rejoins at the round `rejoin_round()` names then."""
         return SharedMailboxes(SPAWN, n, size, start_round)
 
     @abstractmethod

@@ -16,6 +16,10 @@ Nothing is locked: the round counters are lock-free shared integers with one wri
 sequence number by its sender, a reader's record by that reader), and a doorbell only wakes. A learner killed at
 any instruction (SIGKILL, out of memory) leaves nothing that another learner or the coordinator has to get
 back, and its next incarnation finds in the counters where it stopped.
+
+Where the mailboxes live in a process of their own (an actor on `ray`), that process is watched as a service
+(`keeper`): one that dies or stops answering is restarted empty, as the next `generation`, and a learner's next
+call meets it as `MailboxesReset`, with the round at which every learner rejoins.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
+
+
+class MailboxesReset(RuntimeError):
+    """The store behind the mailboxes was restarted empty (its process died, or hung and was killed): every
+    learner rejoins at `round_`, posting its own parameters as that round, as at the start of a run."""
+
+    def __init__(self, round_: int):
+        super().__init__(f"the gossip mailboxes were restarted empty: rejoin at round {round_}")
+        self.round = round_
 
 
 class Mailboxes(ABC):
@@ -41,6 +54,11 @@ class Mailboxes(ABC):
     """Learners."""
     size: int
     """Length of the flat parameter vector."""
+    generation: int = 0
+    """How many times the store behind them has been restarted (empty), as this copy last saw it."""
+    keeper: Any = None
+    """A `ServiceGroup`: the coordinator's watch over the store's process, where it has one of its own (`ray`):
+    `check()` restarts it empty when it dies or hangs; None where the mailboxes are the coordinator's shared memory."""
 
     @abstractmethod
     def written(self, sender: int) -> int:

@@ -91,7 +91,7 @@ from rlfleet.backends.base import (
     WorkerFailure,
     slow_after,
 )
-from rlfleet.backends.mailboxes import Mailboxes
+from rlfleet.backends.mailboxes import Mailboxes, MailboxesReset
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, WeightVersion
 from rlfleet.fields import ConfigError
 
@@ -999,14 +999,24 @@ class RayServices(ServiceGroup):
 class MailboxActor:
     """Gossip mailboxes in one asyncio actor (PALA's data proxy): the slots hold the learners' parameter
     messages (NumPy arrays, which reach and leave it through the object store), the counters the rounds posted
-    and read; each learner's doorbell is an `asyncio.Event` that `wait` awaits."""
+    and read; each learner's doorbell is an `asyncio.Event` that `wait` awaits. `generation`: how many times the
+    mailboxes were restarted before this actor (each restart starts empty at a later round)."""
 
-    def __init__(self, n: int, start_round: int):
-        self.start = start_round
+    def __init__(self, n: int, start_round: int, generation: int):
+        self.start, self.generation = start_round, generation
         self.slots: list[Any] = [None] * n
         self.written_rounds = [start_round - 1] * n
         self.read_rounds = [[start_round - 1] * n for _ in range(n)]
         self.bells = [asyncio.Event() for _ in range(n)]
+
+    async def where(self) -> dict[str, Any]:
+        return where()
+
+    async def ping(self) -> bool:
+        return True
+
+    async def hello(self) -> tuple[int, int]:
+        return self.generation, self.start
 
     async def counters(self) -> tuple[list[int], list[list[int]]]:
         return self.written_rounds, self.read_rounds
@@ -1036,21 +1046,55 @@ class MailboxActor:
 
 
 class RayMailboxes(Mailboxes):
-    """`Mailboxes` behind a `MailboxActor`: each call one actor call; the counters are fetched once per look and
-    kept until the next `post`, `take` or `wait` (a look at several peers is one call). Picklable to the roles."""
+    """`Mailboxes` behind a `MailboxActor`, reached by its name: each call one actor call; the counters are
+    fetched once per look and kept until the next `post`, `take` or `wait` (a look at several peers is one call).
+    A call whose actor died waits (up to `RECONNECT_S`) for the next actor under the name; one of a later
+    generation than this copy knew raises `MailboxesReset`. Picklable to the roles (without the `keeper`)."""
 
-    def __init__(self, actor, n: int, size: int):
-        self.actor, self.n, self.size = actor, n, size
+    def __init__(self, name: str, namespace: str, n: int, size: int):
+        self.name, self.namespace, self.n, self.size = name, namespace, n, size
+        self._actor = None
         self._counters: tuple[list[int], list[list[int]]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"actor": self.actor, "n": self.n, "size": self.size, "_counters": None}
+        return {"name": self.name, "namespace": self.namespace, "n": self.n, "size": self.size,
+                "generation": self.generation, "_actor": None, "_counters": None}  # fmt: skip
 
-    def _look(self) -> tuple[list[int], list[list[int]]]:
+    def _connect(self):
+        """The live actor under the name (the first one answering `hello`); `MailboxesReset` if it is of a later
+        generation than the last one this copy reached."""
         import ray
 
+        waited_since = time.monotonic()
+        while self._actor is None:
+            try:
+                actor = ray.get_actor(self.name, namespace=self.namespace)
+                generation, start = ray.get(actor.hello.remote(), timeout=PING_EVERY_S)
+            except (ValueError, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.GetTimeoutError):  # fmt: skip  # not there yet, or the dead (or hung) one
+                if time.monotonic() - waited_since > RECONNECT_S:
+                    raise ServiceUnavailable(f"the gossip mailboxes were unreachable for {RECONNECT_S:.0f} s") from None
+                time.sleep(0.1)
+                continue
+            self._actor = actor
+            if generation > self.generation:
+                self.generation = generation
+                raise MailboxesReset(start)
+        return self._actor
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        while True:
+            actor = self._connect()
+            try:
+                return ray.get(getattr(actor, method).remote(*args))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self._actor = self._counters = None  # its keeper restarts it: the next `_connect` waits for that
+
+    def _look(self) -> tuple[list[int], list[list[int]]]:
         if self._counters is None:
-            self._counters = ray.get(self.actor.counters.remote())
+            self._counters = self._call("counters")
         return self._counters
 
     def written(self, sender: int) -> int:
@@ -1060,35 +1104,50 @@ class RayMailboxes(Mailboxes):
         return self._look()[1][reader][sender]
 
     def post(self, sender: int, round_: int, params: torch.Tensor, readers: list[int]) -> None:
-        import ray
-
         self._counters = None
-        ray.get(self.actor.post.remote(sender, round_, params.numpy(), readers))
+        self._call("post", sender, round_, params.numpy(), readers)
 
     def take(self, reader: int, sender: int, round_: int) -> torch.Tensor:
-        import ray
-
         self._counters = None
-        return torch.tensor(ray.get(self.actor.take.remote(reader, sender, round_)))  # a copy: the store's is read-only
+        return torch.tensor(self._call("take", reader, sender, round_))  # a copy: the store's is read-only
 
     def latest(self, reader: int, sender: int) -> tuple[int, torch.Tensor]:
-        import ray
-
         self._counters = None
-        round_, message = ray.get(self.actor.latest.remote(reader, sender))
+        round_, message = self._call("latest", reader, sender)
         return round_, torch.tensor(message)  # a copy: the store's is read-only
 
     def peek(self, sender: int) -> torch.Tensor | None:
-        import ray
-
-        message = ray.get(self.actor.peek.remote(sender))
+        message = self._call("peek", sender)
         return None if message is None else torch.tensor(message)
 
     def wait(self, me: int, timeout: float) -> None:
-        import ray
-
         self._counters = None
-        ray.get(self.actor.wait.remote(me, timeout))
+        self._call("wait", me, timeout)
+
+
+class MailboxKeeper(RayServices):
+    """The mailbox actor watched as a service (reported as "mailbox actor 0"): pinged behind its calls, and when
+    it dies or does not answer for the heartbeat (killed), restarted empty next to the driver as the next
+    generation, at the round `rejoin_round()` names (past every round the coordinator has seen). The
+    coordinator's `mailboxes` carry that generation into the learners restarted later."""
+
+    def __init__(self, backend: RayBackend, mailboxes: RayMailboxes, start_round: int, rejoin_round, max_restarts: int,
+                 pids_file, heartbeat_s: float | None):  # fmt: skip
+        self.mailboxes, self.start_round, self.rejoin_round = mailboxes, start_round, rejoin_round
+        super().__init__(backend, None, 1, max_restarts, pids_file, "mailbox actor", heartbeat_s)
+        mailboxes.name, mailboxes.namespace = self.handles[0].name, self.namespace
+
+    def _start(self, index: int):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        generation = self.incarnations[index]
+        start = self.start_round if generation == 0 else self.rejoin_round()
+        self.mailboxes.generation = generation
+        here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
+        options = dict(name=f"{self.prefix}-{index}", namespace=self.namespace, num_cpus=0, scheduling_strategy=here,
+                       enable_task_events=TASK_EVENTS)  # fmt: skip
+        with _sigint_deferred():
+            return self.ray.remote(MailboxActor).options(**options).remote(self.mailboxes.n, start, generation)
 
 
 class RayBackend(Backend):
@@ -1155,7 +1214,7 @@ class RayBackend(Backend):
         self.modules: dict[str, nn.Module] = {}
         self.weights: Any = None
         self._published: tuple[int, Any] | None = None
-        self._mailbox_actors: list[Any] = []
+        self._keepers: list[MailboxKeeper] = []
 
     def _connect(self, address: str) -> None:
         if address:
@@ -1221,19 +1280,14 @@ class RayBackend(Backend):
             self._published = (version, self.ray.put(module_state(self.modules)))
         return version, self._published[1]
 
-    def mailboxes(self, n: int, size: int, start_round: int = 0) -> Mailboxes:
-        """Gossip mailboxes in one asyncio actor next to the driver (no CPU reserved), gone with `close()`."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
-        with _sigint_deferred():
-            actor = (
-                self.ray.remote(MailboxActor)
-                .options(num_cpus=0, scheduling_strategy=here, enable_task_events=TASK_EVENTS)
-                .remote(n, start_round)
-            )
-        self._mailbox_actors.append(actor)
-        return RayMailboxes(actor, n, size)
+    def mailboxes(self, n, size, start_round=0, rejoin_round=None, max_restarts=10, pids_file=None, heartbeat_s=None):
+        """Gossip mailboxes in one asyncio actor next to the driver (no CPU reserved), watched by their `keeper`
+        (restarted empty when it dies or hangs), gone with `close()`."""
+        mailboxes = RayMailboxes("", "", n, size)
+        mailboxes.keeper = MailboxKeeper(self, mailboxes, start_round, rejoin_round or (lambda: start_round),
+                                         max_restarts, pids_file, heartbeat_s)  # fmt: skip
+        self._keepers.append(mailboxes.keeper)
+        return mailboxes
 
     def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None,
               heartbeat_s=None):  # fmt: skip
@@ -1242,10 +1296,9 @@ class RayBackend(Backend):
 
     def close(self) -> None:
         self._published = None
-        for actor in self._mailbox_actors:
-            with contextlib.suppress(Exception):
-                self.ray.kill(actor, no_restart=True)
-        self._mailbox_actors = []
+        for keeper in self._keepers:
+            keeper.stop()
+        self._keepers = []
         if self.private:
             stop_private_instance()
         elif self.started and self.ray.is_initialized():

@@ -1,14 +1,17 @@
 """PALA: gossip learners as Ray actors, their parameters through a mailbox actor and the object store. With the
 learning rate 0 every round is exactly X ← P X (the round order holds through the mailbox actor); PALA-A2C with 4
-learners solves CartPole-v1, also with one learner's actor SIGKILLed mid-run."""
+learners solves CartPole-v1, also with one learner's actor SIGKILLed mid-run, and its rounds go on after the
+mailbox actor hangs or dies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -123,3 +126,59 @@ def test_a_hung_pala_learner_is_killed_for_want_of_a_heartbeat_and_rejoins(run_o
     assert hung, log
     assert f"learner {hung[1]}: restarted from the average of learners" in log, log
     assert result["stopped_by"] == "steps" and result["env_steps"] >= 40_000, result.result
+
+
+def test_the_mailbox_actor_hung_and_then_killed_is_restarted_empty_and_the_learners_rejoin(monkeypatch, run_opts,
+                                                                                          tmp_path):  # fmt: skip
+    """The mailbox actor is watched as a service: SIGSTOPped after five rounds, it is killed for want of an answer
+    (its callers, blocked on it, are not reported hung) and restarted empty; SIGKILLed five rounds later, it is
+    restarted again. Each time every learner rejoins at the round past every one seen, with its own parameters,
+    and rounds that all four learners sent go on to the run's end."""
+    rounds: list[int] = []
+    average_round = GossipRunner.average_round
+
+    def record(self, round_, params):
+        rounds.append(round_)
+        average_round(self, round_, params)
+
+    monkeypatch.setattr(GossipRunner, "average_round", record)
+    run, done = tmp_path / "mailboxes", []
+
+    def pid_after(count: int, other: int | None = None) -> int | None:
+        """The mailbox actor's pid once `count` rounds were averaged (and it is not `other`), within a minute."""
+        for _ in range(600):
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
+                pid = json.loads((run / "mailboxes.json").read_text())["0"]
+                if len(rounds) >= count and pid != other:
+                    return pid
+            time.sleep(0.1)
+        return None
+
+    def drill() -> None:
+        first = pid_after(5)
+        if first is None:
+            return
+        os.kill(first, signal.SIGSTOP)
+        done.append("stopped")
+        second = pid_after(len(rounds) + 5, other=first)
+        if second is not None:
+            os.kill(second, signal.SIGKILL)
+            done.append("killed")
+
+    driller = threading.Thread(target=drill, daemon=True)
+    driller.start()
+    result = train("a2c", "CartPole-v1", arch="gossip", learners=4, backend="ray", steps=24_000, seed=0,
+                   heartbeat_s=8.0, state_every=1, eval_every=10**9, stop_return=float("inf"), name="mailboxes",
+                   **run_opts)  # fmt: skip
+    driller.join(timeout=1)
+    assert done == ["stopped", "killed"], f"drills done: {done} (rounds averaged: {len(rounds)})"
+    log = (run / "workers.log").read_text()
+    assert re.search(r"mailbox actor 0 died.*\s*no answer for \d+ s \(hung\), so it was killed", log), log
+    assert not re.search(r"^\[step \d+\] worker \d died", log, re.M), log  # no learner was: they waited on it
+    rejoined = [int(r) for r in re.findall(r"every learner rejoins at round (\d+)", log)]
+    assert len(rejoined) == 2 and rejoined[0] < rejoined[1], log
+    for r in rejoined:
+        assert len(re.findall(rf"learner \d: the mailboxes were restarted: rejoined at round {r} ", log)) == 4, log
+    after = [r for r in rounds if r >= rejoined[1]]
+    assert len(after) >= 5, f"rounds all four learners sent after the second restart: {after}"
+    assert result["stopped_by"] == "steps", result.result
