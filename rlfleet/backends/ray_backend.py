@@ -548,10 +548,18 @@ class Places:
         self.ray, self.pids_file, self.places_file = ray, pids_file, places_file
         self.places: dict[str, dict[str, Any]] = {}
         self.pending: dict[int, Any] = {}  # index -> the where() call of its newest actor
+        self.asked: dict[int, float] = {}  # index -> when (time.monotonic) it was asked
 
     def ask(self, index: int, actor) -> None:
         self.places.pop(str(index), None)
         self.pending[index] = actor.where.remote()
+        self.asked[index] = time.monotonic()
+
+    def unplaced(self, grace: float) -> list[int]:
+        """The actors asked longer than `grace` ago that have not answered: not started (no node has what they
+        need, as when the only node with their `--placement` resource is gone) or stuck in their constructor."""
+        now = time.monotonic()
+        return [index for index in self.pending if now - self.asked[index] > grace]
 
     def wait_all(self, timeout: float) -> int:
         """Wait up to `timeout` for every answer outstanding, record them; returns how many did not come."""
@@ -583,6 +591,17 @@ class Places:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
+
+
+def unplaceable(backend: RayBackend, service: bool = False) -> str:
+    """Why an actor may not start: what it asks of the cluster (a service asks for no CPU), and what is free."""
+    opts = backend.opts
+    asks = [] if service else [f"{getattr(opts, 'cpus_per_role', 1.0)} CPU(s)",
+                               f"{getattr(opts, 'gpus_per_role', 0.0)} GPU(s)"]  # fmt: skip
+    if getattr(opts, "placement", ""):
+        asks.append(f"a share of one of the resources {opts.placement} (--placement)")
+    return (f"the Ray cluster may not have {' and '.join(asks)} free per {'service' if service else 'role'} (it "
+            f"has {backend.ray.available_resources()}), or its constructor hangs")  # fmt: skip
 
 
 class Worker:
@@ -628,7 +647,8 @@ class RayGroup(RoleGroup):
             self.places.ask(wid, worker.actor)
         missing = self.places.wait_all(STARTUP_GRACE_S)
         if missing:
-            self._unplaceable(missing)
+            raise WorkerFailure(f"{missing} of {n_workers} roles did not start within {STARTUP_GRACE_S:.0f} s: "
+                                + unplaceable(backend))  # fmt: skip
         for w in range(n_workers):
             self._issue(w)
 
@@ -642,15 +662,6 @@ class RayGroup(RoleGroup):
         worker = Worker(actor, incarnation, time.monotonic())
         worker.credits = self.n_credits
         return worker
-
-    def _unplaceable(self, missing: int) -> None:
-        opts = self.backend.opts
-        raise WorkerFailure(
-            f"{missing} of {self.n_workers} roles did not start within {STARTUP_GRACE_S:.0f} s: the Ray cluster may "
-            f"not have {getattr(opts, 'cpus_per_role', 1.0)} CPU(s), {getattr(opts, 'gpus_per_role', 0.0)} GPU(s)"
-            + (f" and the resource(s) {opts.placement}" if getattr(opts, "placement", "") else "")
-            + f" free per role (it has {self.ray.available_resources()})"
-        )
 
     def _issue(self, wid: int) -> None:
         """Give a worker calls up to its credits, while the run wants more items."""
@@ -757,6 +768,10 @@ class RayGroup(RoleGroup):
         for crash in crashes:
             self._issue(crash.worker)
         self.places.poll()
+        late = self.places.unplaced(STARTUP_GRACE_S)
+        if late:
+            raise WorkerFailure(f"worker {late[0]}'s restart did not start within {STARTUP_GRACE_S:.0f} s: "
+                                + unplaceable(self.backend))  # fmt: skip
         return crashes
 
     def _find_hung(self) -> None:
@@ -977,6 +992,10 @@ class RayServices(ServiceGroup):
             self.answered[index] = False
             self.places.ask(index, self.actors[index])
         self.places.poll()
+        late = self.places.unplaced(STARTUP_GRACE_S)
+        if late:
+            raise WorkerFailure(f"{self.name} {late[0]}'s restart did not start within {STARTUP_GRACE_S:.0f} s: "
+                                + unplaceable(self.backend, service=True))  # fmt: skip
         return crashes
 
     def alive(self) -> int:

@@ -1,18 +1,23 @@
 """A simulated 2-node Ray cluster (`ray.cluster_utils.Cluster`, both nodes on 127.0.0.1, token authentication
 on): workers placed on both nodes by custom resources solve CartPole-v1, in this process and from a separate
 `rlfleet train --address` that joins the cluster as a second driver; Ape-X DQN with its actors and replay shards
-on both nodes solves it too."""
+on both nodes solves it too. A node removed mid-run (`Cluster.remove_node`): its roles restart on the nodes left,
+or, where none can take them, the run stops cleanly as a failure."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import threading
+import time
 
 import pytest
 from procs import RLFLEET
 
 from rlfleet.launch import train
+from rlfleet.run.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.learning
 NODES = ({"node0": 4}, {"node1": 4})  # a custom resource per node: roles are placed by asking for one
@@ -77,3 +82,81 @@ def test_pala_learners_on_both_nodes_solve_cartpole(cluster, run_opts):
                    steps=100_000, seed=0, eval_every=4_000, **run_opts)  # fmt: skip
     assert result["solved"], result.result
     assert len(nodes_used(result.run_dir)) == 2
+
+
+def remove_node_once_placed(cluster, nodes, run_dir, worker: str, removed: list) -> threading.Thread:
+    """In the background: once `actors.json` puts `worker` on one of `nodes` (and it has run a second), remove
+    that node from the cluster (its raylet and every process on it end) and note it in `removed`."""
+
+    def remove() -> None:
+        for _ in range(1200):
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
+                node_id = json.loads((run_dir / "actors.json").read_text())[worker]["node"]
+                node = next((n for n in nodes if n.node_id == node_id), None)
+                if node is not None:
+                    time.sleep(1.0)
+                    cluster.remove_node(node)
+                    removed.append(node)
+                    return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=remove, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def extra_nodes(cluster):
+    """Nodes a test adds to the module's cluster (`add(**node_args)`), removed again after it."""
+    added = []
+
+    def add(**node_args):
+        added.append(cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20, **node_args))
+        cluster.wait_for_nodes()
+        return added[-1]
+
+    yield add
+    for node in added:
+        if node in cluster.list_all_nodes():
+            cluster.remove_node(node)
+
+
+def test_the_roles_of_a_removed_node_restart_on_the_nodes_left(cluster, extra_nodes, run_opts, tmp_path):
+    """Two nodes offer the `spare` resource that the workers are placed by; the one worker 0 runs on is removed
+    mid-run. Its workers die with Ray's reason, are restarted on the other, and the run reaches its budget."""
+    spare = [extra_nodes(resources={"spare": 4}) for _ in range(2)]
+    removed: list = []
+    remover = remove_node_once_placed(cluster, spare, tmp_path / "spare", "0", removed)
+    result = train("a2c", "CartPole-v1", arch="data_parallel", workers=2, backend="ray", placement="spare",
+                   steps=60_000, seed=0, eval_every=10**9, stop_return=float("inf"), name="spare",
+                   **run_opts)  # fmt: skip
+    remover.join(timeout=1)
+    assert removed, "the node of worker 0 was not removed"
+    log = (result.run_dir / "workers.log").read_text()
+    assert "worker 0 died" in log, log
+    left = next(node.node_id for node in spare if node not in removed)
+    assert nodes_used(result.run_dir) == {left}
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= 60_000, result.result
+
+
+def test_a_removed_node_that_no_node_left_can_replace_ends_the_run_cleanly(cluster, extra_nodes, monkeypatch,
+                                                                          run_opts, tmp_path):  # fmt: skip
+    """Worker 1 is placed on the only node offering `lonely`; that node is removed. Its restart cannot start
+    anywhere: after the start-up grace (shortened here) the run stops as a failure that says so, with its
+    checkpoint and `result.json`, instead of waiting for ever."""
+    from rlfleet.backends import ray_backend
+    from rlfleet.backends.base import WorkerFailure
+
+    monkeypatch.setattr(ray_backend, "STARTUP_GRACE_S", 10.0)
+    lonely = extra_nodes(resources={"lonely": 4})
+    removed: list = []
+    remover = remove_node_once_placed(cluster, [lonely], tmp_path / "lonely", "1", removed)
+    with pytest.raises(WorkerFailure, match=r"worker 1's restart did not start within 10 s: .*node0,lonely"):
+        train("a2c", "CartPole-v1", arch="data_parallel", workers=2, backend="ray", placement="node0,lonely",
+              steps=10**6, seed=0, eval_every=10**9, name="lonely", **run_opts)  # fmt: skip
+    remover.join(timeout=1)
+    assert removed == [lonely]
+    run = tmp_path / "lonely"
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and "did not start" in result["failure"], result
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"] > 0
