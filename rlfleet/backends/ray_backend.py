@@ -104,6 +104,7 @@ Ray's cap of events instead of staying flat; calls are also about 10% faster wit
 PLACEMENT_SHARE = 1e-3  # of a `--placement` resource each role asks for: many roles fit on one node
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's error texts
 ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
+CLUSTER_ID_RPC = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # a Ray client's first call to a cluster's GCS
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray reads its authentication settings
 PRIVATE_PREFIX = "rlfleet-ray-"  # of a private instance's folder, in the system's temp folder
@@ -159,6 +160,41 @@ def _grpc_problem(host: str, port: int) -> str | None:
         return f"nothing answers: {exc.strerror or exc}"
     if len(reply) < 9 or reply[3] != 4:
         return "something listens there, but not a Ray cluster (no gRPC server answered)"
+    return None
+
+
+def _client_token() -> tuple[str, str] | None:
+    """The token this process would offer a cluster, and where it comes from, as Ray looks for it: only with
+    `RAY_AUTH_MODE=token`, from `RAY_AUTH_TOKEN`, the file `RAY_AUTH_TOKEN_PATH`, or `~/.ray/auth_token`."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    with contextlib.suppress(OSError):
+        return path.read_text().strip(), str(path)
+    return None
+
+
+def _auth_problem(host: str, port: int) -> str | None:
+    """Why the Ray cluster at HOST:PORT will refuse this process, from one call (within `ADDRESS_TIMEOUT_S`) that
+    every Ray client makes first: it requires a token and none is offered, or it refuses the one offered (`ray.init`
+    would retry for half a minute, then say only that it failed to connect). None: no refusal seen."""
+    import grpc
+
+    token = _client_token()
+    metadata = [("authorization", f"Bearer {token[0]}")] if token else []
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            channel.unary_unary(CLUSTER_ID_RPC)(b"", timeout=ADDRESS_TIMEOUT_S, metadata=metadata)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                return None  # not this check's to judge: `ray.init` says what it finds
+            if token is None:
+                return ("the cluster requires token authentication and this environment offers no token: set "
+                        "RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN_PATH to a file holding the cluster's token (or "
+                        "RAY_AUTH_TOKEN to the token)")  # fmt: skip
+            return f"the cluster refused the token this environment offers (from {token[1]}): use the cluster's token"
     return None
 
 
@@ -1199,7 +1235,7 @@ class RayBackend(Backend):
         if not host or not port.isdigit():
             raise ConfigError(f"{label}: {address!r} is not HOST:PORT" if how else f"--address {given!r} is not "
                               "HOST:PORT (or auto)")  # fmt: skip
-        problem = _grpc_problem(host, int(port))
+        problem = _grpc_problem(host, int(port)) or _auth_problem(host, int(port))
         if problem is not None:
             raise ConfigError(f"{label}: {problem}")
         _refuse_foreign(address, given, how)

@@ -75,6 +75,30 @@ def test_a_cli_run_joins_the_cluster_through_address(cluster, tmp_path):
     assert len(cluster.list_all_nodes()) == 2  # the cluster is left running for whoever started it
 
 
+@pytest.mark.parametrize(
+    "auth, says",
+    [
+        ({"RAY_AUTH_MODE": "disabled"}, "the cluster requires token authentication and this environment offers no "
+                                        "token: set RAY_AUTH_MODE=token"),
+        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32}, "the cluster refused the token this environment "
+                                                                 "offers (from RAY_AUTH_TOKEN)"),
+    ],
+    ids=["no-token", "wrong-token"],
+)  # fmt: skip
+def test_joining_without_the_cluster_s_token_is_one_line_that_says_so(cluster, tmp_path, auth, says):
+    """Ray itself retries for half a minute and then says only that it failed to connect."""
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **auth)
+    proc = subprocess.run(
+        [*RLFLEET, "train", "a2c", "--env", "CartPole-v1", "--arch", "data_parallel", "--backend", "ray",
+         "--address", cluster.address, "--logdir", str(tmp_path), "--name", "r", "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rlfleet: error: --address {cluster.address}: {says}"), lines
+    assert not (tmp_path / "r").exists()
+
+
 def test_pala_learners_on_both_nodes_solve_cartpole(cluster, run_opts):
     """PALA-A2C: 4 gossip learners, two on each node, exchanging parameters through the mailbox actor on the
     driver's node and the object store."""
