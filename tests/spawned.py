@@ -57,18 +57,24 @@ def send_then_hang(worker_id, incarnation, outbox):
 
 
 SLOW_ITEM_S = 0.7  # an item of ScriptedRole(fail="slow"): longer than half of its test's 1 s heartbeat
+SLOW_START_S = 10.0  # the build of a restarted ScriptedRole(fail="slow_restart"): imports and envs, long
 
 
 class ScriptedRole:
     """A role for backend tests (built by `make_role(worker_id, incarnation)` in a worker): each item is
     `(worker_id, incarnation, n, version, weight)` — the how-manieth item, the published weight version it saw and
     the first weight of the published network `net`. `fail` says what incarnation 0 does at its second item:
-    "raise", "hang" (no sign of life) or nothing; "slow": every item takes SLOW_ITEM_S."""
+    "raise", "hang" (no sign of life) or nothing; "slow": every item takes SLOW_ITEM_S; "slow_restart": every
+    incarnation after the first takes SLOW_START_S to build."""
 
     def __init__(self, worker_id, incarnation, shared, weights, fail=None):
+        import time
+
         self.worker_id, self.incarnation = worker_id, incarnation
         self.shared, self.weights, self.fail = shared, weights, fail
         self.n = 0
+        if fail == "slow_restart" and incarnation > 0:
+            time.sleep(SLOW_START_S)
 
     def produce(self, global_steps, stop):
         import time

@@ -869,20 +869,46 @@ class ServiceActor:
 
 
 class RayPending(Pending):
-    """A call sent to a service actor; sent again to the service's next incarnation if the actor dies first, up to
-    `RESENDS` times: an actor that dies under every incarnation (one that cannot start: out of threads or memory,
-    a constructor that raises) is a `ServiceUnavailable` with Ray's reason, not a retry loop."""
+    """A call sent to a service actor; sent again to the service's next incarnation (a new actor under its name) if
+    the actor dies first, up to `RESENDS` times: an actor that dies under every incarnation (one that cannot start:
+    out of threads or memory, a constructor that raises) is a `ServiceUnavailable` with Ray's reason, not a retry
+    loop. While the next incarnation is not there yet (the dead actor may keep its name a while, as when its node
+    went), a wait with a timeout ends with `TimeoutError` like any other, so that a coordinator that restarts the
+    services itself (`ServiceGroup.check`) does so between its waits; any wait ends after `RECONNECT_S`."""
 
     def __init__(self, handle: RayServiceHandle, method: str, args: tuple):
         self.handle, self.method, self.args = handle, method, args
-        self.ref = handle.actor().call.remote(method, *args)
+        self.deaths = 0  # actors that died under this call
+        self.sent_to: Any = None  # the id of the actor the call is with
+        self.dead: Any = None  # the id of the last one that died under it
+        self.lost_at: float | None = None  # when it died (None: the call is with a live actor)
+        self.ref: Any = None
+        self._send(None)
+
+    def _send(self, deadline: float | None) -> bool:
+        """Send the call to the actor under the name, unless it is the one that died under it; False if no other
+        answered to the name by `deadline`."""
+        while True:
+            actor = self.handle.actor(deadline)
+            if actor is None:
+                return False
+            if actor._actor_id != self.dead:
+                self.ref, self.lost_at = actor.call.remote(self.method, *self.args), None
+                self.sent_to = actor._actor_id
+                return True
+            if self.lost_at is not None and time.monotonic() - self.lost_at > RECONNECT_S:
+                raise ServiceUnavailable(f"service {self.handle.index} was not restarted within {RECONNECT_S:.0f} s")
+            self.handle.lost()  # the dead actor still holds the name: look again, for its next incarnation
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def result(self, timeout: float | None = None) -> Any:
         import ray
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        deaths = 0
         while True:
+            if self.lost_at is not None and not self._send(deadline):
+                raise TimeoutError(f"service {self.handle.index}: not restarted within {timeout} s (yet)")
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 value = ray.get(self.ref, timeout=left)
@@ -890,15 +916,15 @@ class RayPending(Pending):
             except ray.exceptions.GetTimeoutError:
                 raise TimeoutError(f"service {self.handle.index}: no answer within {timeout} s") from None
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                deaths += 1
-                if deaths > RESENDS or (deadline is not None and time.monotonic() >= deadline):
+                self.deaths += 1
+                if self.deaths > RESENDS:
                     reason = (ANSI.sub("", str(exc)).strip().splitlines() or [type(exc).__name__])[0]
                     raise ServiceUnavailable(
-                        f"service {self.handle.index}'s actor died under its {self.method} call {deaths} times; "
+                        f"service {self.handle.index}'s actor died under its {self.method} call {self.deaths} times; "
                         f"last: {reason}"
                     ) from None
+                self.dead, self.lost_at = self.sent_to, time.monotonic()
                 self.handle.lost()  # its death is the coordinator's to report and restart: wait for that
-                self.ref = self.handle.actor().call.remote(self.method, *self.args)
         if isinstance(value, RoleError):
             raise ServiceError(f"service {self.handle.index}'s {self.method} raised:\n{value.traceback}")
         return value
@@ -917,8 +943,9 @@ class RayServiceHandle(ServiceHandle):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _actor=None)
 
-    def actor(self):
-        """The live actor under the name, waiting up to `RECONNECT_S` for a restarted one."""
+    def actor(self, deadline: float | None = None):
+        """The actor under the name, waiting for one to hold it (a restarted one) up to `RECONNECT_S`, or until
+        `deadline` (`time.monotonic`), then None."""
         import ray
 
         waited_since = time.monotonic()
@@ -928,6 +955,8 @@ class RayServiceHandle(ServiceHandle):
             except ValueError:  # not (yet) there: the coordinator restarts it
                 if time.monotonic() - waited_since > RECONNECT_S:
                     raise ServiceUnavailable(f"service {self.index} unreachable for {RECONNECT_S:.0f} s") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
                 time.sleep(0.1)
         return self._actor
 

@@ -125,6 +125,36 @@ def test_a_killed_actor_is_reported_and_restarted_and_the_restart_limit_holds(tm
         group.stop()
 
 
+def test_a_restart_holds_up_neither_the_coordinator_nor_the_other_roles(tmp_path):
+    """Worker 0's next incarnation takes SLOW_START_S to build: `check()` restarts it and returns without waiting
+    for it (where it runs is recorded when it answers), and worker 1's items keep coming meanwhile (a restart used
+    to hold the whole run while every actor was asked where it runs)."""
+    backend, group, *_ = start_group(tmp_path, n=2, fail="slow_restart")
+    try:
+        for worker in (0, 1):
+            group.release(worker, group.get(worker, 60)[1])
+        os.kill(json.loads((tmp_path / "workers.json").read_text())["0"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not (crashes := group.check()):
+            if (item := group.get_any(0.2)) is not None:
+                group.release(item[0], item[1])
+            assert time.monotonic() < deadline, "the killed actor was not noticed"
+        assert [c.worker for c in crashes] == [0] and 0 in group.places.pending  # asked, not waited for
+        served = 0
+        while served < 5:
+            item = group.get(1, 5)
+            assert item is not None, "worker 1 stopped while worker 0 restarted"
+            group.release(1, item[1])
+            assert not group.check()
+            served += 1
+        assert 0 in group.places.pending  # all that while, worker 0's next incarnation was still building
+        assert group.get(0, 60)[:2] == (0, 1)
+        group.check()
+        assert "0" in json.loads((tmp_path / "workers.json").read_text())
+    finally:
+        group.stop()
+
+
 def test_a_hung_role_is_killed_for_want_of_a_heartbeat_and_restarted(tmp_path):
     backend, group, *_ = start_group(tmp_path, n=1, fail="hang", heartbeat_s=1.0)
     try:

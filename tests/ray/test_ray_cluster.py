@@ -108,21 +108,29 @@ def test_pala_learners_on_both_nodes_solve_cartpole(cluster, run_opts):
     assert len(nodes_used(result.run_dir)) == 2
 
 
+def node_once_placed(nodes, run_dir, worker: str, timeout: float = 120.0):
+    """The node of `nodes` that `actors.json` puts `worker` on, once it does (None after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
+            node_id = json.loads((run_dir / "actors.json").read_text())[worker]["node"]
+            node = next((n for n in nodes if n.node_id == node_id), None)
+            if node is not None:
+                return node
+        time.sleep(0.1)
+    return None
+
+
 def remove_node_once_placed(cluster, nodes, run_dir, worker: str, removed: list) -> threading.Thread:
-    """In the background: once `actors.json` puts `worker` on one of `nodes` (and it has run a second), remove
-    that node from the cluster (its raylet and every process on it end) and note it in `removed`."""
+    """In the background: once `worker` runs on one of `nodes` (for a second), remove that node from the cluster (its
+    raylet and every process on it end) and note it in `removed`."""
 
     def remove() -> None:
-        for _ in range(1200):
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
-                node_id = json.loads((run_dir / "actors.json").read_text())[worker]["node"]
-                node = next((n for n in nodes if n.node_id == node_id), None)
-                if node is not None:
-                    time.sleep(1.0)
-                    cluster.remove_node(node)
-                    removed.append(node)
-                    return
-            time.sleep(0.1)
+        node = node_once_placed(nodes, run_dir, worker)
+        if node is not None:
+            time.sleep(1.0)
+            cluster.remove_node(node)
+            removed.append(node)
 
     thread = threading.Thread(target=remove, daemon=True)
     thread.start()
@@ -145,22 +153,38 @@ def extra_nodes(cluster):
             cluster.remove_node(node)
 
 
-def test_the_roles_of_a_removed_node_restart_on_the_nodes_left(cluster, extra_nodes, run_opts, tmp_path):
-    """Two nodes offer the `spare` resource that the workers are placed by; the one worker 0 runs on is removed
-    mid-run. Its workers die with Ray's reason, are restarted on the other, and the run reaches its budget."""
-    spare = [extra_nodes(resources={"spare": 4}) for _ in range(2)]
-    removed: list = []
-    remover = remove_node_once_placed(cluster, spare, tmp_path / "spare", "0", removed)
-    result = train("a2c", "CartPole-v1", arch="data_parallel", workers=2, backend="ray", placement="spare",
-                   steps=60_000, seed=0, eval_every=10**9, stop_return=float("inf"), name="spare",
-                   **run_opts)  # fmt: skip
-    remover.join(timeout=1)
-    assert removed, "the node of worker 0 was not removed"
-    log = (result.run_dir / "workers.log").read_text()
-    assert "worker 0 died" in log, log
-    left = next(node.node_id for node in spare if node not in removed)
-    assert nodes_used(result.run_dir) == {left}
-    assert result["stopped_by"] == "steps" and result["env_steps"] >= 60_000, result.result
+def test_the_roles_and_services_of_a_removed_node_restart_on_the_nodes_left(cluster, extra_nodes, tmp_path):
+    """An Ape-X run joins the cluster (`--address`); its actors and replay shards are placed by the `spare` resource,
+    which one node offers. Once they run there, a second such node joins and the first is removed: every actor and
+    shard dies with Ray's reason, is restarted on the second node (a shard empty), and the run reaches its budget."""
+    first = extra_nodes(resources={"spare": 4})
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    run = tmp_path / "spare"
+    proc = subprocess.Popen(
+        [*RLFLEET, "train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--actors", "2", "--replay-shards", "2",
+         "--backend", "ray", "--address", cluster.address, "--placement", "spare", "--steps", "12000",
+         "--eval-every", "1000000000", "--stop-return", "inf", "--logdir", str(tmp_path), "--name", "spare",
+         "--no-progress"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert node_once_placed([first], run, "0") is first
+        second = extra_nodes(resources={"spare": 4})
+        cluster.remove_node(first)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    log = (run / "workers.log").read_text()
+    for died in ("worker 0 died", "worker 1 died", "replay shard 0 died", "replay shard 1 died"):
+        assert died in log, log
+    assert nodes_used(run) == {second.node_id}
+    shards = json.loads((run / "shards_actors.json").read_text())
+    assert {place["node"] for place in shards.values()} == {second.node_id}
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "steps" and result["env_steps"] >= 12_000, result
 
 
 def test_a_removed_node_that_no_node_left_can_replace_ends_the_run_cleanly(cluster, extra_nodes, monkeypatch,

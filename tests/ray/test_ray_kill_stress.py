@@ -1,6 +1,6 @@
 """The fault drill of `drills.py` on the `ray` backend: each architecture's worker actors SIGKILLed at random
 moments, then one SIGSTOPped (killed by `ray.kill` for want of a heartbeat), each restarted, and the run stops
-cleanly on Ctrl-C. Ape-X, allreduce and param_server run by default (their other Ray tests kill no worker); the
+cleanly on Ctrl-C. Ape-X and allreduce run by default (no other Ray test kills their workers); the
 other architectures, whose workers' deaths other Ray tests cover, with `pytest -m slow`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from drills import RUNS, drill_workers
 
-DEFAULT = ("apex", "allreduce", "param_server")
+DEFAULT = ("apex", "allreduce")
 ON_RAY = [arch for arch in RUNS if arch != "hogwild"]  # hogwild shares memory: local only
 
 
