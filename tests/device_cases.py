@@ -29,8 +29,8 @@ CENTRAL = [
     ("dqn", "CartPole-v1", {"arch": "data_parallel", "workers": 2, "overrides": {"learning_starts": 100}}),
     ("a2c", "CartPole-v1", {"arch": "grad_parallel", "workers": 2}),
     ("a2c", "CartPole-v1", {"arch": "async_grad", "workers": 2}),
-    ("dqn", "CartPole-v1", {"arch": "apex", "actors": 2, "steps": 1_500, "overrides": {"learning_starts": 200}}),
-    ("td3", "Pendulum-v1", {"arch": "apex", "actors": 2, "steps": 1_500, "overrides": {"learning_starts": 200}}),
+    ("dqn", "CartPole-v1", {"arch": "apex", "actors": 2, "steps": 800, "overrides": {"learning_starts": 200}}),
+    ("td3", "Pendulum-v1", {"arch": "apex", "actors": 2, "steps": 800, "overrides": {"learning_starts": 200}}),
 ]
 CASES = SINGLE + CENTRAL
 QUICK = {"eval_episodes": 2, "vector_mode": "sync", "eval_max_steps": 50}

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.learning
 BUDGETS = {"a3c": 150_000, "nstep_q": 400_000, "onestep_q": 400_000, "sarsa": 500_000}
 
 
-@pytest.mark.parametrize("algo", list(BUDGETS))
+@pytest.mark.parametrize(
+    "algo", [pytest.param(a, marks=pytest.mark.slow) if a == "sarsa" else a for a in BUDGETS]
+)  # -m slow: sarsa, a one-step method as onestep_q is, and the longest run
 def test_async_method_solves_cartpole_with_two_workers(algo, run_opts):
     result = train(algo, "CartPole-v1", arch="hogwild", workers=2, steps=BUDGETS[algo], seed=0,
                    eval_every=5_000, **run_opts)  # fmt: skip

@@ -23,10 +23,11 @@ CASES = {
     # the A3C paper's settings on 2 hogwild workers
     "a3c": dict(algo="a3c", arch="hogwild", workers=2, steps=250_000, eval_every=25_000),
 }
+SLOW = {"dqn"}  # -m slow: 75 s of CI, the longest; DQN's CNN path is also in the Pong smoke run
 
 
 @pytest.mark.learning
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in sorted(CASES)])
 def test_reaches_a_score_on_minatar_breakout(case, run_opts):
     options = dict(CASES[case])
     algo = options.pop("algo")

@@ -60,6 +60,7 @@ def test_a_crashing_worker_is_reported_and_restarted(tmp_path, monkeypatch):
 
 
 @pytest.mark.learning
+@pytest.mark.slow  # -m slow: the fault drill (tests/drills.py) kills and stops hogwild workers; this adds the solve
 def test_sigkilled_worker_is_restarted_and_the_run_still_solves(tmp_path):
     # the first evaluation, and so the earliest stop, is at 10k env steps: the kill lands mid-run, once the
     # workers have reported their first segments (metrics.csv has its first row on disk as soon as it is

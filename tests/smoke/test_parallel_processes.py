@@ -47,7 +47,11 @@ def wait_for_workers(proc: subprocess.Popen, run: Path, n: int, timeout: float =
 
 @pytest.mark.parametrize(
     "algo, arch, steps",
-    [("a2c", "data_parallel", 200_000), ("dqn", "data_parallel", 20_000), ("a2c", "grad_parallel", 200_000)],
+    [
+        pytest.param("a2c", "data_parallel", 200_000, marks=pytest.mark.slow),  # -m slow: tests/drills.py kills these
+        ("dqn", "data_parallel", 20_000),
+        pytest.param("a2c", "grad_parallel", 200_000, marks=pytest.mark.slow),
+    ],
 )
 def test_sigkilled_worker_is_restarted_and_the_run_finishes(tmp_path, algo, arch, steps):
     """The worker is killed as soon as the learner has logged data from both workers. metrics.csv is first
@@ -191,6 +195,7 @@ def test_workers_leave_when_the_learner_is_killed(tmp_path, arch):
         kill_session(sid)
 
 
+@pytest.mark.slow  # -m slow: the fault drill (tests/drills.py) kills and stops allreduce learners on both backends
 def test_sigkilled_allreduce_learner_is_restarted_and_the_group_re_forms(tmp_path):
     """Learner 0 (the one whose state the coordinator keeps) is SIGKILLed once the learners have updated
     together. Two learners update only together, so the budget is reached only if the group re-formed with
@@ -304,6 +309,7 @@ def test_apex_actors_and_shards_leave_with_the_learner(tmp_path, how):
         assert saved["run_config"]["arch"] == "apex" and saved["apex"]["version"] == saved["algo"]["updates"] > 0
 
 
+@pytest.mark.slow  # -m slow: the hung learner's test has it rejoin, the fault drill kills gossip learners
 def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_rounds_go_on(tmp_path):
     """Learner 1 of four on the ring is SIGKILLed once rounds complete. Learner 2 waits for its messages once it is
     more than --max-staleness rounds behind, so rounds go on only if the restarted learner rejoins the ring: it
