@@ -274,7 +274,7 @@ def soak(args: argparse.Namespace) -> None:
 
     ray = address = None
     if args.backend == "ray":
-        from rlfleet.backends.ray_backend import start_private_instance
+        from rlfleet.backends.ray_instance import start_private_instance
 
         ray = start_private_instance(args.actors)
         address = ray.get_runtime_context().gcs_address

@@ -71,7 +71,7 @@ def main() -> None:
     results = []
     backends = args.backends.split(",")
     if "ray" in backends:  # started once: runs use the connection this process has
-        from rlfleet.backends.ray_backend import start_private_instance
+        from rlfleet.backends.ray_instance import start_private_instance
 
         start = time.perf_counter()
         start_private_instance(args.workers)

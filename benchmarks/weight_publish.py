@@ -86,7 +86,7 @@ def main() -> None:
     results = []
     backends = args.backends.split(",")
     if "ray" in backends:  # one private instance for every size (runs use the connection this process has)
-        from rlfleet.backends.ray_backend import start_private_instance
+        from rlfleet.backends.ray_instance import start_private_instance
 
         start_private_instance(2)
     for backend in backends:

@@ -24,7 +24,7 @@ def with_tests_on_path(env: dict[str, str]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ray_instance():
     """A private Ray instance on 127.0.0.1 for the module's tests (runs use it instead of starting their own)."""
-    from rlfleet.backends.ray_backend import start_private_instance, stop_private_instance
+    from rlfleet.backends.ray_instance import start_private_instance, stop_private_instance
 
     previous = os.environ.get("PYTHONPATH")
     os.environ.update(with_tests_on_path(dict(os.environ)))

@@ -303,7 +303,7 @@ def test_an_address_where_something_else_listens_is_refused_at_once_and_ray_itse
     import http.server
     import threading
 
-    from rlfleet.backends.ray_backend import _grpc_problem
+    from rlfleet.backends.ray_instance import grpc_problem
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -316,7 +316,7 @@ def test_an_address_where_something_else_listens_is_refused_at_once_and_ray_itse
         server.server_close()
     assert not any(Path(run_opts["logdir"]).iterdir())
     host, _, port = ray_instance.get_runtime_context().gcs_address.rpartition(":")
-    assert _grpc_problem(host, int(port)) is None
+    assert grpc_problem(host, int(port)) is None
 
 
 def test_without_ray_installed_the_ray_backend_says_how_to_get_it(run_opts, monkeypatch):

@@ -192,10 +192,10 @@ def test_a_removed_node_that_no_node_left_can_replace_ends_the_run_cleanly(clust
     """Worker 1 is placed on the only node offering `lonely`; that node is removed. Its restart cannot start
     anywhere: after the start-up grace (shortened here) the run stops as a failure that says so, with its
     checkpoint and `result.json`, instead of waiting for ever."""
-    from rlfleet.backends import ray_backend
+    from rlfleet.backends import ray_roles
     from rlfleet.backends.base import WorkerFailure
 
-    monkeypatch.setattr(ray_backend, "STARTUP_GRACE_S", 10.0)
+    monkeypatch.setattr(ray_roles, "STARTUP_GRACE_S", 10.0)
     lonely = extra_nodes(resources={"lonely": 4})
     removed: list = []
     remover = remove_node_once_placed(cluster, [lonely], tmp_path / "lonely", "1", removed)

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from procs import RLFLEET, assert_nothing_left, kill_session, ray_processes, session_processes
 
-from rlfleet.backends import ray_backend
+from rlfleet.backends import ray_instance
 from rlfleet.fields import ConfigError
 
 LONG_RUN = ["train", "a2c", "--env", "CartPole-v1", "--arch", "async_grad", "--workers", "2", "--backend", "ray",
@@ -67,12 +67,12 @@ def test_ctrl_c_while_the_private_instance_starts_stops_the_run(tmp_path: Path):
 
 
 def test_a_ctrl_c_during_the_start_is_deferred_to_its_end_and_kept_from_the_processes_started():
-    """`_sigint_deferred`: a SIGINT inside the block interrupts at its end, not before, and a process started inside
+    """`sigint_deferred`: a SIGINT inside the block interrupts at its end, not before, and a process started inside
     has SIGINT blocked (a terminal's Ctrl-C to the process group never reaches it)."""
-    from rlfleet.backends.ray_backend import _sigint_deferred
+    from rlfleet.backends.ray_instance import sigint_deferred
 
     reached_end = False
-    with pytest.raises(KeyboardInterrupt), _sigint_deferred():
+    with pytest.raises(KeyboardInterrupt), sigint_deferred():
         child = subprocess.Popen(["sleep", "30"])
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)  # a handler would have run by now
@@ -91,7 +91,7 @@ def test_a_ctrl_c_during_the_start_is_deferred_to_its_end_and_kept_from_the_proc
 
 HOLD_INSTANCE = """
 import json, os, sys
-from rlfleet.backends.ray_backend import start_private_instance, stop_private_instance
+from rlfleet.backends.ray_instance import start_private_instance, stop_private_instance
 ray = start_private_instance(1)
 node = ray._private.worker._global_node
 print(json.dumps({"gcs": node.gcs_address, "session": node.get_session_dir_path(),
@@ -248,8 +248,8 @@ def test_ray_s_own_lines_go_to_the_run_s_log_not_to_the_terminal(tmp_path: Path,
 
 
 # ------------------------------------------------------------------------------------------------- --address auto
-def instance(gcs: str, uid: int | None = None, private: bool = False) -> ray_backend.LocalInstance:
-    return ray_backend.LocalInstance(1, os.getuid() if uid is None else uid, gcs, "/tmp/x/session_1_4242", private)
+def instance(gcs: str, uid: int | None = None, private: bool = False) -> ray_instance.LocalInstance:
+    return ray_instance.LocalInstance(1, os.getuid() if uid is None else uid, gcs, "/tmp/x/session_1_4242", private)
 
 
 def test_auto_is_resolved_as_ray_resolves_it_but_never_to_a_private_or_another_user_s_instance(monkeypatch, tmp_path):
@@ -258,29 +258,29 @@ def test_auto_is_resolved_as_ray_resolves_it_but_never_to_a_private_or_another_u
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     running = [instance("127.0.0.1:7001", private=True), instance("127.0.0.1:7002", uid=os.getuid() + 1)]
-    monkeypatch.setattr(ray_backend, "local_instances", lambda: running)
+    monkeypatch.setattr(ray_instance, "local_instances", lambda: running)
     with pytest.raises(ConfigError, match=r"^--address auto: no Ray cluster to join \(no RAY_ADDRESS, "):
-        ray_backend.resolve_address("auto")
+        ray_instance.resolve_address("auto")
     running.append(instance("127.0.0.1:7003"))
-    assert ray_backend.resolve_address("auto") == ("127.0.0.1:7003", "the one Ray instance of yours running on "
+    assert ray_instance.resolve_address("auto") == ("127.0.0.1:7003", "the one Ray instance of yours running on "
                                                    "this machine")  # fmt: skip
     running.append(instance("10.0.0.5:7004"))
     with pytest.raises(ConfigError, match=r"^--address auto: 2 Ray instances of yours run on this machine \(10\.0"):
-        ray_backend.resolve_address("auto")
+        ray_instance.resolve_address("auto")
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:7005\n")
-    assert ray_backend.resolve_address("auto")[0] == "127.0.0.1:7005"
+    assert ray_instance.resolve_address("auto")[0] == "127.0.0.1:7005"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6379")
-    assert ray_backend.resolve_address("auto") == ("10.0.0.6:6379", "RAY_ADDRESS")
-    assert ray_backend.resolve_address("10.0.0.7:6379") == ("10.0.0.7:6379", "")
+    assert ray_instance.resolve_address("auto") == ("10.0.0.6:6379", "RAY_ADDRESS")
+    assert ray_instance.resolve_address("10.0.0.7:6379") == ("10.0.0.7:6379", "")
     with pytest.raises(ConfigError, match=r"^--address auto \(localhost:7001, RAY_ADDRESS\) is the private Ray "
                                           r"instance of another rlfleet run \(process 4242\)"):  # fmt: skip
-        ray_backend._refuse_foreign("localhost:7001", "auto", "RAY_ADDRESS")
+        ray_instance.refuse_foreign("localhost:7001", "auto", "RAY_ADDRESS")
     other_user = r"^--address auto \(127\.0\.0\.1:7002, RAY_ADDRESS\) is a Ray instance of another user \(uid \d+\)"
     with pytest.raises(ConfigError, match=other_user + r": give --address 127\.0\.0\.1:7002 to join it on purpose$"):
-        ray_backend._refuse_foreign("127.0.0.1:7002", "auto", "RAY_ADDRESS")
-    ray_backend._refuse_foreign("127.0.0.1:7002", "127.0.0.1:7002", "")  # given on purpose
-    ray_backend._refuse_foreign("127.0.0.1:7003", "auto", "RAY_ADDRESS")
+        ray_instance.refuse_foreign("127.0.0.1:7002", "auto", "RAY_ADDRESS")
+    ray_instance.refuse_foreign("127.0.0.1:7002", "127.0.0.1:7002", "")  # given on purpose
+    ray_instance.refuse_foreign("127.0.0.1:7003", "auto", "RAY_ADDRESS")
 
 
 def test_auto_joins_a_cluster_on_loopback(tmp_path: Path, ray_tmpdir: Path, monkeypatch):
@@ -317,7 +317,7 @@ def test_another_run_s_private_instance_is_refused_by_auto_and_by_its_address(tm
     used to let it) or waits 20 s for Ray to refuse the token."""
     proc, where = hold_private_instance(dict(os.environ))
     try:
-        (found,) = [i for i in ray_backend.local_instances() if i.gcs == where["gcs"]]
+        (found,) = [i for i in ray_instance.local_instances() if i.gcs == where["gcs"]]
         assert found.private and found.uid == os.getuid() and found.driver_pid == proc.pid
         for address, label in (("auto", f"auto ({where['gcs']}, RAY_ADDRESS)"), (where["gcs"], where["gcs"])):
             env = dict(os.environ, RAY_ADDRESS=where["gcs"], RAY_TMPDIR=str(ray_tmpdir))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from procs import RLFLEET, assert_nothing_left, kill_session, ray_processes
 
-from rlfleet.backends.ray_backend import system_temp_dir
+from rlfleet.backends.ray_instance import system_temp_dir
 from rlfleet.run.checkpoint import load_checkpoint
 
 
