@@ -4,52 +4,9 @@ Every number field of a `Config` declares the values it allows where it is decla
 (`gamma: float = bounded(0.99, ge=0, le=1)`, see `rlfleet.fields`); `rlfleet.run.config.build_algo_config`
 checks type, finiteness and range of every field before a run starts.
 
-The contract every algorithm class keeps (architectures call nothing else):
-
-- `__init__(cfg, obs_space, action_space, seed, device="cpu")`; raises `UnsupportedSpaceError` for spaces it can't
-  handle; puts its networks on `device` (`rlfleet.device.place`, before its optimizer is built) and keeps it as
-  `device`: its updates move their batches there (`Batch.to_torch(self.device)`), and every tensor it makes in an
-  update is made there; `act` goes through `rlfleet.device.acting` (a CPU copy of an MLP on a device) and brings
-  results back with `rlfleet.device.host`;
-- `act(obs, state=None, explore=True) -> (actions, extras, state)` batched over envs; `extras` is a dict
-  of per-env arrays stored with the rollout (values, log-probabilities);
-- `schedule(env_steps, total_steps)`: exploration, learning-rate and target-network schedules;
-- `data`: "rollout" (on-policy segments) or "replay";
-- rollout algorithms: `value(obs)` (bootstrap value), `process(segment) -> Batch`, `loss(batch)`,
-  `update(segment) -> metrics`, and `one_gradient`: True when `update(segment)` is exactly one optimizer
-  step on `loss(process(segment))` (the architectures that apply one gradient per segment, hogwild and
-  grad_parallel, run only those), `lr` (the learning rate its schedule set) and `max_grad_norm` (the
-  global-norm clip of its update, 0: none), which those architectures apply to their own optimizer; every
-  optimizer step of `update` goes through `optimize(self.optimizer, ...)` (`rlfleet.algos.common`), which calls
-  the gradient hook an architecture may set on that optimizer (`set_gradient_hook`) between the backward pass
-  and the clip (the `allreduce` learners average their gradients there);
-- replay algorithms: `make_buffer(n_envs, total_steps, seed)`, `loss(batch)`, `update(batch) -> metrics`
-  (with "priorities" for prioritized replay);
-- dataset (imitation) algorithms, run by the `offline` architecture: `process(demos) -> Batch` (a Batch of
-  `obs` and env actions `act` as training data), `loss(batch)`, `update(minibatch) -> metrics` (one
-  gradient step);
-- `state_dict()` / `load_state_dict()`, plus `cfg`, `optimizer`, `params`.
-
-Recurrent algorithms (`act` returns a state that is not None; state None means "zeros"):
-
-- `reset_state(state, done) -> state`: a new state with the envs of the `[N]` bool mask `done` (their
-  episode just ended) reset; the given state is not modified. Whoever steps envs calls it after every
-  step in which an env finished (`Collector`, `evaluate`);
-- `value(obs, state)`: the bootstrap value continued from `state`;
-- `process(segment)` reads `segment.data.starts` (`[T, N]`, 1 where an observation begins an episode)
-  and `segment.initial_state` (the state before the segment's first step; None: zeros).
-
-Algorithms whose exploration noise has a state per env (Ornstein–Uhlenbeck noise): `reset_noise(done)` puts
-the noise of the envs in the `[N]` bool mask `done` (their episode just ended) back at its start; the
-`Collector` calls it after every step in which an env finished. The noise state is part of `state_dict()`.
-
-Replay algorithms an `apex` actor runs (dqn, ddpg, td3): `priorities(batch) -> [B]` (the |TD errors| `update`
-would write back, computed without learning: an actor's initial priorities) and `fix_exploration(level, share)
--> float` (act from then on with one rung of the exploration ladder: ε-greedy algorithms take ε = `level`,
-noise-driven ones scale their noise by `share`, the rung over the ladder's top; returns the ε or σ used).
-
-Box actions: `act` returns env-ready actions (rescaled to the bounds and clipped) and puts the policy's
-own, unclipped sample into `extras["raw_act"]`, from which the loss takes its log-probabilities.
+The contract every algorithm class keeps (architectures call nothing else) is written as `typing.Protocol`s in
+`rlfleet/algos/contract.py`: `RolloutAlgorithm`, `ReplayAlgorithm` or `DatasetAlgorithm` by its `data`, with
+`ApexActor` and `Recurrent` where they apply.
 """
 
 from __future__ import annotations

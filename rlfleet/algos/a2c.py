@@ -276,6 +276,10 @@ class A2C:
 
     one_gradient = True
     """`update` is one optimizer step on the segment's loss."""
+
+    def uneven_updates(self) -> str | None:
+        return None  # one optimizer step per segment
+
     lr = property(current_lr)
     max_grad_norm = property(clip_norm)
 

@@ -244,6 +244,11 @@ class DQN:
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
         return LSTMCore.reset(state, done)
 
+    @property
+    def replays_sequences(self) -> bool:
+        """Recurrent DQN (`lstm` > 0) learns from replayed sequences, not single transitions."""
+        return self.cfg.lstm > 0
+
     def fix_exploration(self, level: float, share: float) -> float:
         """Act with a fixed exploration from now on (an Ape-X actor's rung of the ladder): ε-greedy with ε = `level`;
         `schedule` leaves it alone. Returns ε."""
@@ -255,7 +260,7 @@ class DQN:
             return
         self.eps = linear(self.cfg.eps_start, self.cfg.eps_final, self.cfg.eps_anneal_steps, env_steps)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
+    def td_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
         if self.q.core is not None:
             return self._sequence_loss(batch)
         b = batch.to_torch(self.device)
@@ -311,10 +316,10 @@ class DQN:
         """|TD error| of each transition of `batch` (its `weight` column included, as `loss` reads it) under the
         current online and target networks: the priorities `update` would write back, computed by `loss`
         without learning (an Ape-X actor's initial priorities)."""
-        return self.loss(batch)[2]
+        return self.td_loss(batch)[2]
 
     def update(self, batch: Batch) -> dict:
-        loss, metrics, td_abs = self.loss(batch)
+        loss, metrics, td_abs = self.td_loss(batch)
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         self.updates += 1
         if self.updates % self.cfg.target_update_every == 0:

@@ -146,7 +146,7 @@ class NStepQ:
             return q.max(-1)
         return q[np.arange(len(q)), actions]
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
         """Bootstrap value of observations (one per env): max_a Q⁻, or Q⁻ at an ε-greedy action for Sarsa."""
         if self.cfg.target == "sarsa":
             actions, _, _ = self.act(obs)
@@ -181,6 +181,10 @@ class NStepQ:
 
     one_gradient = True
     """`update` is one optimizer step on the segment's loss."""
+
+    def uneven_updates(self) -> str | None:
+        return None  # one optimizer step per segment
+
     lr = property(current_lr)
     max_grad_norm = property(clip_norm)
 

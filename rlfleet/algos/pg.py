@@ -116,7 +116,7 @@ class PG:
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(action, extras, self.bounds), extras, state
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
         return state_values(self.model, obs)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
@@ -160,6 +160,11 @@ class PG:
         """`update` is one optimizer step on the segment's loss only with one epoch over the whole batch."""
         size = self.cfg.minibatch_size
         return self.cfg.epochs == 1 and (size == 0 or size >= self.cfg.rollout_len * self.cfg.n_envs)
+
+    def uneven_updates(self) -> str | None:
+        if self.cfg.baseline:
+            return None
+        return "without a baseline it learns from complete episodes only: use --set baseline=true"
 
     def update(self, segment: Segment) -> dict[str, float]:
         batch = self.process(segment)

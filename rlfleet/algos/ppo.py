@@ -298,6 +298,11 @@ class PPO:
         """`update` is one optimizer step on the segment's loss only with one epoch of one minibatch."""
         return self.cfg.epochs == 1 and self.cfg.minibatch_size >= self.cfg.rollout_len * self.cfg.n_envs
 
+    def uneven_updates(self) -> str | None:
+        if self.cfg.target_kl <= 0:
+            return None
+        return f"target_kl={self.cfg.target_kl} stops each learner's epochs at its own minibatch: use --set target_kl=0"
+
     def update(self, segment: Segment) -> dict[str, float]:
         batch = self.process(segment)
         size = self.cfg.minibatch_size

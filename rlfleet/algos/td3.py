@@ -186,6 +186,8 @@ class TD3:
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(raw, extras, self.bounds), extras, state
 
+    replays_sequences = False  # (an Ape-X actor's question) it learns from single transitions
+
     def fix_exploration(self, level: float, share: float) -> float:
         """Act with a fixed exploration from now on (an Ape-X actor's rung of the ladder): Gaussian noise of
         σ = share × `exploration_noise` (`share` in (0, 1]: the rung's ε over the ladder's top), of the

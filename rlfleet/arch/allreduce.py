@@ -344,16 +344,10 @@ class AllReduceRunner(ParallelRunner):
                 f"{algo} learns from {self.algo.data} data; the allreduce architecture runs on-policy algorithms "
                 f"whose update steps one optimizer (a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
             )
-        if getattr(self.algo_cfg, "target_kl", 0) > 0:
-            raise ConfigError(
-                f"{algo} target_kl={self.algo_cfg.target_kl} stops each learner's epochs at its own minibatch, so the "
-                "learners' all-reduced optimizer steps would no longer match: use --set target_kl=0 on allreduce"
-            )
-        if getattr(self.algo_cfg, "baseline", True) is False:
-            raise ConfigError(
-                f"{algo} without a baseline learns from complete episodes only, a different number of optimizer "
-                "steps in each learner, which all-reduce learners cannot take in step: use --set baseline=true"
-            )
+        uneven = self.algo.uneven_updates()
+        if uneven is not None:
+            raise ConfigError(f"all-reduce learners take their optimizer steps together, and {algo} may take a "
+                              f"different number of them in each learner: {uneven}")  # fmt: skip
         if BACKENDS[opts.backend].in_process and opts.workers > 1:
             raise ConfigError(
                 f"--backend {opts.backend} runs the learners one after another in one process, so {opts.workers} "

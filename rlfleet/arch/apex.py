@@ -83,6 +83,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet.algos.contract import ApexActor
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, RoleOptions, Taken, WorkerSpec
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.backends.shared_memory import WeightVersion
@@ -348,12 +349,12 @@ class ApexRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
-        if self.algo.data != "replay" or not hasattr(self.algo, "priorities"):
+        if not isinstance(self.algo, ApexActor):
             raise ConfigError(
                 f"the apex architecture runs the replay algorithms that compute priorities (dqn, ddpg, td3); "
                 f"{self.cfg.algo} is not one of them"
             )
-        if getattr(self.algo_cfg, "lstm", 0) > 0:
+        if self.algo.replays_sequences:
             raise ConfigError("apex replays single transitions: recurrent dqn (lstm > 0) is not supported; "
                               "use --arch single or data_parallel for it")  # fmt: skip
         if not BACKENDS[self.opts.backend].has_services:

@@ -81,7 +81,7 @@ class HogwildWorker(WorkerActor):
         self.segments = 0
         # shared kinds come built by the coordinator; per-worker ones keep their statistics here
         self.optimizer = optimizer or build_optimizer(
-            spec.optimizer, self.copy.shared_params, spec.lr, algo_optimizer=getattr(self.algo, "optimizer", None)
+            spec.optimizer, self.copy.shared_params, spec.lr, algo_optimizer=self.algo.optimizer
         )
 
     def step(self, global_steps: int) -> tuple[int, dict[str, float]]:

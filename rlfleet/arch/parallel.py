@@ -273,7 +273,7 @@ class ParallelRunner(RunBase):
     def algo_optimizer(self) -> OptimizerRecipe:
         """What `--optimizer algo` builds: the recipe of the algorithm's own optimizer (its class and the
         hyperparameters of its one parameter group); a one-line `ConfigError` where there is none to copy."""
-        own = getattr(self.algo, "optimizer", None)
+        own = self.algo.optimizer
         if not isinstance(own, torch.optim.Optimizer):
             raise ConfigError(f"{self.cfg.algo} has no optimizer of its own to copy; choose another --optimizer")
         try:

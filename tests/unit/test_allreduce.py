@@ -141,9 +141,9 @@ def test_optimize_calls_the_gradient_hook_between_backward_and_the_clip():
          r"^--backend serial runs the learners one after another in one process, so 2 of them cannot all-reduce: "
          r"use --backend local, or --workers 1 \(one learner\)$"),
         ("dqn", {}, r"^dqn learns from replay data; the allreduce .*: use --arch data_parallel or single$"),
-        ("pg", {}, r"^pg without a baseline .*: use --set baseline=true$"),
+        ("pg", {}, r"^all-reduce learners .*, and pg may take .*: without a baseline .*: use --set baseline=true$"),
         ("ppo", {"overrides": {"target_kl": 0.01}},
-         r"^ppo target_kl=0.01 stops each learner's epochs .*: use --set target_kl=0 on allreduce$"),
+         r"^all-reduce .*, and ppo may take .*: target_kl=0.01 stops each learner's epochs .*: use --set target_kl=0$"),
         ("ppo", {"group_timeout_s": 120.0}, r"^--group-timeout-s 120 must be less than --heartbeat-s 120"),
         ("ppo", {"workers": 0}, "--workers"),
         ("ppo", {"state_every": 0}, "--state-every"),

@@ -43,7 +43,7 @@ def test_loss_is_the_weighted_huber_loss_to_the_q_learning_target(double):
         for p in algo.q_target.parameters():
             p.mul_(-1.5)  # the target net differs from the online net, so the two targets differ
     data = batch()
-    loss, _, td_abs = algo.loss(data)
+    loss, _, td_abs = algo.td_loss(data)
     b = data.to_torch()
     with torch.no_grad():
         q = algo.q(b.obs)[torch.arange(B), b.act.long()]
@@ -63,6 +63,6 @@ def test_the_online_nets_graph_covers_the_sampled_states_only():
     algo = make_dqn(double=True)
     calls = []
     algo.q.register_forward_hook(lambda module, inputs, out: calls.append((len(out), torch.is_grad_enabled())))
-    loss, _, _ = algo.loss(batch())
+    loss, _, _ = algo.td_loss(batch())
     assert sorted(calls) == [(B, False), (B, True)]
     assert loss.requires_grad

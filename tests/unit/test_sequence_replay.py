@@ -248,15 +248,15 @@ def sequence_batch(seed=0, batch=6, steps=9):
 def test_burn_in_steps_carry_no_loss():
     algo = recurrent_dqn()
     batch = sequence_batch()
-    loss, _, _ = algo.loss(batch)
+    loss, _, _ = algo.td_loss(batch)
     changed = sequence_batch()
     burn = algo.cfg.burn_in
     changed.rew[:, :burn] += 100.0  # rewards, actions and dones of burn-in steps are not in the loss
     changed.act[:, :burn] = (changed.act[:, :burn] + 1) % 3
     changed.terminated[:, :burn] = 1.0 - changed.terminated[:, :burn]
-    assert algo.loss(changed)[0].item() == pytest.approx(loss.item(), rel=1e-6)
+    assert algo.td_loss(changed)[0].item() == pytest.approx(loss.item(), rel=1e-6)
     changed.rew[:, burn] += 1.0  # the first trained step's reward is
-    assert algo.loss(changed)[0].item() != pytest.approx(loss.item(), rel=1e-6)
+    assert algo.td_loss(changed)[0].item() != pytest.approx(loss.item(), rel=1e-6)
 
 
 def test_burn_in_observations_only_warm_the_state_up_without_gradient():
@@ -269,14 +269,14 @@ def test_burn_in_observations_only_warm_the_state_up_without_gradient():
 
     leafy = Batch({k: (obs if k == "obs" else v) for k, v in torch_batch.items()})
     leafy.rew, leafy.terminated, leafy.truncated = batch.rew, batch.terminated, batch.truncated
-    loss, _, _ = algo.loss(leafy)
+    loss, _, _ = algo.td_loss(leafy)
     loss.backward()
     burn = algo.cfg.burn_in
     assert obs.grad[:, :burn].abs().sum() == 0
     assert obs.grad[:, burn:].abs().sum() > 0
     changed = sequence_batch()
     changed.obs[:, 0] += 1.0  # burn-in observations still shape the state the loss starts from
-    assert algo.loss(changed)[0].item() != pytest.approx(loss.item(), rel=1e-6)
+    assert algo.td_loss(changed)[0].item() != pytest.approx(loss.item(), rel=1e-6)
 
 
 def test_zero_state_sequences_without_stored_state():
@@ -285,7 +285,7 @@ def test_zero_state_sequences_without_stored_state():
     assert buf.state_size == 0 and buf.seq_len == 9
     batch = sequence_batch()
     del batch["h0"], batch["c0"]
-    loss, metrics, priorities = algo.loss(batch)
+    loss, metrics, priorities = algo.td_loss(batch)
     assert np.isfinite(loss.item()) and priorities.shape == (6,)
 
 
@@ -336,7 +336,7 @@ def test_targets_bootstrap_from_the_final_observation_on_truncation_but_not_on_t
         batch[ended][:, k] = 1.0
         batch.starts[:, k + 1] = 1.0
         batch.next_obs[:, k] += shift
-        return algo.loss(batch)[0].item()
+        return algo.td_loss(batch)[0].item()
 
     assert loss_with("terminated", 5.0) == pytest.approx(loss_with("terminated", 0.0), rel=1e-6)
     assert loss_with("truncated", 5.0) != pytest.approx(loss_with("truncated", 0.0), rel=1e-6)
