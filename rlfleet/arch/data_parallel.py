@@ -263,16 +263,7 @@ class DataParallelRunner(ParallelRunner):
                 self.buffer.add(*step)
         if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}, 0
-        metrics: dict[str, float] = {}
-        for _ in range(cfg.gradient_steps):
-            batch = self.buffer.sample(cfg.batch_size)
-            with self.publishing():
-                out = self.algo.update(batch)
-            priorities = out.pop("priorities", None)
-            if priorities is not None and hasattr(self.buffer, "update_priorities"):
-                self.buffer.update_priorities(batch.index, priorities)
-            metrics = out
-        return metrics, cfg.gradient_steps
+        return self.replay_updates(self.publishing), cfg.gradient_steps
 
     # ----------------------------------------------------------------------------------------- loop
     waiting_for = "experience from the samplers"

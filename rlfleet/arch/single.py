@@ -126,15 +126,7 @@ class SingleRunner(RunBase):
         self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
         if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}
-        metrics: dict[str, float] = {}
-        for _ in range(cfg.gradient_steps):
-            batch = self.buffer.sample(cfg.batch_size)
-            out = self.algo.update(batch)
-            priorities = out.pop("priorities", None)
-            if priorities is not None and hasattr(self.buffer, "update_priorities"):
-                self.buffer.update_priorities(batch.index, priorities)
-            metrics = out
-        return metrics
+        return self.replay_updates()
 
     def run(self) -> RunResult:
         learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay

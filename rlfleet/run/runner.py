@@ -24,6 +24,7 @@ import torch
 
 from rlfleet.algos import DEFAULT_ARCH, resolve
 from rlfleet.algos.common import UnsupportedSpaceError
+from rlfleet.data.buffer import PrioritizedReplayBuffer
 from rlfleet.device import placement_note, resolve_device
 from rlfleet.envs import make_vector_env
 from rlfleet.envs.normalize import (
@@ -215,6 +216,21 @@ class RunBase(abc.ABC):
         }
         self.stopped_by = "steps"
         self._cut_noted = False  # `_note_cut` has said so in this invocation
+
+    def replay_updates(self, around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        """`gradient_steps` updates of a replay algorithm on batches sampled from `self.buffer`, each inside
+        `around()` (a parallel learner publishes each one), each writing its new priorities back where the buffer
+        keeps them (prioritized replay); the last update's metrics."""
+        cfg = self.algo_cfg
+        metrics: dict[str, Any] = {}
+        for _ in range(cfg.gradient_steps):
+            batch = self.buffer.sample(cfg.batch_size)
+            with around():
+                metrics = self.algo.update(batch)
+            priorities = metrics.pop("priorities", None)
+            if priorities is not None and isinstance(self.buffer, PrioritizedReplayBuffer):
+                self.buffer.update_priorities(batch.index, priorities)
+        return metrics
 
     def build_algo(self, seed: int):
         """A fresh algorithm object with this run's config (architectures build one per worker)."""
