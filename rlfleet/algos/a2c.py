@@ -30,7 +30,6 @@ from rlfleet.algos.common import (
     action_bounds,
     check_action_space,
     clip_norm,
-    current_lr,
     make_optimizer,
     optimize,
     policy_actions,
@@ -235,7 +234,11 @@ class A2C:
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         if self.cfg.lr_anneal:
-            set_lr(self.optimizer, self.cfg.lr * max(0.0, 1.0 - env_steps / total_steps))
+            set_lr(self.optimizer, self.lr_at(env_steps, total_steps))
+
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        """`lr`, annealed linearly to 0 over the run with `lr_anneal` (as the A3C paper does)."""
+        return self.cfg.lr * max(0.0, 1.0 - env_steps / total_steps) if self.cfg.lr_anneal else self.cfg.lr
 
     def process(self, segment: Segment) -> Batch:
         d = segment.data
@@ -280,7 +283,6 @@ class A2C:
     def uneven_updates(self) -> str | None:
         return None  # one optimizer step per segment
 
-    lr = property(current_lr)
     max_grad_norm = property(clip_norm)
 
     def update(self, segment: Segment) -> dict[str, float]:

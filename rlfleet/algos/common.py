@@ -380,12 +380,6 @@ def explained_variance(predicted: np.ndarray | torch.Tensor, target: np.ndarray 
     return float("nan") if variance == 0 else float(1 - np.var(target - predicted) / variance)
 
 
-def current_lr(algo) -> float:
-    """The learning rate an algorithm's own optimizer steps with now (its `schedule` sets it): the `lr` of the
-    algorithm contract, for architectures that step the parameters with an optimizer of their own."""
-    return algo.optimizer.param_groups[0]["lr"]
-
-
 def clip_norm(algo) -> float:
     """The global gradient-norm clip of an algorithm's own update (0: none): the contract's `max_grad_norm`."""
     return algo.cfg.max_grad_norm

@@ -90,9 +90,9 @@ class RolloutAlgorithm(Algorithm, Protocol):
         that apply one gradient per segment (hogwild, grad_parallel, param_server) can run as designed."""
         ...
 
-    @property
-    def lr(self) -> float:
-        """The learning rate its schedule set, for architectures that step with an optimizer of their own."""
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        """The learning rate its schedule gives at `env_steps` of `total_steps` (a pure function of them), for
+        architectures that step with an optimizer of their own."""
         ...
 
     @property

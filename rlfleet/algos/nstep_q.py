@@ -33,7 +33,6 @@ from rlfleet.algos.common import (
     SyncClock,
     check_action_space,
     clip_norm,
-    current_lr,
     epsilon_greedy,
     hard_update,
     linear,
@@ -158,7 +157,7 @@ class NStepQ:
         frac = min(1.0, env_steps / c.eps_anneal_steps) if c.eps_anneal_steps > 0 else 1.0
         self.eps = c.eps_start + (self.eps_final - c.eps_start) * frac
         if c.lr_anneal:
-            set_lr(self.optimizer, linear(c.lr, 0.0, total_steps, env_steps))
+            set_lr(self.optimizer, self.lr_at(env_steps, total_steps))
         if self.target_clock.due(env_steps):  # every `target_update_every` global steps
             hard_update(self.q_target, self.q)
 
@@ -185,7 +184,10 @@ class NStepQ:
     def uneven_updates(self) -> str | None:
         return None  # one optimizer step per segment
 
-    lr = property(current_lr)
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        """`lr`, annealed linearly to 0 over the run with `lr_anneal` (as the A3C paper does)."""
+        return linear(self.cfg.lr, 0.0, total_steps, env_steps) if self.cfg.lr_anneal else self.cfg.lr
+
     max_grad_norm = property(clip_norm)
 
     def update(self, segment: Segment) -> dict[str, float]:

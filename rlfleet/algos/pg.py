@@ -22,7 +22,6 @@ from rlfleet.algos.common import (
     action_bounds,
     check_action_space,
     clip_norm,
-    current_lr,
     make_optimizer,
     minibatch_epochs,
     policy_actions,
@@ -152,7 +151,9 @@ class PG:
             metrics["value_loss"] = value_loss.item()
         return loss, metrics
 
-    lr = property(current_lr)
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        return self.cfg.lr  # constant
+
     max_grad_norm = property(clip_norm)
 
     @property

@@ -29,7 +29,6 @@ from rlfleet.algos.common import (
     action_bounds,
     check_action_space,
     clip_norm,
-    current_lr,
     explained_variance,
     linear,
     make_optimizer,
@@ -239,7 +238,11 @@ class PPO:
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
         if self.cfg.lr_anneal:
-            set_lr(self.optimizer, linear(self.cfg.lr, 0.0, total_steps, env_steps))
+            set_lr(self.optimizer, self.lr_at(env_steps, total_steps))
+
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        """`lr`, annealed linearly to 0 over the run with `lr_anneal`."""
+        return linear(self.cfg.lr, 0.0, total_steps, env_steps) if self.cfg.lr_anneal else self.cfg.lr
 
     def process(self, segment: Segment) -> Batch:
         d = segment.data
@@ -290,7 +293,6 @@ class PPO:
         }
         return loss, metrics
 
-    lr = property(current_lr)
     max_grad_norm = property(clip_norm)
 
     @property

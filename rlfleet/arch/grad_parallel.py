@@ -224,7 +224,7 @@ class GradParallelRunner(ParallelRunner):
         self.lags += [version - item.version for item in items]
         with self.publishing():
             self.algo.schedule(self.env_steps, self.total_steps)  # lr annealing, target-network syncs
-            set_lr(self.optimizer, self.algo.lr)
+            set_lr(self.optimizer, self.algo.lr_at(self.env_steps, self.total_steps))
             norm = self.centre.apply([item.grad for item in items if item.grad is not None])
         keys = {k for item in items for k in item.metrics}
         metrics = {k: float(np.mean([it.metrics[k] for it in items if k in it.metrics])) for k in keys}

@@ -92,7 +92,7 @@ class HogwildWorker(WorkerActor):
         self.copy.pull()
         t1 = clock()
         algo.schedule(global_steps, self.spec.total_steps)
-        set_lr(self.optimizer, algo.lr)  # the algorithm's own lr schedule
+        set_lr(self.optimizer, algo.lr_at(global_steps, self.spec.total_steps))  # the algorithm's own schedule
         before = self.collector.env_steps
         segment = self.collector.collect_rollout(self.storage)
         steps = self.collector.env_steps - before

@@ -323,7 +323,8 @@ class ShardWorker(WorkerActor):
             metrics = {**metrics, "grad_norm": norm}
         steps = self.collector.env_steps - before
         returns = self.collector.pop_new_returns()
-        return Progress(self.worker_id, self.incarnation, steps, returns, metrics, version, grad, self.algo.lr, frozen)
+        lr = self.algo.lr_at(global_steps, total)
+        return Progress(self.worker_id, self.incarnation, steps, returns, metrics, version, grad, lr, frozen)
 
 
 @dataclass
