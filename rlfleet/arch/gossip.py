@@ -75,7 +75,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -593,14 +593,23 @@ class GossipRunner(ParallelRunner):
                 f"{algo} learns from {self.algo.data} data; the gossip architecture runs on-policy algorithms "
                 f"(a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
             )
-        self.topology = Topology.make(opts.topology, opts.learners, opts.peers)
-        self.order = self.resolve_order(opts)
+        self.topology  # noqa: B018 (made now: a bad --topology file is an error before the run folder is written)
         if self.order == "pala" and opts.max_staleness != GossipOptions.max_staleness:
             raise ConfigError(
                 f"--max-staleness bounds the gala order, and this run's order is pala (each round mixes that round's "
                 f"own messages{', the default on the ray backend' if opts.gossip_order == 'auto' else ''}): "
                 "add --gossip-order gala, or leave --max-staleness out"
             )
+
+    @cached_property
+    def topology(self) -> Topology:
+        """The mixing matrices of `--topology` (a file's, checked) for `--learners` and `--peers`."""
+        return Topology.make(self.opts.topology, self.opts.learners, self.opts.peers)
+
+    @property
+    def order(self) -> str:
+        """The order of posts and reads: `--gossip-order`, where `auto` is gala on one machine, pala on ray."""
+        return self.resolve_order(self.opts)
 
     @staticmethod
     def resolve_order(opts: GossipOptions) -> str:
