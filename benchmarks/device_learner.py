@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.algos.common import optimize
 from rlfleet.data.batch import Batch
+from rlfleet.optim.step import optimize
 
 IMAGE = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 CARTPOLE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

@@ -129,7 +129,7 @@ def _list(args: argparse.Namespace) -> int:
         actions = ", ".join(cls.action_spaces)
         print(f"  {name:<10} {doc}\n  {'':<10} data: {cls.data}; actions: {actions}; presets: {preset_names}")
     from rlfleet.arch import ARCHITECTURES, runner_class
-    from rlfleet.optim import OPTIMIZER_CHOICES
+    from rlfleet.optim.shared import OPTIMIZER_CHOICES
 
     print("\narchitectures (rlfleet train ALGO --arch A [its options]):")
     for name, (_, _, description) in ARCHITECTURES.items():
@@ -146,7 +146,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _spaces(args: argparse.Namespace) -> int:
     from rlfleet.algos import algorithm_names, resolve
-    from rlfleet.algos.common import OBSERVATION_SPACES, POLICY_ACTIONS
+    from rlfleet.algos.spaces import OBSERVATION_SPACES, POLICY_ACTIONS
 
     names = args.algos or algorithm_names()
     classes = {name: resolve(name)[0] for name in names}  # an unknown name is one line, before anything is printed
@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlfleet.algos import UnknownAlgorithmError
-    from rlfleet.algos.common import UnsupportedSpaceError
+    from rlfleet.algos.spaces import UnsupportedSpaceError
     from rlfleet.backends import RunFailure
     from rlfleet.data.demos import DatasetError
     from rlfleet.envs import UnknownEnvError

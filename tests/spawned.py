@@ -173,9 +173,10 @@ def allreduce_learner(rank, rendezvous, cases, out):
     Sends home `(rank, [the model's final state as NumPy arrays, per case])`."""
     from functools import partial
 
-    from rlfleet.algos.common import minibatch_epochs, optimize, set_gradient_hook
+    from rlfleet.algos.updates import minibatch_epochs
     from rlfleet.arch.allreduce import LearnerGroup
     from rlfleet.arch.shared import load_state, pack_state
+    from rlfleet.optim.step import optimize, set_gradient_hook
 
     torch.set_num_threads(1)
     group = LearnerGroup(rendezvous, rank)

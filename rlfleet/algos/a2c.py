@@ -24,23 +24,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import (
-    POLICY_ACTIONS,
-    SDEOptions,
-    action_bounds,
-    check_action_space,
-    clip_norm,
-    make_optimizer,
-    optimize,
-    policy_actions,
-    policy_step,
-    sequence_batch,
-    set_lr,
-    state_values,
-    to_env_actions,
-    unroll_sequences,
-)
+from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.noise import SDEMatrices
+from rlfleet.algos.options import SDEOptions
+from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
+from rlfleet.algos.updates import clip_norm, sequence_batch, unroll_sequences
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
@@ -50,6 +38,8 @@ from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import optimize, set_lr
 
 
 @dataclass

@@ -18,20 +18,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import (
-    action_bounds,
-    check_action_space,
-    linear,
-    make_optimizer,
-    optimize,
-    policy_step,
-    set_lr,
-    to_env_actions,
-)
+from rlfleet.algos.acting import policy_step
+from rlfleet.algos.spaces import action_bounds, check_action_space, to_env_actions
+from rlfleet.algos.updates import linear
 from rlfleet.data.batch import Batch
 from rlfleet.device import place
 from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import optimize, set_lr
 
 
 @dataclass

@@ -15,7 +15,7 @@ What the protocols cannot say:
   updates move their batches there (`Batch.to_torch(self.device)`), and every tensor it makes in an update is
   made there; `act` goes through `rlfleet.device.acting` (a CPU copy of an MLP on a device) and brings results
   back with `rlfleet.device.host`.
-- Every optimizer step of an update goes through `optimize(self.optimizer, ...)` (`rlfleet.algos.common`), which
+- Every optimizer step of an update goes through `optimize(self.optimizer, ...)` (`rlfleet.optim.step`), which
   calls the gradient hook an architecture may set on that optimizer (`set_gradient_hook`) between the backward
   pass and the clip (the `allreduce` learners average their gradients there).
 - Box actions: `act` returns env-ready actions (rescaled to the bounds and clipped) and puts the policy's own,

@@ -28,19 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlfleet.algos.common import (
-    DISCRETE_ACTIONS,
-    PriorityOptions,
-    check_action_space,
-    epsilon_greedy,
-    hard_update,
-    linear,
-    make_optimizer,
-    make_replay_buffer,
-    obs_tensor,
-    optimize,
-    q_values,
-)
+from rlfleet.algos.acting import epsilon_greedy, obs_tensor, q_values
+from rlfleet.algos.options import PriorityOptions, make_replay_buffer
+from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
+from rlfleet.algos.updates import hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
@@ -49,6 +40,8 @@ from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import optimize
 
 
 @dataclass

@@ -28,20 +28,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import (
-    DISCRETE_ACTIONS,
-    SyncClock,
-    check_action_space,
-    clip_norm,
-    epsilon_greedy,
-    hard_update,
-    linear,
-    make_optimizer,
-    optimize,
-    q_values,
-    sample_final_epsilons,
-    set_lr,
-)
+from rlfleet.algos.acting import epsilon_greedy, q_values, sample_final_epsilons
+from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
+from rlfleet.algos.updates import SyncClock, clip_norm, hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
@@ -49,6 +38,8 @@ from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import optimize, set_lr
 
 TARGETS = ("onestep_q", "sarsa", "nstep_q")
 

@@ -17,18 +17,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import (
-    POLICY_ACTIONS,
-    action_bounds,
-    check_action_space,
-    clip_norm,
-    make_optimizer,
-    minibatch_epochs,
-    policy_actions,
-    policy_step,
-    state_values,
-    to_env_actions,
-)
+from rlfleet.algos.acting import policy_step, state_values
+from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
+from rlfleet.algos.updates import clip_norm, minibatch_epochs
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
@@ -37,6 +28,7 @@ from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
+from rlfleet.optim.make import make_optimizer
 
 
 @dataclass

@@ -23,25 +23,18 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import (
-    POLICY_ACTIONS,
-    SDEOptions,
-    action_bounds,
-    check_action_space,
+from rlfleet.algos.acting import policy_step, state_values
+from rlfleet.algos.noise import SDEMatrices
+from rlfleet.algos.options import SDEOptions
+from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
+from rlfleet.algos.updates import (
     clip_norm,
     explained_variance,
     linear,
-    make_optimizer,
     minibatch_epochs,
-    policy_actions,
-    policy_step,
     sequence_batch,
-    set_lr,
-    state_values,
-    to_env_actions,
     unroll_sequences,
 )
-from rlfleet.algos.noise import SDEMatrices
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
@@ -51,6 +44,8 @@ from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import set_lr
 
 
 @dataclass

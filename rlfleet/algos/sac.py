@@ -30,24 +30,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.algos.common import (
-    BOX_ACTIONS,
-    ActionBounds,
-    ReplayOptions,
-    check_action_space,
-    make_optimizer,
-    optimize,
-    soft_update,
-    to_env_actions,
-    uniform_actions,
-)
+from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.noise import SDEMatrices
+from rlfleet.algos.options import ReplayOptions
+from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
+from rlfleet.algos.updates import soft_update
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.device import acting, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import optimize
 
 
 @dataclass

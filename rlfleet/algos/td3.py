@@ -26,26 +26,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet.algos.common import (
-    BOX_ACTIONS,
-    ActionBounds,
-    PriorityOptions,
-    ReplayOptions,
-    check_action_space,
-    make_optimizer,
-    make_replay_buffer,
-    optimize,
-    soft_update,
-    to_env_actions,
-    uniform_actions,
-)
+from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
+from rlfleet.algos.options import PriorityOptions, ReplayOptions, make_replay_buffer
+from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
+from rlfleet.algos.updates import soft_update
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.device import acting, host, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded, checked, one_of
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.step import optimize
 
 
 @dataclass

@@ -15,7 +15,7 @@ optimizers take identical steps and the learners stay identical. Who sends what 
     │ state, publishes it (a restarted learner starts from it), opens the group's TCPStore      │
     └──────────────────────────────────────────────────────────────────────────────────────────┘
 
-The algorithm knows nothing of it: `optimize` (`rlfleet.algos.common`), the one place the on-policy
+The algorithm knows nothing of it: `optimize` (`rlfleet.optim.step`), the one place the on-policy
 algorithms step, calls the gradient hook the learner set on the algorithm's optimizer (`set_gradient_hook`).
 The coordinator opens a `TCPStore` at the backend's host and hands its address to the learners; learner `i`
 joins the gloo group as rank `i` of K under the store prefix of the current generation. Once the group has
@@ -59,11 +59,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlfleet.algos.common import set_gradient_hook
 from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
 from rlfleet.arch.shared import load_state, pack_state
 from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.fields import bounded
+from rlfleet.optim.step import set_gradient_hook
 from rlfleet.run.config import ConfigError
 
 AHEAD = 2  # items a learner may have sent beyond those the coordinator has counted

@@ -15,7 +15,7 @@ The learner steps with the algorithm's own optimizer by default (`--optimizer al
 hyperparameters of the algorithm's single-process update, built afresh over the shared parameters: A2C's
 RMSprop with its α and ε, PPO's Adam with its ε, ...), as RLlib's AsyncGradientsOptimizer applies each gradient
 with the policy's own optimizer; with one worker a step is then the algorithm's own update on that worker's
-segment. `--optimizer shared_rmsprop` (the A3C paper's, hogwild's default) and the other `rlfleet.optim` kinds
+segment. `--optimizer shared_rmsprop` (the A3C paper's, hogwild's default) and the other `rlfleet.optim.shared` kinds
 can be chosen instead.
 
 It is `grad_parallel`'s centre with one gradient set per step (`GradParallelRunner` with k = 1); its options

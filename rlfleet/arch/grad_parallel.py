@@ -18,14 +18,14 @@ back-propagates locally and sends the gradient flattened in the order of the sha
 
 The centre (main process) waits for k gradient sets from any workers (`RunConfig.grad_sets`, 0 = one per
 worker), SUMS them (as Lapan does; k = 1 is RLlib's AsyncGradients), clips the global norm to the
-algorithm's `max_grad_norm`, and steps ONE optimizer (`--optimizer`, built with `rlfleet.optim.build_optimizer`
+algorithm's `max_grad_norm`, and steps ONE optimizer (`--optimizer`, built with `rlfleet.optim.shared.build_optimizer`
 over the shared parameters, learning rate from the centre's own algorithm object's `schedule`, which also
 syncs target networks). Its default, `algo`, is the algorithm's own optimizer built afresh over the shared
 parameters (the class and hyperparameters of its single-process update: A2C's RMSprop, PPO's and PG's Adam,
 n-step Q's Adam or RMSprop): Lapan's centre steps the agent's own Adam, and RLlib's AsyncGradientsOptimizer
 applies each gradient with the policy's own optimizer, so with one worker a centre step is the algorithm's
 own update on that worker's segment. The A3C paper's `shared_rmsprop` (hogwild's default) and the other
-`rlfleet.optim` kinds can be chosen instead.
+`rlfleet.optim.shared` kinds can be chosen instead.
 
 Each step bumps the weight version; `charts/policy_lag` is the centre's version at
 the step minus the version each gradient was computed at, `charts/policy_lag_max` its maximum since the
@@ -67,12 +67,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken
 from rlfleet.arch.shared import algo_modules, trainable_params
 from rlfleet.backends import RoleGroup
 from rlfleet.fields import bounded
-from rlfleet.optim import ALGO, build_optimizer
+from rlfleet.optim.shared import ALGO, build_optimizer
+from rlfleet.optim.step import set_lr
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
 

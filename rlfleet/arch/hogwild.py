@@ -13,7 +13,7 @@ The algorithm's networks live in shared memory. A worker, per segment:
    gradient norm, and applies the gradient lock-free to the shared parameters with the run's optimizer
    (`SharedRMSprop` by default, the paper's: statistics shared by all workers; `--optimizer algo` gives each
    worker a copy of the algorithm's own optimizer over the shared parameters, its statistics its own; see
-   `rlfleet.optim`);
+   `rlfleet.optim.shared`);
 5. adds its steps to the global counter T.
 
 The main process is the monitor: it never pauses the workers; it logs their episode returns and
@@ -37,11 +37,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup
-from rlfleet.optim import build_optimizer, is_shared
+from rlfleet.optim.shared import build_optimizer, is_shared
+from rlfleet.optim.step import set_lr
 from rlfleet.run.config import ConfigError
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor

@@ -40,7 +40,7 @@ from rlfleet.data.rollout import RolloutStorage
 from rlfleet.device import host_modules, sync_host
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
-from rlfleet.optim import ALGO, OptimizerRecipe, is_shared
+from rlfleet.optim.shared import ALGO, OptimizerRecipe, is_shared
 from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, usable_cores

@@ -15,7 +15,7 @@ Who sends what to whom::
 
 The flat vector of the algorithm's trainable parameters (in the order of `trainable_params`) is split into S
 contiguous shards, as evenly as possible. Server i (a backend service) holds shard i as one flat tensor, an
-optimizer over it (`--optimizer`, built with `rlfleet.optim.build_optimizer`) and a version, bumped at every
+optimizer over it (`--optimizer`, built with `rlfleet.optim.shared.build_optimizer`) and a version, bumped at every
 push it applies. Server 0 also keeps the state of the networks without trainable parameters (target networks
 and their sync clocks). A worker (a role) has its own envs and algorithm object; per segment it runs the
 algorithm's `schedule` at the global step, pulls every shard (sent to all servers, then waited for; made again
@@ -32,7 +32,7 @@ single-process update, built afresh over each shard: A2C's RMSprop, PPO's Adam, 
 which one server is. A server steps its shard on its own, so the optimizer must be elementwise, which Adam,
 RMSprop and SGD are: their state is per element, and the step count, the same on every server, is all they
 keep besides, so it splits per shard (and merges back for checkpoints). An algorithm whose optimizer is not
-known to be elementwise (`rlfleet.optim.ELEMENTWISE`) is refused with `--optimizer algo` before anything
+known to be elementwise (`rlfleet.optim.shared.ELEMENTWISE`) is refused with `--optimizer algo` before anything
 starts; every other `--optimizer` kind is elementwise.
 
 What equals what: with one worker, or on the serial backend with any number, the servers apply the gradients
@@ -80,7 +80,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.algos.common import set_lr
 from rlfleet.arch.parallel import (
     WAIT_S,
     AlgoOptimizerOptions,
@@ -93,7 +92,8 @@ from rlfleet.arch.parallel import (
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
 from rlfleet.fields import MAX_ROLES, bounded
-from rlfleet.optim import ALGO, OptimizerRecipe, build_optimizer
+from rlfleet.optim.shared import ALGO, OptimizerRecipe, build_optimizer
+from rlfleet.optim.step import set_lr
 from rlfleet.run.config import ConfigError
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in

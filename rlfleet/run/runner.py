@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos import DEFAULT_ARCH, resolve
-from rlfleet.algos.common import UnsupportedSpaceError
+from rlfleet.algos.spaces import UnsupportedSpaceError
 from rlfleet.data.buffer import PrioritizedReplayBuffer
 from rlfleet.device import placement_note, resolve_device
 from rlfleet.envs import make_vector_env

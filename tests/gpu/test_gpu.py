@@ -17,8 +17,8 @@ from device_cases import CASES, case_id, run_case
 
 from rlfleet import train
 from rlfleet.algos import resolve
-from rlfleet.algos.common import optimize, set_gradient_hook
 from rlfleet.data.batch import Batch
+from rlfleet.optim.step import optimize, set_gradient_hook
 from rlfleet.run.evaluate import evaluate_checkpoint
 
 GPU = "cuda"

@@ -13,7 +13,7 @@ import space_envs  # noqa: F401 (registers the tasks)
 
 from rlfleet import train
 from rlfleet.algos import algorithm_names
-from rlfleet.algos.common import UnsupportedSpaceError
+from rlfleet.algos.spaces import UnsupportedSpaceError
 from rlfleet.cli import main
 from rlfleet.run.collect import collect_demonstrations
 from rlfleet.run.config import ConfigError

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from spawned import WORKER_TIMEOUT_S, allreduce_learner, make_cartpole_algo
 
-from rlfleet.algos.common import optimize, set_gradient_hook
 from rlfleet.arch.allreduce import GENERATION, LearnerGroup, Rendezvous
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.data.batch import Batch
 from rlfleet.launch import train
+from rlfleet.optim.step import optimize, set_gradient_hook
 from rlfleet.run.config import ConfigError
 
 LEARNERS = 2

@@ -17,7 +17,8 @@ from torch import nn
 
 from rlfleet import train
 from rlfleet.algos import resolve
-from rlfleet.algos.common import ActionBounds, UnsupportedSpaceError, soft_update
+from rlfleet.algos.spaces import ActionBounds, UnsupportedSpaceError
+from rlfleet.algos.updates import soft_update
 from rlfleet.data.batch import Batch
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor, squashed_gaussian_log_prob

@@ -20,10 +20,10 @@ from device_cases import CASES, QUICK, case_id, run_case
 
 from rlfleet import train
 from rlfleet.algos import resolve
-from rlfleet.algos.common import optimize
 from rlfleet.data.demos import Demonstrations
 from rlfleet.device import HostCopy, acting, host_copy, host_modules, resolve_device, sync_host
 from rlfleet.fields import ConfigError
+from rlfleet.optim.step import optimize
 
 T = torch.Tensor
 

@@ -225,7 +225,7 @@ def test_sde_numpy_acting_matches_torch_and_logp_is_the_policys():
     np.testing.assert_allclose(log_std, dist.log_std.detach().numpy(), atol=1e-5)
     np.testing.assert_allclose(features, dist.features.numpy(), atol=1e-5)
     np.testing.assert_allclose(value, value_t.detach().numpy(), atol=1e-5)
-    from rlfleet.algos.common import policy_step
+    from rlfleet.algos.acting import policy_step
 
     draws = model.policy.noise.sample_draws(7, np.random.default_rng(2))
     actions, logp, _, _ = policy_step(model, obs, True, np.random.default_rng(3), sde_draws=draws)

@@ -11,7 +11,8 @@ import torch
 from torch.distributions import Normal
 
 from rlfleet.algos import resolve
-from rlfleet.algos.common import ActionBounds, UnsupportedSpaceError, policy_step
+from rlfleet.algos.acting import policy_step
+from rlfleet.algos.spaces import ActionBounds, UnsupportedSpaceError
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
 from rlfleet.nets.fast import gaussian_log_prob, sample_gaussian

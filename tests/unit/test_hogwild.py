@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from rlfleet.algos import nstep_q, resolve
-from rlfleet.algos.common import sample_final_epsilons
+from rlfleet.algos.acting import sample_final_epsilons
 from rlfleet.arch.hogwild import HogwildSpec, HogwildWorker
 from rlfleet.arch.shared import algo_modules, share_algo, trainable_params
 from rlfleet.launch import train
-from rlfleet.optim import build_optimizer
+from rlfleet.optim.shared import build_optimizer
 from rlfleet.run.config import build_algo_config
 
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from rlfleet.algos.common import FusedAdam, clip_grad_norm, make_optimizer, optimize, set_lr
+from rlfleet.optim.make import FusedAdam, make_optimizer
+from rlfleet.optim.step import clip_grad_norm, optimize, set_lr
 
 
 def grads_of(params: list[nn.Parameter]) -> list[torch.Tensor | None]:

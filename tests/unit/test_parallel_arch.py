@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.algos.common import linear
+from rlfleet.algos.updates import linear
 from rlfleet.arch import parallel, runner_class
 from rlfleet.arch.allreduce import AllReduceLearner
 from rlfleet.arch.data_parallel import Sampler, TransitionBlock, concat_blocks

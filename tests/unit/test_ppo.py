@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.algos.common import explained_variance
 from rlfleet.algos.ppo import PPO, Config
+from rlfleet.algos.updates import explained_variance
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
 from rlfleet.run.collector import Collector

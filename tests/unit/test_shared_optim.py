@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 from spawned import WORKER_TIMEOUT_S, step_with_constant_grad
 from torch import nn
 
-from rlfleet.algos.common import make_optimizer
-from rlfleet.optim import (
+from rlfleet.optim.make import make_optimizer
+from rlfleet.optim.shared import (
     HOGWILD_OPTIMIZERS,
     MomentumSGD,
     OptimizerRecipe,

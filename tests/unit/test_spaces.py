@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.algos.common import UnsupportedSpaceError, algorithms_taking, policy_step
+from rlfleet.algos.acting import policy_step
+from rlfleet.algos.spaces import UnsupportedSpaceError, algorithms_taking
 from rlfleet.data import Batch, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_env, make_vector_env

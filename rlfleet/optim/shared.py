@@ -15,7 +15,7 @@ parameters shared by every actor-learner:
 
 `"algo"` is the algorithm's own optimizer: the class and hyperparameters its single-process `update` steps with
 (A2C's `torch.optim.RMSprop` with α 0.99 and ε 1e-5 outside the root, PPO's and PG's Adam with ε 1e-5, ...: see
-`make_optimizer` in `rlfleet/algos/common.py`), built afresh over the parameters given (`OptimizerRecipe`). It is
+`make_optimizer` in `rlfleet/optim/make.py`), built afresh over the parameters given (`OptimizerRecipe`). It is
 RLlib's choice (its AsyncGradientsOptimizer applies each gradient with the policy's own optimizer) and Lapan's
 (his gradient-parallel centre steps the agent's Adam), and the default of `async_grad`, `grad_parallel` and
 `param_server`; `hogwild` keeps the A3C paper's `"shared_rmsprop"`. Its state is not shared: in `hogwild` it is a

@@ -1,0 +1,73 @@
+"""Config mixins the algorithms share (gSDE, replay, prioritized replay), and the replay buffer their fields ask for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from rlfleet.fields import MAX_ENVS, bounded
+
+
+@dataclass
+class SDEOptions:
+    """The gSDE fields of the on-policy algorithms' `Config`s (a2c, ppo)."""
+
+    sde: bool = False
+    """Box actions: explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021) instead of
+    independent Gaussian noise: the noise is a function of the policy's features, θᵀ z(s), with the matrix θ
+    drawn anew every `sde_sample_freq` steps (see `StateDependentNoise`); `log_std` is then unused and
+    `init_std` is σ of each entry of θ."""
+    sde_sample_freq: int = bounded(-1, ge=-1)
+    """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
+
+
+@dataclass
+class ReplayOptions:
+    """The replay-loop fields the continuous off-policy algorithms' `Config`s share (ddpg, td3, sac)."""
+
+    n_envs: int = bounded(1, ge=1, le=MAX_ENVS)
+    """Parallel envs stepped in lockstep by one process."""
+    buffer_size: int = bounded(100_000, ge=1)
+    """Replay capacity in transitions."""
+    batch_size: int = bounded(64, ge=1)
+    """Minibatch size."""
+    learning_starts: int = bounded(1_000, ge=0)
+    """Env steps collected before the first update."""
+    random_steps: int = bounded(1_000, ge=0)
+    """Env steps of uniformly random actions at the start (exploration warm-up)."""
+    train_freq: int = bounded(1, ge=1)
+    """Vector-env steps between training phases."""
+    gradient_steps: int = bounded(1, ge=1)
+    """Gradient steps per training phase."""
+    gamma: float = bounded(0.98, ge=0, le=1)
+    """Discount factor."""
+    n_step: int = bounded(1, ge=1)
+    """Steps of real reward before bootstrapping."""
+
+
+@dataclass
+class PriorityOptions:
+    """Prioritized replay's fields (dqn, ddpg, td3). The `apex` architecture's replay is always prioritized and
+    reads `alpha` and `beta` from here."""
+
+    prioritized: bool = False
+    """Prioritized replay (proportional, Schaul et al. 2016): transitions drawn in proportion to |TD error|^α,
+    the loss weighted by importance weights."""
+    alpha: float = bounded(0.6, ge=0)
+    """Priority exponent."""
+    beta: float = bounded(0.4, ge=0, le=1)
+    """Importance-sampling exponent: its value at the start, annealed to 1 over the run if `beta_anneal`."""
+    beta_anneal: bool = True
+    """Anneal β linearly from `beta` to 1 over the run (Schaul et al.); False: β stays `beta` (Ape-X, Horgan et
+    al. 2018, and the `apex` presets)."""
+
+
+def make_replay_buffer(cfg, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
+    """The n-step replay of a `ReplayOptions` + `PriorityOptions` config: prioritized (β annealed to 1 over the
+    run's updates if `cfg.beta_anneal`) when `cfg.prioritized`, uniform otherwise."""
+    common = dict(capacity=cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
+    if not cfg.prioritized:
+        return ReplayBuffer(**common)
+    updates = max(1, (total_steps - cfg.learning_starts) // (cfg.train_freq * n_envs))
+    anneal = updates * cfg.gradient_steps if cfg.beta_anneal else 0  # 0: β stays `beta`
+    return PrioritizedReplayBuffer(**common, alpha=cfg.alpha, beta=cfg.beta, beta_final=1.0, beta_anneal_steps=anneal)

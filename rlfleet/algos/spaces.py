@@ -1,0 +1,110 @@
+"""Which spaces an algorithm takes (a clear error for the others), and Box actions: the policy's [-1, 1] space
+rescaled to the env's bounds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.data.batch import Batch
+from rlfleet.envs.wrappers import has_action_start
+
+
+class UnsupportedSpaceError(ValueError):
+    """An algorithm was given an action or observation space it cannot handle."""
+
+
+DISCRETE_ACTIONS = ("Discrete",)
+
+
+BOX_ACTIONS = ("Box",)
+
+
+POLICY_ACTIONS = ("Discrete", "MultiDiscrete", "MultiBinary", "Box")
+"""The action spaces the policy-gradient family takes (pg, a2c, a3c, ppo): categorical, factorised categorical,
+Bernoulli and Gaussian policies."""
+
+
+OBSERVATION_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
+"""The observation spaces every algorithm takes (`rlfleet.nets.encoders`)."""
+
+
+_ACTION_WORDS = {DISCRETE_ACTIONS: "discrete (Discrete)", BOX_ACTIONS: "continuous (1-D Box)"}
+
+
+def check_action_space(action_space: gym.Space, algo: str, kinds: Sequence[str]) -> gym.Space:
+    """The space itself if it is one of `kinds` (names of Gymnasium spaces; `MultiDiscrete`, `MultiBinary` and `Box`
+    1-D, a `Box` of floats); otherwise an `UnsupportedSpaceError` naming the algorithm, the space and the
+    algorithms that take it."""
+    kind = type(action_space).__name__
+    if kind not in kinds:
+        words = _ACTION_WORDS.get(tuple(kinds), ", ".join(kinds[:-1]) + f" or 1-D {kinds[-1]}")
+        takers = algorithms_taking(kind)
+        hint = f"algorithms for {kind} actions: {', '.join(takers)}" if takers else "no algorithm takes it"
+        raise UnsupportedSpaceError(
+            f"algorithm {algo!r} takes {words} actions, but the env has {action_space}; {hint} (see `rlfleet spaces`)"
+        )
+    if kind != "Discrete" and len(action_space.shape) != 1:
+        raise UnsupportedSpaceError(f"algorithm {algo!r} takes 1-D {kind} actions, but the env has {action_space}")
+    if kind == "Box" and not np.issubdtype(action_space.dtype, np.floating):
+        raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
+    if has_action_start(action_space):
+        raise UnsupportedSpaceError(
+            f"algorithm {algo!r} takes actions that start at 0, but the env has {action_space}: wrap it in "
+            "rlfleet.envs.wrappers.ZeroBasedActions (rlfleet's make_env does)"
+        )
+    return action_space
+
+
+def algorithms_taking(kind: str) -> list[str]:
+    """The registered algorithms whose `action_spaces` hold the space named `kind`."""
+    from rlfleet.algos import REGISTRY, resolve
+
+    return [name for name in sorted(REGISTRY) if kind in resolve(name)[0].action_spaces]
+
+
+class ActionBounds:
+    """Maps a Gaussian policy's actions to a Box env's actions: [-1, 1] ↦ [low, high], then clip.
+
+    The policy learns in a normalised space: its mean starts near 0 (the middle of the bounds) and σ is
+    in units of half the range, whatever the env's scale. Sampled actions are left unclipped for the
+    log-probability (algorithms store them as the `raw_act` extra); only the env sees
+    `clip(offset + scale · raw, low, high)`. A dimension with an infinite bound is not rescaled (scale 1,
+    offset 0) and is clipped only on its finite side.
+    """
+
+    def __init__(self, space: gym.spaces.Box):
+        low = np.asarray(space.low, dtype=np.float64)
+        high = np.asarray(space.high, dtype=np.float64)
+        finite = np.isfinite(low) & np.isfinite(high)
+        self.low, self.high = low.astype(np.float32), high.astype(np.float32)
+        low, high = np.where(finite, low, -1.0), np.where(finite, high, 1.0)
+        self.scale = ((high - low) / 2).astype(np.float32)
+        self.offset = ((high + low) / 2).astype(np.float32)
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        return np.clip(raw * self.scale + self.offset, self.low, self.high).astype(np.float32)
+
+    def normalize(self, actions: np.ndarray) -> np.ndarray:
+        """The inverse map, env actions ↦ the policy's space (a replay buffer holds what the env was given)."""
+        return ((actions - self.offset) / self.scale).astype(np.float32)
+
+
+def action_bounds(action_space: gym.Space) -> ActionBounds | None:
+    """An `ActionBounds` for a Box action space, None for a discrete one."""
+    return ActionBounds(action_space) if isinstance(action_space, gym.spaces.Box) else None
+
+
+def to_env_actions(actions: np.ndarray, extras: dict, bounds: ActionBounds | None) -> np.ndarray:
+    """The actions to step the env with; for a Box space the policy's own actions go into `extras["raw_act"]`."""
+    if bounds is None:
+        return actions
+    extras["raw_act"] = actions
+    return bounds(actions)
+
+
+def policy_actions(data: Batch) -> np.ndarray:
+    """The actions a rollout's policy took, in the policy's space (`raw_act` for Box, else `act`)."""
+    return data.raw_act if "raw_act" in data else data.act
