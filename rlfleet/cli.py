@@ -24,9 +24,9 @@ CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress")
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlfleet.envs.kwargs import parse_env_kwargs
     from rlfleet.launch import train
     from rlfleet.run.config import ConfigError, parse_overrides
-    from rlfleet.run.env_kwargs import parse_env_kwargs
 
     given = {k: v for k, v in vars(args).items() if k not in CLI_ONLY}  # only the options on the command line
     if args.no_progress:
@@ -78,8 +78,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from rlfleet.run.collect import collect_demonstrations
     from rlfleet.run.evaluate import cut_note
+    from rlfleet.run.recording import collect_demonstrations
 
     demos, evaluation = collect_demonstrations(
         args.checkpoint, episodes=args.episodes, seed=args.seed, output=args.output, max_steps=args.max_steps

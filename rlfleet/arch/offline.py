@@ -27,9 +27,9 @@ import numpy as np
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.demos import DatasetError, kwargs_items, load_demonstrations
 from rlfleet.run.checkpoint import load_algo_state
-from rlfleet.run.collect import EpisodeRecorder, record_episodes
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.evaluate import load_agent
+from rlfleet.run.recording import EpisodeRecorder, record_episodes
 from rlfleet.run.runner import RunBase, RunResult, StopRequest
 
 DAGGER_SEED = 20_000  # offset of the DAgger episodes' env seeds from the run's seed

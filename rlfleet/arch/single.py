@@ -14,8 +14,8 @@ import torch
 
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.envs import make_vector_env
+from rlfleet.envs import snapshot as env_state
 from rlfleet.envs.normalize import normalize_observations, normalize_rewards
-from rlfleet.run import env_state
 from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import RunConfig

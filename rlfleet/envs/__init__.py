@@ -2,6 +2,9 @@
 
 Vector envs from :func:`make_vector_env` use SAME_STEP autoreset: ``info["final_obs"]`` holds the real last
 observation of finished sub-envs and ``info["episode"]`` their raw returns; see :mod:`rlfleet.envs.make`.
+
+Also here: an env's keyword arguments for a run, checked before it starts (`kwargs`), snapshots of a vector env's
+state for an exact resume (`snapshot`), observation and reward normalisation (`normalize`), MinAtar (`minatar`).
 """
 
 from rlfleet.envs.make import (

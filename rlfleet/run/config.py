@@ -17,6 +17,7 @@ from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
 from rlfleet.device import device_problem
 from rlfleet.envs import VECTOR_MODES
+from rlfleet.envs.kwargs import env_kwargs_problem
 from rlfleet.fields import (
     MAX_ENVS,
     MAX_ROLES,
@@ -29,7 +30,6 @@ from rlfleet.fields import (
     parse_count,
     single_folder_name,
 )
-from rlfleet.run.env_kwargs import env_kwargs_problem
 from rlfleet.run.evaluate import EVAL_MAX_STEPS
 
 __all__ = [

@@ -18,10 +18,10 @@ import numpy as np
 
 from rlfleet.algos import resolve
 from rlfleet.envs import make_env, make_vector_env
+from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.fields import Bounds, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
-from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)

@@ -27,6 +27,7 @@ from rlfleet.algos.spaces import UnsupportedSpaceError
 from rlfleet.data.buffer import PrioritizedReplayBuffer
 from rlfleet.device import placement_note, resolve_device
 from rlfleet.envs import make_vector_env
+from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import (
     ObsStats,
     RewardNormalizer,
@@ -48,7 +49,6 @@ from rlfleet.run.config import (
     resolve_torch_threads,
 )
 from rlfleet.run.config import log as notes
-from rlfleet.run.env_kwargs import env_info
 from rlfleet.run.evaluate import cut_note, episode_bound, evaluate
 from rlfleet.run.hints import exploration_hint
 from rlfleet.run.logger import RunLogger

@@ -3,8 +3,8 @@
 import pytest
 
 from rlfleet import train
-from rlfleet.run.collect import collect_demonstrations
 from rlfleet.run.evaluate import evaluate_checkpoint
+from rlfleet.run.recording import collect_demonstrations
 
 
 @pytest.mark.learning

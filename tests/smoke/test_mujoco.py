@@ -14,7 +14,7 @@ import pytest
 from rlfleet import train
 from rlfleet.algos import REGISTRY, resolve
 from rlfleet.envs import make_vector_env
-from rlfleet.run import env_state
+from rlfleet.envs import snapshot as env_state
 from rlfleet.run.checkpoint import load_checkpoint
 
 pytest.importorskip("gymnasium.envs.mujoco", reason='needs MuJoCo: pip install "rlfleet[mujoco]"')

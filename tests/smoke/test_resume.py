@@ -14,7 +14,7 @@ import torch
 
 from rlfleet import train
 from rlfleet.arch.single import SingleRunner
-from rlfleet.run import env_state
+from rlfleet.envs import snapshot as env_state
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import RunConfig
 

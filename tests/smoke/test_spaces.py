@@ -15,8 +15,8 @@ from rlfleet import train
 from rlfleet.algos import algorithm_names
 from rlfleet.algos.spaces import UnsupportedSpaceError
 from rlfleet.cli import main
-from rlfleet.run.collect import collect_demonstrations
 from rlfleet.run.config import ConfigError
+from rlfleet.run.recording import collect_demonstrations
 
 SERIAL = {
     "single": {},

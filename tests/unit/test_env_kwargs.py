@@ -12,8 +12,8 @@ import pytest
 
 from rlfleet import train
 from rlfleet.cli import build_parser
+from rlfleet.envs.kwargs import env_info, parse_env_kwargs
 from rlfleet.run.config import ConfigError, RunConfig, check_run_config
-from rlfleet.run.env_kwargs import env_info, parse_env_kwargs
 
 HAS_ALE = importlib.util.find_spec("ale_py") is not None
 

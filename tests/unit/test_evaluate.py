@@ -7,8 +7,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.envs import make_vector_env
-from rlfleet.run.collect import EpisodeRecorder, record_episodes
 from rlfleet.run.evaluate import EVAL_MAX_STEPS, episode_bound, evaluate
+from rlfleet.run.recording import EpisodeRecorder, record_episodes
 
 
 class Endless(gym.Env):
