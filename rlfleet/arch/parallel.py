@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -45,7 +45,7 @@ from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, usable_cores
 from rlfleet.run.logger import RunLogger
-from rlfleet.run.runner import RunBase, RunResult, StopRequest
+from rlfleet.run.runner import WORKERS, RunBase, RunResult, StopRequest, run_log
 
 WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
 STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the workers)
@@ -457,11 +457,8 @@ class ParallelRunner(RunBase):
         return lag
 
     def _report(self, text: str, show: bool = True) -> None:
-        """Worker trouble: printed (`show`), and appended to `<run>/workers.log`."""
-        if show:
-            print(text, file=sys.stderr, flush=True)
-        with open(self.run_dir / "workers.log", "a") as f:
-            f.write(f"[step {self.env_steps}] {text}\n")
+        """Worker trouble, said to `WORKERS`: in `<run>/workers.log`, and on the terminal too where `show`."""
+        WORKERS.log(logging.WARNING if show else logging.INFO, text, extra={"step": self.env_steps})
 
     # ----------------------------------------------------------------------------------------- loop
     @abstractmethod
@@ -483,7 +480,11 @@ class ParallelRunner(RunBase):
         self.stop_roles(stop_flag, pool)
 
     def run(self) -> RunResult:
-        """The coordinator loop (see the module docstring)."""
+        """The coordinator loop (see the module docstring), its worker trouble in `<run>/workers.log` (`run_log`)."""
+        with run_log(self.run_dir):
+            return self._run()
+
+    def _run(self) -> RunResult:
         logger, start = self.start_logging()
         stopped_by = "steps"
         stop_flag = self.backend.stop_flag()

@@ -9,11 +9,12 @@ import abc
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -119,6 +120,38 @@ def _default_run_dir(cfg: RunConfig) -> Path:
     while path.exists() and any(path.iterdir()):
         path, k = Path(cfg.logdir) / f"{name}-{k}", k + 1
     return path
+
+
+log = logging.getLogger(__name__)
+WORKERS = logging.getLogger("rlfleet.workers")
+"""Worker trouble (deaths, restarts, stalls, gossip and group news): INFO goes to the run's `workers.log` only,
+WARNING to the terminal too (`run_log`)."""
+WORKERS.setLevel(logging.INFO)
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path) -> Iterator[None]:
+    """While a run runs, rlfleet's one logging channel has the run's handlers: what `WORKERS` says goes to
+    `<run>/workers.log` as "[step N] text" (`extra={"step": N}`), and what any rlfleet logger says at WARNING or
+    above goes to stderr, unless the application has set up logging of its own (a root handler)."""
+    package = logging.getLogger("rlfleet")
+    to_file = logging.FileHandler(run_dir / "workers.log", delay=True)  # no file until something is said
+    to_file.setFormatter(logging.Formatter("[step %(step)s] %(message)s"))
+    to_file.addFilter(lambda record: record.name == WORKERS.name)
+    handlers: list[logging.Handler] = [to_file]
+    if not logging.getLogger().handlers:
+        shown = logging.StreamHandler()  # the stderr of now (a test's capture, say)
+        shown.setLevel(logging.WARNING)
+        shown.setFormatter(logging.Formatter("%(message)s"))
+        handlers.append(shown)
+    for handler in handlers:
+        package.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            package.removeHandler(handler)
+            handler.close()
 
 
 class RunBase(abc.ABC):
@@ -437,7 +470,7 @@ class RunBase(abc.ABC):
         try:
             plot_runs([self.run_dir], self.run_dir / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
         except Exception as exc:  # a plot must never lose a finished run
-            print(f"warning: could not draw curves.png: {exc}")
+            log.warning(f"warning: could not draw curves.png: {exc}")
         return RunResult(self.run_dir, result, self.algo)
 
     def _exploration_hint(self, result: dict[str, Any]) -> str | None:
