@@ -8,6 +8,11 @@ import warnings
 import pytest
 import torch
 
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # pytest started in the background by a non-interactive shell (`pytest ... &`), which starts it with SIGINT
+    # ignored; every process it starts would inherit that, and the Ctrl-C tests need Ctrl-C as a terminal sends it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():
