@@ -134,10 +134,13 @@ class RayBackend(Backend):
         if not host or not port.isdigit():
             raise ConfigError(f"{label}: {address!r} is not HOST:PORT" if how else f"--address {given!r} is not "
                               "HOST:PORT (or auto)")  # fmt: skip
-        problem = grpc_problem(host, int(port)) or auth_problem(host, int(port))
+        problem = grpc_problem(host, int(port))
         if problem is not None:
             raise ConfigError(f"{label}: {problem}")
-        refuse_foreign(address, given, how)
+        refuse_foreign(address, given, how)  # another run's private instance, which would refuse our token too
+        problem = auth_problem(host, int(port))
+        if problem is not None:
+            raise ConfigError(f"{label}: {problem}")
 
     def __init__(self, opts: Any = None, run_dir: Path | None = None):
         super().__init__(opts, run_dir)

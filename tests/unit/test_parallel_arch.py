@@ -584,9 +584,9 @@ def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run
 def test_param_server_refuses_an_own_optimizer_that_is_not_elementwise(monkeypatch, run_opts, tmp_path):
     """A server steps its shard on its own: the algorithm's own optimizer must be elementwise (Adam, RMSprop, SGD
     are); one that is not (L-BFGS here) is refused before anything starts, and another --optimizer runs."""
-    from rlfleet.algos import common
+    from rlfleet.optim import make
 
-    monkeypatch.setitem(common.OPTIMIZERS, "sgd", torch.optim.LBFGS)
+    monkeypatch.setitem(make.OPTIMIZERS, "sgd", torch.optim.LBFGS)
     with pytest.raises(ConfigError, match="^param_server's servers step each shard on its own, which takes an "
                                           "elementwise optimizer; a2c's LBFGS is not known to be one: choose "
                                           r"another --optimizer \(shared_rmsprop, "):  # fmt: skip
