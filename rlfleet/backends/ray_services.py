@@ -244,7 +244,8 @@ class RayServices(ServiceGroup):
         self.places.poll()
         late = self.places.unplaced(STARTUP_GRACE_S)
         if late:
-            raise WorkerFailure(f"{self.name} {late[0]}'s restart did not start within {STARTUP_GRACE_S:.0f} s: "
+            which = f"{self.name} {late[0]}" + ("'s restart" if self.incarnations[late[0]] else "")
+            raise WorkerFailure(f"{which} did not start within {STARTUP_GRACE_S:.0f} s: "
                                 + unplaceable(self.backend, service=True))  # fmt: skip
         return crashes
 
