@@ -14,10 +14,8 @@ from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
-from rlfleet.run.config import ConfigError, RunConfig, parse_field
+from rlfleet.run.config import RUN_FIELDS, ConfigError, RunConfig, check_known_options, parse_field
 from rlfleet.run.runner import RunBase, RunResult
-
-RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env", "options"}
 
 
 def train(
@@ -136,14 +134,6 @@ def _runner(cfg: RunConfig) -> type[RunBase]:
         cfg.arch = default_arch(cfg.algo)
     runner = runner_class(cfg.arch)
     check_data_source(cfg, algo_cls)  # --dataset/--expert and imitation algorithms go together
-    unknown = sorted(set(cfg.options) - {f.name for f in dataclasses.fields(runner.Options)})
-    if unknown:  # name where each one belongs
-        from_arch = {a: runner_class(a).Options for a in architecture_names()}
-        where = {k: [a for a, o in from_arch.items() if k in {f.name for f in dataclasses.fields(o)}] for k in unknown}
-        if all(where.values()):
-            has = ", ".join("--" + f.name.replace("_", "-") for f in dataclasses.fields(runner.Options)) or "none"
-            said = "; ".join(f"--{k.replace('_', '-')} is an option of {', '.join(a)}" for k, a in where.items())
-            raise ConfigError(f"{said}, not of {cfg.arch} (its options: {has})")
-        valid = sorted(RUN_FIELDS | {f.name for o in from_arch.values() for f in dataclasses.fields(o)})
-        raise ConfigError(f"unknown run option(s) {unknown}; valid: {valid}")
+    others = {a: runner_class(a).Options for a in architecture_names()}  # to say where an unknown one belongs
+    check_known_options(runner.Options, cfg.options, cfg.arch, others)
     return runner

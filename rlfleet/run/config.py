@@ -160,20 +160,39 @@ def resolve_torch_threads(setting: int | str, *, single_process: bool, convoluti
     return threads
 
 
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env", "options"}
+"""The options every run has (`RunConfig`), beside its architecture's."""
+
+
 def run_option(f: dataclasses.Field) -> str:
     """How messages name a `RunConfig` field or an architecture option: by its command-line option."""
     return f.metadata.get("option", "--" + f.name.replace("_", "-"))
 
 
+def check_known_options(
+    options_cls: type, values: dict[str, Any], arch: str, others: dict[str, type] | None = None
+) -> None:
+    """A one-line `ConfigError` for options in `values` that the architecture's `Options` lacks: where `others` (the
+    other architectures' `Options`, by name) has each, it says which have it; else it lists the valid ones."""
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(options_cls)})
+    if not unknown:
+        return
+    has = ", ".join(run_option(f) for f in dataclasses.fields(options_cls)) or "none"
+    where = {k: [a for a, o in (others or {}).items() if k in {f.name for f in dataclasses.fields(o)}] for k in unknown}
+    if others is not None and all(where.values()):
+        said = "; ".join(f"--{k.replace('_', '-')} is an option of {', '.join(a)}" for k, a in where.items())
+        raise ConfigError(f"{said}, not of {arch} (its options: {has})")
+    if others is not None:
+        valid = sorted(RUN_FIELDS | {f.name for o in others.values() for f in dataclasses.fields(o)})
+        raise ConfigError(f"unknown run option(s) {unknown}; valid: {valid}")
+    flags = ", ".join("--" + name.replace("_", "-") for name in unknown)
+    raise ConfigError(f"{flags} is not an option of the {arch} architecture (its options: {has})")
+
+
 def build_options(options_cls: type, values: dict[str, Any], arch: str) -> Any:
     """An architecture's `Options` from `values`, each checked (type, range); an option the architecture does
-    not have is a one-line `ConfigError` that lists the ones it has."""
-    known = {f.name for f in dataclasses.fields(options_cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        has = ", ".join(run_option(f) for f in dataclasses.fields(options_cls)) or "none"
-        flags = ", ".join("--" + name.replace("_", "-") for name in unknown)
-        raise ConfigError(f"{flags} is not an option of the {arch} architecture (its options: {has})")
+    not have is a one-line `ConfigError` that lists the ones it has (`check_known_options`)."""
+    check_known_options(options_cls, values, arch)
     options = options_cls(**values)
     check_fields(options, run_option)
     return options
