@@ -639,7 +639,7 @@ class GossipRunner(ParallelRunner):
         self.pending: dict[int, dict[int, np.ndarray]] = {}  # round -> {learner: flat parameters}
         self.round = -1  # the latest round all learners sent
         self.highest_round = -1  # the latest round any learner completed (restarted mailboxes start past it)
-        self.mailboxes: Mailboxes | None = None
+        self.mailboxes: Mailboxes  # made with the learners (`start_workers`)
         self.consensus: deque[tuple[int, float]] = deque(maxlen=10_000)  # (round, consensus distance)
         self.stats = [self._fresh_stats() for _ in range(opts.learners)]
         if resume_from is not None:
@@ -708,7 +708,7 @@ class GossipRunner(ParallelRunner):
             self.states[item.worker], self.state_rounds[item.worker] = item.state, item.round
         if item.round is not None:
             self.highest_round = max(self.highest_round, item.round)
-        current = self.mailboxes is None or item.generation == self.mailboxes.generation
+        current = item.generation == self.mailboxes.generation  # not a round begun before the mailboxes restarted
         if item.params is not None and current and item.round > self.round:
             sent = self.pending.setdefault(item.round, {})
             sent[item.worker] = item.params
@@ -765,9 +765,9 @@ class GossipRunner(ParallelRunner):
     def restart_crashed(self, pool, logger, how: str) -> None:
         """The crashed learners, then the mailboxes' process, where they have one (restarted empty by its keeper:
         every learner rejoins past every round seen, with its own parameters; rounds begun before are not
-        averaged)."""
+        averaged). The backend stops the keeper with everything else it started (`close`)."""
         super().restart_crashed(pool, logger, how)
-        keeper = self.mailboxes.keeper if self.mailboxes is not None else None
+        keeper = self.mailboxes.keeper
         if keeper is None:
             return
         for crash in keeper.check():
@@ -775,12 +775,6 @@ class GossipRunner(ParallelRunner):
             self._report(f"{crash.describe()}\nrestarting them empty: every learner rejoins at round "
                          f"{self.highest_round + 1} with its own parameters")  # fmt: skip
             logger.log(self.env_steps, {"charts/mailbox_restarts": keeper.restarts})
-
-    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
-        self.stop_roles(stop_flag, pool, self.mailboxes.keeper if self.mailboxes is not None else None)
-
-    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
-        self.stop_roles(stop_flag, pool, self.mailboxes.keeper if self.mailboxes is not None else None)
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """The next item of any learner, taken in (`take`); None unless it completed a round."""

@@ -240,7 +240,7 @@ class RayBackend(Backend):
     def mailboxes(self, n, size, start_round=0, rejoin_round=None, max_restarts=10, pids_file=None, heartbeat_s=None):
         """Gossip mailboxes in one asyncio actor next to the driver (no CPU reserved), watched by their `keeper`
         (restarted empty when it dies or hangs), gone with `close()`."""
-        mailboxes = RayMailboxes("", "", n, size)
+        mailboxes = RayMailboxes(n, size)
         mailboxes.keeper = MailboxKeeper(self, mailboxes, start_round, rejoin_round or (lambda: start_round),
                                          max_restarts, pids_file, heartbeat_s)  # fmt: skip
         self._keepers.append(mailboxes.keeper)

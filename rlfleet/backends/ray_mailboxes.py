@@ -16,7 +16,7 @@ from rlfleet.backends.base import PING_EVERY_S, ServiceUnavailable
 from rlfleet.backends.mailboxes import Mailboxes, MailboxesReset
 from rlfleet.backends.ray_instance import sigint_deferred
 from rlfleet.backends.ray_roles import TASK_EVENTS, RayHost, where
-from rlfleet.backends.ray_services import RECONNECT_S, RayServices
+from rlfleet.backends.ray_services import RECONNECT_S, RayServiceHandle, RayServices
 
 
 class MailboxActor:
@@ -69,19 +69,21 @@ class MailboxActor:
 
 
 class RayMailboxes(Mailboxes):
-    """`Mailboxes` behind a `MailboxActor`, reached by its name: each call one actor call; the counters are
-    fetched once per look and kept until the next `post`, `take` or `wait` (a look at several peers is one call).
-    A call whose actor died waits (up to `RECONNECT_S`) for the next actor under the name; one of a later
-    generation than this copy knew raises `MailboxesReset`. Picklable to the roles (without the `keeper`)."""
+    """`Mailboxes` behind a `MailboxActor`, reached through its keeper's handle (by its name): each call one actor
+    call; the counters are fetched once per look and kept until the next `post`, `take` or `wait` (a look at several
+    peers is one call). A call whose actor died waits (up to `RECONNECT_S`) for the next actor under the name; one
+    of a later generation than this copy knew raises `MailboxesReset`. Picklable to the roles (without the
+    `keeper`)."""
 
-    def __init__(self, name: str, namespace: str, n: int, size: int):
-        self.name, self.namespace, self.n, self.size = name, namespace, n, size
+    def __init__(self, n: int, size: int):
+        self.n, self.size = n, size
+        self.handle: RayServiceHandle | None = None  # the keeper's, once it has started the actor
         self._actor = None
         self._counters: tuple[list[int], list[list[int]]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "namespace": self.namespace, "n": self.n, "size": self.size,
-                "generation": self.generation, "_actor": None, "_counters": None}  # fmt: skip
+        return {"handle": self.handle, "n": self.n, "size": self.size, "generation": self.generation,
+                "_actor": None, "_counters": None}  # fmt: skip
 
     def _connect(self):
         """The live actor under the name (the first one answering `hello`); `MailboxesReset` if it is of a later
@@ -90,14 +92,14 @@ class RayMailboxes(Mailboxes):
 
         waited_since = time.monotonic()
         while self._actor is None:
+            actor = self.handle.actor()  # waits (up to `RECONNECT_S`) for an actor to hold the name
             try:
-                actor = ray.get_actor(self.name, namespace=self.namespace)
                 generation, start = ray.get(actor.hello.remote(), timeout=PING_EVERY_S)
-            except (ValueError, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                    ray.exceptions.GetTimeoutError):  # fmt: skip  # not there yet, or the dead (or hung) one
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.GetTimeoutError):  # fmt: skip  # the dead (or hung) one still holds the name
                 if time.monotonic() - waited_since > RECONNECT_S:
                     raise ServiceUnavailable(f"the gossip mailboxes were unreachable for {RECONNECT_S:.0f} s") from None
-                time.sleep(0.1)
+                self.handle.lost()
                 continue
             self._actor = actor
             if generation > self.generation:
@@ -114,6 +116,7 @@ class RayMailboxes(Mailboxes):
                 return ray.get(getattr(actor, method).remote(*args))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self._actor = self._counters = None  # its keeper restarts it: the next `_connect` waits for that
+                self.handle.lost()
 
     def _look(self) -> tuple[list[int], list[list[int]]]:
         if self._counters is None:
@@ -158,7 +161,7 @@ class MailboxKeeper(RayServices):
                  pids_file, heartbeat_s: float | None):  # fmt: skip
         self.mailboxes, self.start_round, self.rejoin_round = mailboxes, start_round, rejoin_round
         super().__init__(backend, None, 1, max_restarts, pids_file, "mailbox actor", heartbeat_s)
-        mailboxes.name, mailboxes.namespace = self.handles[0].name, self.namespace
+        mailboxes.handle = self.handles[0]
 
     def _start(self, index: int):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -121,11 +121,15 @@ class Places:
         self.pending[index] = actor.where.remote()
         self.asked[index] = time.monotonic()
 
-    def unplaced(self, grace: float) -> list[int]:
-        """The actors asked longer than `grace` ago that have not answered: not started (no node has what they
-        need, as when the only node with their `--placement` resource is gone) or stuck in their constructor."""
+    def check_started(self, name: str, incarnations: list[int], host: RayHost, service: bool = False) -> None:
+        """A `WorkerFailure` for the first actor asked longer than `STARTUP_GRACE_S` ago that has not answered: not
+        started (no node has what it needs, as when the only node with its `--placement` resource is gone) or stuck
+        in its constructor. `name`: what the group's actors are reported as."""
         now = time.monotonic()
-        return [index for index in self.pending if now - self.asked[index] > grace]
+        late = [index for index in self.pending if now - self.asked[index] > STARTUP_GRACE_S]
+        if late:
+            which = f"{name} {late[0]}" + ("'s restart" if incarnations[late[0]] else "")
+            raise WorkerFailure(f"{which} did not start within {STARTUP_GRACE_S:.0f} s: " + unplaceable(host, service))
 
     def wait_all(self, timeout: float) -> int:
         """Wait up to `timeout` for every answer outstanding, record them; returns how many did not come."""
@@ -334,10 +338,7 @@ class RayGroup(RoleGroup):
         for crash in crashes:
             self._issue(crash.worker)
         self.places.poll()
-        late = self.places.unplaced(STARTUP_GRACE_S)
-        if late:
-            raise WorkerFailure(f"worker {late[0]}'s restart did not start within {STARTUP_GRACE_S:.0f} s: "
-                                + unplaceable(self.backend))  # fmt: skip
+        self.places.check_started("worker", self.incarnations, self.backend)
         return crashes
 
     def _find_hung(self) -> None:

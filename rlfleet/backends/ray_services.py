@@ -26,7 +26,7 @@ from rlfleet.backends.base import (
     slow_after,
 )
 from rlfleet.backends.ray_instance import ANSI, sigint_deferred
-from rlfleet.backends.ray_roles import STARTUP_GRACE_S, Places, RayHost, RoleError, unplaceable, where
+from rlfleet.backends.ray_roles import STARTUP_GRACE_S, Places, RayHost, RoleError, where
 
 RECONNECT_S = 60.0  # how long a handle waits for a dead service's next incarnation before it gives up
 RESENDS = 3  # how many times a call goes to a service's next incarnation after its actor died under it
@@ -64,9 +64,8 @@ class RayPending(Pending):
     def __init__(self, handle: RayServiceHandle, method: str, args: tuple):
         self.handle, self.method, self.args = handle, method, args
         self.deaths = 0  # actors that died under this call
-        self.sent_to: Any = None  # the id of the actor the call is with
-        self.dead: Any = None  # the id of the last one that died under it
-        self.lost_at: float | None = None  # when it died (None: the call is with a live actor)
+        self.sent_to: Any = None  # the id of the actor the call went to last (the dead one, once `lost_at` is set)
+        self.lost_at: float | None = None  # when that actor died under it (None: the call is with a live one)
         self.ref: Any = None
         self._send(None)
 
@@ -77,7 +76,7 @@ class RayPending(Pending):
             actor = self.handle.actor(deadline)
             if actor is None:
                 return False
-            if actor._actor_id != self.dead:
+            if self.lost_at is None or actor._actor_id != self.sent_to:
                 self.ref, self.lost_at = actor.call.remote(self.method, *self.args), None
                 self.sent_to = actor._actor_id
                 return True
@@ -108,7 +107,7 @@ class RayPending(Pending):
                         f"service {self.handle.index}'s actor died under its {self.method} call {self.deaths} times; "
                         f"last: {reason}"
                     ) from None
-                self.dead, self.lost_at = self.sent_to, time.monotonic()
+                self.lost_at = time.monotonic()
                 self.handle.lost()  # its death is the coordinator's to report and restart: wait for that
         if isinstance(value, RoleError):
             raise ServiceError(f"service {self.handle.index}'s {self.method} raised:\n{value.traceback}")
@@ -242,11 +241,7 @@ class RayServices(ServiceGroup):
             self.answered[index] = False
             self.places.ask(index, self.actors[index])
         self.places.poll()
-        late = self.places.unplaced(STARTUP_GRACE_S)
-        if late:
-            which = f"{self.name} {late[0]}" + ("'s restart" if self.incarnations[late[0]] else "")
-            raise WorkerFailure(f"{which} did not start within {STARTUP_GRACE_S:.0f} s: "
-                                + unplaceable(self.backend, service=True))  # fmt: skip
+        self.places.check_started(self.name, self.incarnations, self.backend, service=True)
         return crashes
 
     def alive(self) -> int:

@@ -134,23 +134,21 @@ def run_log(run_dir: Path) -> Iterator[None]:
     """While a run runs, rlfleet's one logging channel has the run's handlers: what `WORKERS` says goes to
     `<run>/workers.log` as "[step N] text" (`extra={"step": N}`), and what any rlfleet logger says at WARNING or
     above goes to stderr, unless the application has set up logging of its own (a root handler)."""
-    package = logging.getLogger("rlfleet")
     to_file = logging.FileHandler(run_dir / "workers.log", delay=True)  # no file until something is said
     to_file.setFormatter(logging.Formatter("[step %(step)s] %(message)s"))
-    to_file.addFilter(lambda record: record.name == WORKERS.name)
-    handlers: list[logging.Handler] = [to_file]
+    handlers = [(WORKERS, to_file)]
     if not logging.getLogger().handlers:
         shown = logging.StreamHandler()  # the stderr of now (a test's capture, say)
         shown.setLevel(logging.WARNING)
         shown.setFormatter(logging.Formatter("%(message)s"))
-        handlers.append(shown)
-    for handler in handlers:
-        package.addHandler(handler)
+        handlers.append((logging.getLogger("rlfleet"), shown))
+    for logger, handler in handlers:
+        logger.addHandler(handler)
     try:
         yield
     finally:
-        for handler in handlers:
-            package.removeHandler(handler)
+        for logger, handler in handlers:
+            logger.removeHandler(handler)
             handler.close()
 
 
