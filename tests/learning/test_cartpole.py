@@ -4,7 +4,7 @@ import pytest
 
 from rlfleet import train
 
-# step budgets: about twice what the default configuration needs with this seed
+# step budgets: about twice what the default configuration needs with this seed (docs/algorithms.md)
 BUDGETS = {
     "ppo": 40_000,
     "a2c": 80_000,

@@ -5,9 +5,8 @@ import pytest
 
 from rlfleet import train
 
-# (algorithm, preset) -> step budget. PPO: 18k-25k steps over 5 seeds (seed 0 passes at the 30k evaluation;
-# without the preset's reward scaling it is still at -1,070 after 50k). A2C: seed 0 needs ~60k, 60k-250k
-# over 10 seeds, so its budget is the preset's whole run (the learning rate anneals over it)
+# (algorithm, preset) -> step budget: PPO's twice the most steps 5 seeds needed; A2C's the preset's whole run,
+# over which its learning rate anneals (docs/algorithms.md)
 BUDGETS = {("ppo", "continuous"): 50_000, ("a2c", "continuous"): 300_000}
 PENDULUM_SOLVED = -250.0
 
@@ -32,8 +31,7 @@ def test_solves_pendulum(algo, preset, run_opts):
     assert r["solved_at_step"] <= budget
 
 
-# off-policy algorithms with their defaults -> step budget (evaluating every 2,000 steps, seed 0 solves at
-# 4,000 with TD3 and SAC, 6,000 with DDPG; over seeds 0-5 each needed 4,000-6,000)
+# off-policy algorithms with their defaults -> step budget: 1.33x the most steps seeds 0-5 needed (docs/algorithms.md)
 OFF_POLICY_BUDGETS = {"ddpg": 8_000, "td3": 8_000, "sac": 8_000}
 
 

@@ -17,8 +17,8 @@ ball. The budgets are at least 1.6× the most steps seeds 0 to 3 needed (docs/mi
 CASES = {
     # the preset as is: 8 envs, 128-step segments
     "ppo": dict(algo="ppo", steps=500_000, eval_every=25_000),
-    # the MinAtar paper's DQN, on 4 envs instead of 1 (an update every 4 env steps: four times the env steps per
-    # second on 2 cores, about the same return per step)
+    # the MinAtar paper's DQN, on 4 envs instead of 1: an update every 4 env steps, faster per env step on 2 cores
+    # for about the same return per step (docs/minatar.md)
     "dqn": dict(algo="dqn", steps=150_000, n_envs=4, eval_every=10_000),
     # the A3C paper's settings on 2 hogwild workers
     "a3c": dict(algo="a3c", arch="hogwild", workers=2, steps=250_000, eval_every=25_000),

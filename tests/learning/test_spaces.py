@@ -4,9 +4,7 @@ are only paid together. Each run must reach a mean greedy return of 1.0 over 10 
 (the task's `reward_threshold` is 0.99 for the ones in `tests/space_envs.py`; FrozenLake's 0.70 is lifted to
 1.0 here: every greedy episode must reach the goal).
 
-Steps to solve with seeds 0, 1, 2 (evaluating every 1,000 steps): dqn on FrozenLake-v1 (4x4, not slippery) 2,048 in
-each; ppo 2,048, 2,048, 1,024; ppo on DictCue-v0 7,168, 3,072, 10,240; on JointChoice-v0 1,024 in each, with
-start 0 and with start −2. The budgets leave about twice the worst of those."""
+Budgets: about twice the most steps seeds 0-2 needed, or more (docs/spaces.md)."""
 
 import pytest
 import space_envs  # noqa: F401 (registers the tasks)

@@ -57,6 +57,7 @@ def test_pala_a2c_with_four_ray_actor_learners_solves_cartpole(run_opts):
     assert result["eval_return_mean"] >= 475
 
 
+@pytest.mark.slow  # -m slow: the hung learner's test has it killed (by ray.kill), restarted and rejoin
 def test_a_sigkilled_pala_learner_is_restarted_and_rejoins_from_its_in_neighbours(monkeypatch, run_opts, tmp_path):
     """Learner 1 of four on the ring is SIGKILLed after five complete rounds. Its neighbours wait for it (learner 2
     for its messages, learner 0 for its reads), so rounds go on only if its actor is restarted and rejoins the ring:
