@@ -112,7 +112,7 @@ def _show_run_notes() -> None:
     notes = logging.getLogger("rlfleet.run.config")
     for old in [h for h in notes.handlers if getattr(h, "rlfleet_notes", False)]:  # an earlier command's, in-process
         notes.removeHandler(old)
-    handler.rlfleet_notes = True
+    setattr(handler, "rlfleet_notes", True)  # noqa: B010 (our mark on a logging handler)
     notes.addHandler(handler)
     notes.setLevel(logging.INFO)
     notes.propagate = False
@@ -201,8 +201,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(runner_class(arch).Options):
             owners.setdefault(f.name, []).append(arch)
     groups: dict[tuple[str, ...], list[str]] = {}
-    for name, archs in owners.items():
-        groups.setdefault(tuple(archs), []).append(name)
+    for name, owning in owners.items():
+        groups.setdefault(tuple(owning), []).append(name)
     for archs, names in groups.items():
         group = parser.add_argument_group(f"options of {', '.join(archs)}")
         for name in names:

@@ -24,7 +24,9 @@ import copy
 import re
 import weakref
 from collections.abc import Iterable
+from typing import TypeVar, cast
 
+import numpy as np
 import torch
 from torch import nn
 from torch.autograd.graph import increment_version
@@ -38,7 +40,7 @@ _DEVICE = re.compile(r"^(auto|cpu|meta|cuda|cuda:\d+)$")
 DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex")
 
 
-def device_problem(value) -> str | None:
+def device_problem(value: object) -> str | None:
     """A `checked` test of `--device`'s syntax (whether the machine has it is `resolve_device`'s)."""
     if isinstance(value, str) and _DEVICE.match(value):
         return None
@@ -74,7 +76,7 @@ def resolve_device(setting: str, convolutional: bool, arch: str) -> torch.device
     return device
 
 
-def placement_note(device: torch.device, algo, workers_act: bool) -> str | None:
+def placement_note(device: torch.device, algo: object, workers_act: bool) -> str | None:
     """The line a run starts with when a GPU is in play: where the learner runs and where acting happens
     (`workers_act`: worker processes act, on the CPU). None on a machine without CUDA learning on the CPU."""
     if device.type == "cpu":
@@ -91,7 +93,7 @@ def placement_note(device: torch.device, algo, workers_act: bool) -> str | None:
     return f"learner on {device}{name}; {where}"
 
 
-def place(algo, device: torch.device | str) -> torch.device:
+def place(algo: object, device: torch.device | str) -> torch.device:
     """Move every network (`nn.Module` attribute) and free parameter (SAC's log α) of `algo` to `device`; returns
     the device. Called once the networks are built and before anything holds their parameters (optimizer,
     parameter lists): a parameter may come back as a new object (PyTorch keeps it for CUDA, not for `meta`)."""
@@ -157,7 +159,7 @@ def host_copy(module: nn.Module) -> HostCopy:
 
 def module_device(module: nn.Module) -> torch.device:
     """Where a module's tensors are (the CPU for one without any)."""
-    first = next(module.parameters(), None)
+    first: torch.Tensor | None = next(module.parameters(), None)
     if first is None:
         first = next(module.buffers(), None)
     return torch.device("cpu") if first is None else first.device
@@ -167,7 +169,10 @@ def on_cpu(module: nn.Module) -> bool:
     return module_device(module).type == "cpu"
 
 
-def acting(module: nn.Module) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def acting(module: ModuleT) -> ModuleT:
     """The network to act with: `module` itself on the CPU or where it acts on its device (`acts_on_device`),
     else its CPU copy, current with its weights. Decided on a module's first call (it stays where it was put)."""
     try:
@@ -175,10 +180,10 @@ def acting(module: nn.Module) -> nn.Module:
     except KeyError:
         through = None if on_cpu(module) or acts_on_device(module) else host_copy(module)
         _ACTS_THROUGH[module] = through
-    return module if through is None else through.refresh()
+    return module if through is None else cast(ModuleT, through.refresh())  # a copy: of the module's class
 
 
-def host(t: torch.Tensor):
+def host(t: torch.Tensor) -> np.ndarray:
     """A tensor's values as a NumPy array on the host (a view for a CPU tensor)."""
     return t.detach().cpu().numpy()
 

@@ -29,7 +29,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 BOUNDS = "rlfleet.bounds"
 
@@ -114,7 +114,7 @@ def checked(
     check: Callable[[Any], str | None] | None = None,
     *,
     default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
-    **metadata,
+    **metadata: Any,
 ) -> Any:
     """A dataclass field with its own check: `check(value)` returns None when the value is fine, else what the
     value must be ("must be one of: auto, sync"). A mutable default comes from `default_factory`."""
@@ -245,7 +245,13 @@ def _shown(value: Any) -> Any:
     return value
 
 
-def check_value(label: str, value: Any, annotation: Any, bounds: Bounds | None = None, check=None) -> None:
+def check_value(
+    label: str,
+    value: Any,
+    annotation: Any,
+    bounds: Bounds | None = None,
+    check: Callable[[Any], str | None] | None = None,
+) -> None:
     """Check one value as `check_fields` checks a field (for options that are no dataclass field: `rlfleet
     eval --episodes`); `label` names it in the message."""
     shown = _shown(value)
@@ -262,11 +268,11 @@ def check_value(label: str, value: Any, annotation: Any, bounds: Bounds | None =
             what = "a finite number" if bounds.finite else "a number"
             raise ConfigError(f"{label}={shown} is not {what}{allowed}")
     for v in numbers_:
-        if not bounds.contains(v):
+        if not bounds.contains(cast(float, v)):  # a Real (a NumPy scalar too): compares as a float does
             every = "every entry " if isinstance(value, tuple | list) else ""
             low = bounds.low
-            problem = "is negative" if v < 0 and low is not None and low >= 0 else "is out of range"
-            raise ConfigError(f"{label}={shown} {problem}: {every}must be {bounds}")
+            issue = "is negative" if v < 0 and low is not None and low >= 0 else "is out of range"
+            raise ConfigError(f"{label}={shown} {issue}: {every}must be {bounds}")
     if check is not None:
         problem = check(value)
         if problem is not None:
@@ -276,7 +282,8 @@ def check_value(label: str, value: Any, annotation: Any, bounds: Bounds | None =
 def check_fields(obj: Any, label: Callable[[dataclasses.Field], str]) -> None:
     """Check every field of the dataclass `obj` for type, finiteness, range and its own check; the first
     problem is a one-line `ConfigError` whose subject is `label(field)` ("ppo config gamma")."""
-    hints = _hints(type(obj))
+    cls: type = type(obj)
+    hints = _hints(cls)
     for f in dataclasses.fields(obj):
         check_value(label(f), getattr(obj, f.name), hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))
 

@@ -17,7 +17,7 @@ from typing import Any
 
 # name -> (module, class, the variant: config overrides or the name of the module's dict of them[, name of the
 # module's presets if not PRESETS])
-REGISTRY: dict[str, tuple] = {
+REGISTRY: dict[str, tuple[str, str, dict[str, Any] | str, *tuple[str, ...]]] = {
     "pg": ("rlfleet.algos.pg", "PG", {}),
     "a2c": ("rlfleet.algos.a2c", "A2C", {}),
     "ppo": ("rlfleet.algos.ppo", "PPO", {}),
@@ -52,13 +52,13 @@ def algorithm_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def resolve(name: str) -> tuple[type, type, dict[str, dict[str, Any]], dict[str, Any]]:
+def resolve(name: str) -> tuple[type[Any], type, dict[str, dict[str, Any]], dict[str, Any]]:
     """(algorithm class, Config class, PRESETS, variant overrides) for a registered name."""
     if name not in REGISTRY:
         raise UnknownAlgorithmError(f"unknown algorithm {name!r}; choose one of {', '.join(algorithm_names())}")
-    module_name, cls_name, variant, *presets = REGISTRY[name]
+    module_name, cls_name, variant, *presets_name = REGISTRY[name]
     module = importlib.import_module(module_name)
-    presets = getattr(module, presets[0] if presets else "PRESETS", {})
+    presets = getattr(module, presets_name[0] if presets_name else "PRESETS", {})
     variant = getattr(module, variant) if isinstance(variant, str) else variant
     return getattr(module, cls_name), module.Config, presets, dict(variant)
 
@@ -69,5 +69,5 @@ def summary(name: str) -> str:
     return SUMMARIES.get(name) or (importlib.import_module(cls.__module__).__doc__ or "").strip().splitlines()[0]
 
 
-def config_fields(config_cls: type) -> dict[str, dataclasses.Field]:
+def config_fields(config_cls: type) -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(config_cls)}

@@ -18,7 +18,7 @@ Run on the `hogwild` architecture this is A3C; the loss here is what every worke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -36,8 +36,9 @@ from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
+from rlfleet.nets.heads import SDEGaussianHead
 from rlfleet.nets.models import ActorCritic
-from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.nets.recurrent import LSTMCore, State
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize, set_lr
 
@@ -93,7 +94,7 @@ class Config(NormOptions, SDEOptions):
     """Default training budget in env steps."""
 
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "atari": dict(
         n_envs=16,
         rollout_len=5,
@@ -163,7 +164,7 @@ A3C_VARIANT: dict[str, Any] = dict(
 )
 
 # Presets of `a3c`, on top of its variant.
-A3C_PRESETS = {
+A3C_PRESETS: dict[str, dict[str, Any]] = {
     # the paper's Atari settings: Mnih 2013 network, η = 7e-4 annealed over the run, gradients clipped at 40
     "atari": dict(lr=7e-4, encoder="mnih2013", max_grad_norm=40.0, total_steps=40_000_000),
     # MinAtar: the paper's Atari settings on the MinAtar paper's network
@@ -183,7 +184,9 @@ class A2C:
     data = "rollout"
     action_spaces = POLICY_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
         action_space = check_action_space(action_space, "a2c", self.action_spaces)
         self.cfg = cfg
         image = has_image(obs_space)
@@ -207,19 +210,23 @@ class A2C:
         self.rng = np.random.default_rng(seed)
         self.sde_matrices = SDEMatrices(cfg.sde_sample_freq, cfg.rollout_len)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         draws = None
         if explore and self.model.sde:  # gSDE: this step's noise matrices, one per env
-            draws = self.sde_matrices.next(self.model.policy.noise, obs_len(obs), self.rng)
+            noise = cast(SDEGaussianHead, self.model.policy).noise
+            draws = self.sde_matrices.next(noise, obs_len(obs), self.rng)
         action, _, value, state = policy_step(self.model, obs, explore, self.rng, state, draws)
+        assert value is not None  # the model has a critic
         extras = {"value": value}
         return to_env_actions(action, extras, self.bounds), extras, state
 
-    def reset_state(self, state, done: np.ndarray):
+    def reset_state(self, state: State, done: np.ndarray) -> State:
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
         return LSTMCore.reset(state, done)
 
-    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
+    def value(self, obs: np.ndarray, state: Any = None) -> np.ndarray:
         return state_values(self.model, obs, state)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
@@ -280,7 +287,7 @@ class A2C:
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         return metrics
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -288,7 +295,7 @@ class A2C:
             "sde": self.sde_matrices.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]

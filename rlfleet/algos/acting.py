@@ -4,6 +4,7 @@ uniform actions."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from rlfleet.nets.fast import (
     gaussian_log_prob,
     sample_gaussian,
 )
+from rlfleet.nets.heads import MultiCategoricalHead, SDEGaussianHead
+from rlfleet.nets.models import ActorCritic, QNetwork
 
 
 def epsilon_greedy(q: np.ndarray, eps: np.ndarray | float, rng: np.random.Generator) -> np.ndarray:
@@ -23,12 +26,12 @@ def epsilon_greedy(q: np.ndarray, eps: np.ndarray | float, rng: np.random.Genera
     With eps 0 in every row (evaluation) nothing is drawn: evaluating, however often, never moves the
     exploration stream, so a run that evaluates once more (stopping at its time limit) explores on as one
     that did not."""
-    actions = q.argmax(-1)
+    actions: np.ndarray = q.argmax(-1)
     if not np.any(eps):
         return actions
     batch, n_actions = q.shape
     explore = rng.random(batch) < eps
-    if explore.any():
+    if np.any(explore):
         actions = np.where(explore, rng.integers(n_actions, size=batch), actions)
     return actions
 
@@ -42,7 +45,14 @@ def sample_final_epsilons(
     return rng.choice(np.asarray(choices, dtype=np.float64), size=n, p=np.asarray(probs, dtype=np.float64))
 
 
-def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator, state=None, sde_draws=None):
+def policy_step(
+    model: ActorCritic,
+    obs: np.ndarray,
+    explore: bool,
+    rng: np.random.Generator,
+    state: Any = None,
+    sde_draws: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Any]:
     """Act with an ActorCritic: (actions, log-probabilities, values or None, state), NumPy in and out.
 
     Feed-forward MLP policies run in NumPy (see `rlfleet.nets.fast`); CNN and LSTM ones in PyTorch
@@ -72,24 +82,30 @@ def policy_step(model, obs: np.ndarray, explore: bool, rng: np.random.Generator,
     if model.continuous:
         mean, log_std = params[0], params[1]
         if explore and model.sde:
-            actions = (mean + model.policy.noise.numpy_noise(params[2], sde_draws)).astype(np.float32)
+            assert sde_draws is not None, "an exploring gSDE policy acts with the draws of its noise matrices"
+            noise = cast(SDEGaussianHead, model.policy).noise.numpy_noise(params[2], sde_draws)
+            actions = (mean + noise).astype(np.float32)
             return actions, gaussian_log_prob(actions, mean, log_std), value, state
         if explore:
             return (*sample_gaussian(mean, log_std, rng), value, state)
         mean = mean.astype(np.float32)
         return mean, gaussian_log_prob(mean, mean, log_std), value, state
-    sizes = model.policy.sizes if model.action_kind == "multi_categorical" else None
-    return (*discrete_actions(model.action_kind, params, explore, rng, sizes), value, state)
+    kind = model.action_kind
+    assert kind is not None  # ActorCritic refuses action spaces it has no policy for
+    sizes = cast(MultiCategoricalHead, model.policy).sizes if kind == "multi_categorical" else None
+    return (*discrete_actions(kind, params, explore, rng, sizes), value, state)
 
 
-def state_values(model, obs: np.ndarray, state=None) -> np.ndarray:
+def state_values(model: ActorCritic, obs: np.ndarray, state: Any = None) -> np.ndarray:
     """V(obs) of an ActorCritic as a NumPy array (zeros without a critic); an LSTM one continues from `state`."""
     model = acting(model)
     if model.core is not None:
         if model.value_head is None:
             return np.zeros(obs_len(obs), dtype=np.float32)
         with torch.inference_mode():
-            return host(model.unroll(obs_tensor(obs, module_device(model)), state)[1])
+            value = model.unroll(obs_tensor(obs, module_device(model)), state)[1]
+            assert value is not None  # it has a value head
+            return host(value)
     fast = model.numpy_forward(obs)
     if fast is not None:
         return fast[1] if fast[1] is not None else np.zeros(obs_len(obs), dtype=np.float32)
@@ -97,7 +113,7 @@ def state_values(model, obs: np.ndarray, state=None) -> np.ndarray:
         return host(model.value(obs_tensor(obs, module_device(model))))
 
 
-def q_values(model, obs: np.ndarray) -> np.ndarray:
+def q_values(model: QNetwork, obs: np.ndarray) -> np.ndarray:
     """Q(obs, ·) of a QNetwork as a NumPy array."""
     model = acting(model)
     fast = model.numpy_forward(obs)
@@ -112,6 +128,10 @@ def uniform_actions(n: int, act_dim: int, rng: np.random.Generator) -> np.ndarra
     return rng.uniform(-1.0, 1.0, size=(n, act_dim)).astype(np.float32)
 
 
+@overload
+def obs_tensor(obs: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor: ...
+@overload
+def obs_tensor(obs: dict[str, np.ndarray], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]: ...
 def obs_tensor(
     obs: np.ndarray | dict[str, np.ndarray], device: torch.device | str = "cpu"
 ) -> torch.Tensor | dict[str, torch.Tensor]:

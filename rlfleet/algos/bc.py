@@ -13,6 +13,7 @@ counts gradient steps; with an expert checkpoint that runner also does DAgger (`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -59,7 +60,7 @@ class Config:
     """With an expert: learner episodes per DAgger round (run side by side, greedily)."""
 
 
-PRESETS: dict[str, dict] = {}
+PRESETS: dict[str, dict[str, Any]] = {}
 
 
 class BC:
@@ -68,7 +69,9 @@ class BC:
     data = "dataset"
     action_spaces = ("Discrete", "Box")
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
         action_space = check_action_space(action_space, "bc", self.action_spaces)
         self.cfg = cfg
         self.model = ActorCritic(obs_space, action_space, cfg.encoder, cfg.hidden, cfg.activation, critic=False)
@@ -78,7 +81,9 @@ class BC:
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         """Greedy actions whatever `explore` says (argmax, or the Gaussian mean rescaled to the bounds)."""
         action, _, _, state = policy_step(self.model, obs, False, self.rng, state)
         return to_env_actions(action, {}, self.bounds), {}, state
@@ -112,14 +117,14 @@ class BC:
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         return metrics
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]

@@ -50,7 +50,9 @@ class Algorithm(Protocol):
     """The one optimizer its updates step (several parameter groups where it has several networks)."""
     params: list[torch.nn.Parameter]
 
-    def act(self, obs: np.ndarray, state: Any = None, explore: bool = True) -> tuple[np.ndarray, dict, Any]:
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         """(actions, extras, next state) for a batch of observations, one per env; `extras` are per-env arrays
         stored with a rollout (values, log-probabilities); the state is None for a feed-forward algorithm."""
         ...

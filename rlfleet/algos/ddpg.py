@@ -20,6 +20,7 @@ step (no policy delay), and no target policy smoothing. The update itself is TD3
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class Config(DPGOptions):
 # MuJoCo locomotion (picked automatically for MuJoCo envs): CleanRL's DDPG settings — replay of 1M
 # transitions, 25k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, Gaussian
 # exploration noise 0.1, 256-256 ReLU MLPs
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "mujoco": dict(
         n_envs=1,
         buffer_size=1_000_000,

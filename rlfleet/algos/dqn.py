@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from rlfleet.algos.acting import epsilon_greedy, obs_tensor, q_values
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.options import PriorityOptions, make_replay_buffer
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
 from rlfleet.algos.updates import hard_update, linear
@@ -39,7 +41,7 @@ from rlfleet.device import acting, host, module_device, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.models import QNetwork
-from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.nets.recurrent import LSTMCore, State
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize
 
@@ -100,7 +102,7 @@ class Config(PriorityOptions, NormOptions):
     """Default training budget in env steps."""
 
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "atari": dict(
         n_envs=4,
         buffer_size=100_000,
@@ -194,16 +196,16 @@ class DQN:
     data = "replay"
     action_spaces = DISCRETE_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
-        check_action_space(action_space, "dqn", self.action_spaces)
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
+        discrete = cast(gym.spaces.Discrete, check_action_space(action_space, "dqn", self.action_spaces))
         if cfg.target_update_every < 1 or cfg.batch_size < 1:
             raise ValueError("target_update_every and batch_size must be >= 1")
         if cfg.lstm < 0 or cfg.burn_in < 0 or cfg.train_len < 1:
             raise ValueError("lstm and burn_in must be >= 0 and train_len >= 1")
         self.cfg = cfg
-        self.q = QNetwork(
-            obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling, cfg.lstm
-        )
+        self.q = QNetwork(obs_space, int(discrete.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling, cfg.lstm)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.q.parameters(), cfg.lr)
@@ -224,7 +226,9 @@ class DQN:
             )
         return make_replay_buffer(self.cfg, n_envs, total_steps, seed)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         eps = self.eps if explore else 0.0
         if self.q.core is None:
             return epsilon_greedy(q_values(self.q, obs), eps, self.rng), {}, state
@@ -233,7 +237,7 @@ class DQN:
             q, state = q_net.unroll(obs_tensor(obs, module_device(q_net)), state)
         return epsilon_greedy(host(q), eps, self.rng), {}, state
 
-    def reset_state(self, state, done: np.ndarray):
+    def reset_state(self, state: State, done: np.ndarray) -> State:
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
         return LSTMCore.reset(state, done)
 
@@ -253,7 +257,7 @@ class DQN:
             return
         self.eps = linear(self.cfg.eps_start, self.cfg.eps_final, self.cfg.eps_anneal_steps, env_steps)
 
-    def td_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
+    def td_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, np.ndarray]:
         if self.q.core is not None:
             return self._sequence_loss(batch)
         b = batch.to_torch(self.device)
@@ -270,7 +274,7 @@ class DQN:
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
         return loss, metrics, host(td.abs())
 
-    def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
+    def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, np.ndarray]:
         """The recurrent loss over `[B, burn_in + train_len]` sequences (`SequenceReplayBuffer.sample`)."""
         burn = self.cfg.burn_in
         ret, last, bootstrap = sequence_nstep(
@@ -297,8 +301,8 @@ class DQN:
             else:
                 next_v = next_q_target.max(1).values
             next_v = next_v.reshape(h.shape[:2]).T  # [B, train_len]
-            ret, bootstrap, last = (torch.as_tensor(x, device=self.device) for x in (ret, bootstrap, last))
-            y = ret + bootstrap * next_v.gather(1, last)
+            ret_t, bootstrap_t, last_t = (torch.as_tensor(x, device=self.device) for x in (ret, bootstrap, last))
+            y = ret_t + bootstrap_t * next_v.gather(1, last_t)
         td = y - q
         loss = (b.weight.unsqueeze(1) * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
@@ -311,7 +315,7 @@ class DQN:
         without learning (an Ape-X actor's initial priorities)."""
         return self.td_loss(batch)[2]
 
-    def update(self, batch: Batch) -> dict:
+    def update(self, batch: Batch) -> Metrics:
         loss, metrics, td_abs = self.td_loss(batch)
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         self.updates += 1
@@ -320,7 +324,7 @@ class DQN:
         metrics["priorities"] = td_abs
         return metrics
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "q": self.q.state_dict(),
             "q_target": self.q_target.state_dict(),
@@ -329,7 +333,7 @@ class DQN:
             "updates": self.updates,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
         self.q_target.load_state_dict(state["q_target"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -17,8 +17,13 @@ range) and the sum is clipped back to [-1, 1]:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from rlfleet.nets.heads import StateDependentNoise
 
 ACTION_NOISES = ("gaussian", "ou")
 
@@ -37,10 +42,10 @@ class ActionNoise:
         self.sigma = float(sigma)
         self.theta = float(theta)
         self.dt = float(dt)
-        self.x: np.ndarray | None = None
+        self.x: npt.NDArray[np.float32] | None = None
         """The OU processes' values `[N, A]` (None until the first draw; always None for Gaussian noise)."""
 
-    def __call__(self, n: int, act_dim: int, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, n: int, act_dim: int, rng: np.random.Generator) -> npt.NDArray[np.floating[Any]]:
         eps = rng.standard_normal((n, act_dim), dtype=np.float32)
         if self.kind == "gaussian":
             return self.sigma * eps
@@ -55,17 +60,17 @@ class ActionNoise:
         if self.x is not None and len(done) == len(self.x):
             self.x[np.asarray(done, dtype=bool)] = 0.0
 
-    def perturb(self, actions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def perturb(self, actions: npt.NDArray[np.float32], rng: np.random.Generator) -> np.ndarray:
         """`clip(actions + noise, -1, 1)` for actions in the policy's space (unchanged when σ = 0)."""
         if self.sigma <= 0:
             return actions
         noise = self(len(actions), actions.shape[-1], rng)
         return np.clip(actions + noise, -1.0, 1.0).astype(np.float32)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"x": None if self.x is None else self.x.copy()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         x = state.get("x")
         self.x = None if x is None else np.array(x, dtype=np.float32)
 
@@ -89,7 +94,7 @@ class SDEMatrices:
         self.draws: np.ndarray | None = None
         """Standard normal draws ξ `[N, F, A]` of the current matrices θ = σ ⊙ ξ (None before the first step)."""
 
-    def next(self, noise, n: int, rng: np.random.Generator) -> np.ndarray:
+    def next(self, noise: StateDependentNoise, n: int, rng: np.random.Generator) -> np.ndarray:
         """The draws for this exploring step of `n` envs (new ones when due)."""
         t = self.steps if self.period is None else self.steps % self.period
         due = (self.period is not None and t == 0) or (self.sample_freq > 0 and t % self.sample_freq == 0)
@@ -98,10 +103,10 @@ class SDEMatrices:
         self.steps += 1
         return self.draws
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "draws": None if self.draws is None else self.draws.copy()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.draws = None if state["draws"] is None else np.array(state["draws"], dtype=np.float32)
 

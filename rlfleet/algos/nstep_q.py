@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -89,7 +90,7 @@ class Config(NormOptions):
 # The paper's Atari setup: 16 actor-learners, t_max = 5, RMSProp with the learning rate annealed to 0, the
 # Mnih 2013 network; the shared target network every 40,000 frames and ε annealed over the first 4M frames,
 # here in env steps (each is ATARI_FRAME_SKIP = 4 frames): 10,000 and 1,000,000
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "atari": dict(
         n_envs=16,
         rollout_len=5,
@@ -112,12 +113,14 @@ class NStepQ:
     data = "rollout"
     action_spaces = DISCRETE_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
         if cfg.target not in TARGETS:
             raise ValueError(f"unknown target {cfg.target!r}; choose one of {TARGETS}")
-        check_action_space(action_space, cfg.target, self.action_spaces)
+        discrete = cast(gym.spaces.Discrete, check_action_space(action_space, cfg.target, self.action_spaces))
         self.cfg = cfg
-        self.q = QNetwork(obs_space, int(action_space.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
+        self.q = QNetwork(obs_space, int(discrete.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.target_clock = SyncClock(cfg.target_update_every)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
@@ -127,16 +130,17 @@ class NStepQ:
         self.eps_final = sample_final_epsilons(cfg.n_envs, cfg.eps_final_choices, cfg.eps_final_probs, self.rng)
         self.eps = np.full(cfg.n_envs, cfg.eps_start)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         return epsilon_greedy(q_values(self.q, obs), self.eps if explore else 0.0, self.rng), {}, state
 
     def _target_values(self, obs: np.ndarray, actions: np.ndarray | None = None) -> np.ndarray:
         q = q_values(self.q_target, obs)
-        if actions is None:
-            return q.max(-1)
-        return q[np.arange(len(q)), actions]
+        values: np.ndarray = q.max(-1) if actions is None else q[np.arange(len(q)), actions]
+        return values
 
-    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
+    def value(self, obs: np.ndarray, state: Any = None) -> np.ndarray:
         """Bootstrap value of observations (one per env): max_a Q⁻, or Q⁻ at an ε-greedy action for Sarsa."""
         if self.cfg.target == "sarsa":
             actions, _, _ = self.act(obs)
@@ -186,7 +190,7 @@ class NStepQ:
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         return metrics
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "q": self.q.state_dict(),
             "q_target": self.q_target.state_dict(),
@@ -196,7 +200,7 @@ class NStepQ:
             "target_clock": self.target_clock.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
         self.q_target.load_state_dict(state["q_target"])
         self.optimizer.load_state_dict(state["optimizer"])

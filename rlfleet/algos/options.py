@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.fields import MAX_ENVS, bounded
@@ -62,7 +63,7 @@ class PriorityOptions:
     al. 2018, and the `apex` presets)."""
 
 
-def make_replay_buffer(cfg, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
+def make_replay_buffer(cfg: Any, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
     """The n-step replay of a `ReplayOptions` + `PriorityOptions` config: prioritized (β annealed to 1 over the
     run's updates if `cfg.beta_anneal`) when `cfg.prioritized`, uniform otherwise."""
     common = dict(capacity=cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)

@@ -12,6 +12,7 @@ diagonal Gaussian policy (learned in [-1, 1], rescaled to the env's bounds; see 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -69,7 +70,7 @@ class Config(NormOptions):
     """Default training budget in env steps."""
 
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "atari": dict(n_envs=16, rollout_len=128, lr=2.5e-4, baseline=True, total_steps=10_000_000),
 }
 PRESETS["minatar"] = dict(PRESETS["atari"], encoder="minatar", total_steps=5_000_000)  # the MinAtar paper's network
@@ -81,7 +82,9 @@ class PG:
     data = "rollout"
     action_spaces = POLICY_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
         action_space = check_action_space(action_space, "pg", self.action_spaces)
         self.cfg = cfg
         image = has_image(obs_space)
@@ -102,12 +105,14 @@ class PG:
         self.params = list(self.model.parameters())
         self.rng = np.random.default_rng(seed)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         action, _, _, _ = policy_step(self.model, obs, explore, self.rng)
         extras: dict[str, np.ndarray] = {}
         return to_env_actions(action, extras, self.bounds), extras, state
 
-    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
+    def value(self, obs: np.ndarray, state: Any = None) -> np.ndarray:
         return state_values(self.model, obs)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
@@ -125,7 +130,8 @@ class PG:
         )
         batch = Batch(obs=d.obs, act=policy_actions(d), ret=ret)
         if not self.cfg.baseline:
-            return batch[episode_complete_mask(d.terminated, d.truncated).astype(bool)]
+            complete: Batch = batch[episode_complete_mask(d.terminated, d.truncated).astype(bool)]
+            return complete
         return batch.flatten_leading(2)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -166,14 +172,14 @@ class PG:
         size = self.cfg.minibatch_size or len(batch)
         return minibatch_epochs(self, batch, self.cfg.epochs, size, self.rng)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.bit_generator.state,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]

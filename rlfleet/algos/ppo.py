@@ -18,6 +18,7 @@ the minibatches are whole env sequences, replayed through the LSTM from the segm
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -42,8 +43,9 @@ from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
+from rlfleet.nets.heads import SDEGaussianHead
 from rlfleet.nets.models import ActorCritic
-from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.nets.recurrent import LSTMCore, State
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import set_lr
 
@@ -103,7 +105,7 @@ class Config(NormOptions, SDEOptions):
     """Default training budget in env steps."""
 
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "atari": dict(
         n_envs=8,
         rollout_len=128,
@@ -189,7 +191,9 @@ class PPO:
     data = "rollout"
     action_spaces = POLICY_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
         action_space = check_action_space(action_space, "ppo", self.action_spaces)
         if cfg.minibatch_size < 1 or cfg.epochs < 1:
             raise ValueError("minibatch_size and epochs must be >= 1")
@@ -216,19 +220,23 @@ class PPO:
         self.sde_matrices = SDEMatrices(cfg.sde_sample_freq, cfg.rollout_len)
         self.clip = cfg.clip
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         draws = None
         if explore and self.model.sde:  # gSDE: this step's noise matrices, one per env
-            draws = self.sde_matrices.next(self.model.policy.noise, obs_len(obs), self.rng)
+            noise = cast(SDEGaussianHead, self.model.policy).noise
+            draws = self.sde_matrices.next(noise, obs_len(obs), self.rng)
         action, logp, value, state = policy_step(self.model, obs, explore, self.rng, state, draws)
+        assert value is not None  # the model has a critic
         extras = {"value": value, "logp": logp.astype(np.float32)}
         return to_env_actions(action, extras, self.bounds), extras, state
 
-    def reset_state(self, state, done: np.ndarray):
+    def reset_state(self, state: State, done: np.ndarray) -> State:
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
         return LSTMCore.reset(state, done)
 
-    def value(self, obs: np.ndarray, state=None) -> np.ndarray:
+    def value(self, obs: np.ndarray, state: Any = None) -> np.ndarray:
         return state_values(self.model, obs, state)
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
@@ -310,7 +318,7 @@ class PPO:
         metrics["explained_variance"] = explained_variance(batch.value, batch.ret)
         return metrics
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -318,7 +326,7 @@ class PPO:
             "sde": self.sde_matrices.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]

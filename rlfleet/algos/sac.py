@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from rlfleet.algos.acting import uniform_actions
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import SDEMatrices
 from rlfleet.algos.options import ReplayOptions
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
@@ -84,7 +86,7 @@ class Config(NormOptions, ReplayOptions):
 # MuJoCo locomotion (picked automatically for MuJoCo envs): rl-zoo3's and CleanRL's SAC settings — replay of
 # 1M transitions, 10k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, 256-256 ReLU
 # MLPs, α tuned toward −|A| nats; observations are not normalised (as in both)
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "mujoco": dict(
         n_envs=1,
         buffer_size=1_000_000,
@@ -113,13 +115,16 @@ class SAC:
     data = "replay"
     action_spaces = BOX_ACTIONS
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
-        self.act_dim = int(check_action_space(action_space, "sac", self.action_spaces).shape[0])
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
+        box = cast(gym.spaces.Box, check_action_space(action_space, "sac", self.action_spaces))
+        self.act_dim = int(box.shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
         if cfg.batch_size < 1 or not 0.0 < cfg.tau <= 1.0 or cfg.alpha <= 0:
             raise ValueError("batch_size must be >= 1, tau in (0, 1] and alpha > 0")
         self.cfg = cfg
-        self.bounds = ActionBounds(action_space)
+        self.bounds = ActionBounds(box)
         self.actor = SquashedGaussianActor(
             obs_dim, self.act_dim, cfg.hidden, cfg.activation, sde=cfg.sde, sde_init_std=cfg.sde_init_std
         )
@@ -128,14 +133,14 @@ class SAC:
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.auto_alpha)
         self.target_entropy = -cfg.target_entropy_scale * self.act_dim
         self.device = place(self, device)  # networks on the learner's device before the optimizer
-        groups = [
+        groups: list[dict[str, Any]] = [
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
             {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
         ]
         if cfg.auto_alpha:
             groups.append({"params": [self.log_alpha], "lr": cfg.alpha_lr})
         self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
-        self.params = [p for g in groups for p in g["params"]]
+        self.params: list[nn.Parameter] = [p for g in groups for p in g["params"]]
         self._critic_params = list(self.critic.parameters())
         self._targets = list(self.critic_target.parameters())
         self.rng = np.random.default_rng(seed)
@@ -148,7 +153,9 @@ class SAC:
         cfg = self.cfg
         return ReplayBuffer(cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         if explore and self.env_steps < self.cfg.random_steps:
             raw = uniform_actions(obs_len(obs), self.act_dim, self.rng)
         else:
@@ -166,13 +173,14 @@ class SAC:
     def alpha(self) -> float:
         return float(self.log_alpha.detach().exp())
 
-    def td_target(self, b: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, alpha: torch.Tensor):
+    def td_target(self, b: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         """y = r + γ^k (1 − terminated) (min_k Q'_k(s', a') − α log π(a'|s')) for sampled a' ~ π(·|s')."""
         with torch.no_grad():
             next_v = self.critic_target(b.next_obs, next_act).min(0).values - alpha * next_logp
-            return b.rew + b.discount * (1.0 - b.terminated) * next_v
+            y: torch.Tensor = b.rew + b.discount * (1.0 - b.terminated) * next_v
+            return y
 
-    def update(self, batch: Batch) -> dict:
+    def update(self, batch: Batch) -> Metrics:
         """A critic step, a policy step on the updated critics, an α step on the updated policy, then the soft
         target update; 0-dim tensor metrics."""
         act = torch.as_tensor(self.bounds.normalize(batch.act), device=self.device)
@@ -204,7 +212,7 @@ class SAC:
             "entropy": -logp.detach().mean(),
         }
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict(),
@@ -217,7 +225,7 @@ class SAC:
             "updates": self.updates,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.actor.load_state_dict(state["actor"])
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])

@@ -4,9 +4,11 @@ rescaled to the env's bounds."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 
 from rlfleet.data.batch import Batch
 from rlfleet.envs.wrappers import has_action_start
@@ -31,10 +33,13 @@ OBSERVATION_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict",
 """The observation spaces every algorithm takes (`rlfleet.nets.encoders`)."""
 
 
-_ACTION_WORDS = {DISCRETE_ACTIONS: "discrete (Discrete)", BOX_ACTIONS: "continuous (1-D Box)"}
+_ACTION_WORDS: dict[tuple[str, ...], str] = {
+    DISCRETE_ACTIONS: "discrete (Discrete)",
+    BOX_ACTIONS: "continuous (1-D Box)",
+}
 
 
-def check_action_space(action_space: gym.Space, algo: str, kinds: Sequence[str]) -> gym.Space:
+def check_action_space(action_space: gym.Space[Any], algo: str, kinds: Sequence[str]) -> gym.Space[Any]:
     """The space itself if it is one of `kinds` (names of Gymnasium spaces; `MultiDiscrete`, `MultiBinary` and `Box`
     1-D, a `Box` of floats); otherwise an `UnsupportedSpaceError` naming the algorithm, the space and the
     algorithms that take it."""
@@ -46,7 +51,7 @@ def check_action_space(action_space: gym.Space, algo: str, kinds: Sequence[str])
         raise UnsupportedSpaceError(
             f"algorithm {algo!r} takes {words} actions, but the env has {action_space}; {hint} (see `rlfleet spaces`)"
         )
-    if kind != "Discrete" and len(action_space.shape) != 1:
+    if kind != "Discrete" and len(action_space.shape or ()) != 1:
         raise UnsupportedSpaceError(f"algorithm {algo!r} takes 1-D {kind} actions, but the env has {action_space}")
     if kind == "Box" and not np.issubdtype(action_space.dtype, np.floating):
         raise UnsupportedSpaceError(f"algorithm {algo!r} needs float Box actions, got {action_space}")
@@ -81,23 +86,24 @@ class ActionBounds:
         finite = np.isfinite(low) & np.isfinite(high)
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         low, high = np.where(finite, low, -1.0), np.where(finite, high, 1.0)
-        self.scale = ((high - low) / 2).astype(np.float32)
-        self.offset = ((high + low) / 2).astype(np.float32)
+        self.scale: npt.NDArray[np.float32] = ((high - low) / 2).astype(np.float32)
+        self.offset: npt.NDArray[np.float32] = ((high + low) / 2).astype(np.float32)
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
-        return np.clip(raw * self.scale + self.offset, self.low, self.high).astype(np.float32)
+        actions: np.ndarray = np.clip(raw * self.scale + self.offset, self.low, self.high).astype(np.float32)
+        return actions
 
-    def normalize(self, actions: np.ndarray) -> np.ndarray:
+    def normalize(self, actions: npt.NDArray[np.floating[Any]]) -> np.ndarray:
         """The inverse map, env actions ↦ the policy's space (a replay buffer holds what the env was given)."""
         return ((actions - self.offset) / self.scale).astype(np.float32)
 
 
-def action_bounds(action_space: gym.Space) -> ActionBounds | None:
+def action_bounds(action_space: gym.Space[Any]) -> ActionBounds | None:
     """An `ActionBounds` for a Box action space, None for a discrete one."""
     return ActionBounds(action_space) if isinstance(action_space, gym.spaces.Box) else None
 
 
-def to_env_actions(actions: np.ndarray, extras: dict, bounds: ActionBounds | None) -> np.ndarray:
+def to_env_actions(actions: np.ndarray, extras: dict[str, np.ndarray], bounds: ActionBounds | None) -> np.ndarray:
     """The actions to step the env with; for a Box space the policy's own actions go into `extras["raw_act"]`."""
     if bounds is None:
         return actions
@@ -107,4 +113,5 @@ def to_env_actions(actions: np.ndarray, extras: dict, bounds: ActionBounds | Non
 
 def policy_actions(data: Batch) -> np.ndarray:
     """The actions a rollout's policy took, in the policy's space (`raw_act` for Box, else `act`)."""
-    return data.raw_act if "raw_act" in data else data.act
+    actions: np.ndarray = data.raw_act if "raw_act" in data else data.act
+    return actions

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
 from rlfleet.algos.acting import uniform_actions
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.algos.options import PriorityOptions, ReplayOptions, make_replay_buffer
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
@@ -94,7 +97,7 @@ class Config(DPGOptions):
 # MuJoCo locomotion (picked automatically for MuJoCo envs): the TD3 paper's and CleanRL's settings — replay of
 # 1M transitions, 25k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, exploration
 # noise 0.1, policy delay 2, target smoothing noise 0.2 clipped at 0.5, 256-256 ReLU MLPs
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "mujoco": dict(
         n_envs=1,
         buffer_size=1_000_000,
@@ -119,7 +122,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def apex_preset(mujoco: dict) -> dict:
+def apex_preset(mujoco: dict[str, Any]) -> dict[str, Any]:
     """Ape-X DPG (Horgan et al. 2018, section 4.2 and appendix) over a MuJoCo preset: batch 512, 5-step returns,
     proportional priorities α = 0.6 with β = 0.4 fixed, a replay of 1M transitions (the paper's continuous-control
     replay is smaller than its Atari one; its exact size is not restated here beyond that: 1M, the MuJoCo preset's,
@@ -141,24 +144,27 @@ class TD3:
     critics = 2
     """Q networks, each regressed on the same target (the smallest of the target critics' values)."""
 
-    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space, seed: int = 0, device: str = "cpu"):
-        self.act_dim = int(check_action_space(action_space, self.name, self.action_spaces).shape[0])
+    def __init__(
+        self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
+    ):
+        box = cast(gym.spaces.Box, check_action_space(action_space, self.name, self.action_spaces))
+        self.act_dim = int(box.shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
         self.cfg = cfg
         if cfg.batch_size < 1 or self.policy_delay() < 1 or not 0.0 < cfg.tau <= 1.0:
             raise ValueError("batch_size and policy_delay must be >= 1 and tau in (0, 1]")
-        self.bounds = ActionBounds(action_space)
+        self.bounds = ActionBounds(box)
         self.actor = DeterministicActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation)
         self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=self.critics)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
-        groups = [
+        groups: list[dict[str, Any]] = [
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
             {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
         ]
         self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
-        self.params = [p for g in groups for p in g["params"]]
+        self.params: list[nn.Parameter] = [p for g in groups for p in g["params"]]
         self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
         self.noise = ActionNoise(cfg.action_noise, cfg.exploration_noise, cfg.ou_theta, cfg.ou_dt)
         self.rng = np.random.default_rng(seed)
@@ -169,7 +175,9 @@ class TD3:
     def make_buffer(self, n_envs: int, total_steps: int, seed: int = 0) -> ReplayBuffer:
         return make_replay_buffer(self.cfg, n_envs, total_steps, seed)
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(
+        self, obs: np.ndarray, state: Any = None, explore: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         if explore and self.env_steps < self.cfg.random_steps:
             raw = uniform_actions(obs_len(obs), self.act_dim, self.rng)
         else:
@@ -211,9 +219,10 @@ class TD3:
         with torch.no_grad():
             next_act = self.smooth(self.actor_target(b.next_obs))
             next_q = self.critic_target(b.next_obs, next_act).min(0).values
-            return b.rew + b.discount * (1.0 - b.terminated) * next_q
+            y: torch.Tensor = b.rew + b.discount * (1.0 - b.terminated) * next_q
+            return y
 
-    def update(self, batch: Batch) -> dict:
+    def update(self, batch: Batch) -> Metrics:
         """One critic step; every `policy_delay`-th then an actor step on the updated critic and the soft
         target update. `priorities` are the critics' mean |TD errors| of the critic step."""
         b, act = self._torch_batch(batch)
@@ -244,7 +253,7 @@ class TD3:
         b, act = self._torch_batch(batch)
         return _td_abs(self.critic(b.obs, act) - self.td_target(b))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict(),
@@ -258,7 +267,7 @@ class TD3:
             "policy_updates": self.policy_updates,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.actor.load_state_dict(state["actor"])
         self.critic.load_state_dict(state["critic"])
         self.actor_target.load_state_dict(state["actor_target"])

@@ -4,19 +4,28 @@ clock, Polyak averages), and recurrent sequence batches."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from rlfleet.algos.contract import Algorithm, RolloutAlgorithm
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.device import host
-from rlfleet.nets.recurrent import LSTMCore
+from rlfleet.nets.heads import DiagGaussian, SoftmaxCategorical
+from rlfleet.nets.models import ActorCritic
+from rlfleet.nets.recurrent import LSTMCore, State
 from rlfleet.optim.step import optimize
 
 
 def minibatch_epochs(
-    algo, batch, epochs: int, minibatch_size: int, rng: np.random.Generator, stop_kl: float | None = None
+    algo: RolloutAlgorithm,
+    batch: Batch,
+    epochs: int,
+    minibatch_size: int,
+    rng: np.random.Generator,
+    stop_kl: float | None = None,
 ) -> dict[str, float]:
     """`epochs` shuffled passes of `algo.loss` + optimiser step over minibatches; mean metrics of the steps taken,
     and `epochs`, the passes made (fractional when stopped). With `stop_kl`, the passes end at the first minibatch
@@ -52,9 +61,9 @@ def explained_variance(predicted: np.ndarray | torch.Tensor, target: np.ndarray 
     return float("nan") if variance == 0 else float(1 - np.var(target - predicted) / variance)
 
 
-def clip_norm(algo) -> float:
+def clip_norm(algo: Algorithm) -> float:
     """The global gradient-norm clip of an algorithm's own update (0: none): the contract's `max_grad_norm`."""
-    return algo.cfg.max_grad_norm
+    return cast(float, algo.cfg.max_grad_norm)
 
 
 def linear(start: float, end: float, duration: int, t: int) -> float:
@@ -64,7 +73,7 @@ def linear(start: float, end: float, duration: int, t: int) -> float:
     return start + (end - start) * min(1.0, t / duration)
 
 
-def sequence_batch(batch: Batch, starts: np.ndarray, initial_state, core: LSTMCore) -> Batch:
+def sequence_batch(batch: Batch, starts: np.ndarray, initial_state: State | None, core: LSTMCore) -> Batch:
     """A `[T, N, ...]` segment batch as N sequences for an LSTM policy to replay.
 
     Every leaf becomes `[N, T, ...]`, so splitting the Batch splits whole sequences; `starts` (1 where an
@@ -79,7 +88,9 @@ def sequence_batch(batch: Batch, starts: np.ndarray, initial_state, core: LSTMCo
     return out
 
 
-def unroll_sequences(model, b: Batch):
+def unroll_sequences(
+    model: ActorCritic, b: Batch
+) -> tuple[SoftmaxCategorical | DiagGaussian, torch.Tensor | None, Batch]:
     """Replay a (torch) `sequence_batch` through an LSTM ActorCritic.
 
     Returns (policy, values, steps): the policy and values over the T * N steps, time-major, and a Batch
@@ -91,7 +102,7 @@ def unroll_sequences(model, b: Batch):
 
     dist, value, _ = model.unroll(map_obs(time_major, b.obs), (b.h0, b.c0), time_major(b.starts))
     rest = Batch({k: v for k, v in b.items() if k not in ("obs", "starts", "h0", "c0")})
-    steps = rest.apply(lambda x: time_major(x).reshape(-1, *x.shape[2:]))
+    steps = rest.apply(lambda x: time_major(cast(torch.Tensor, x)).reshape(-1, *x.shape[2:]))
     return dist, value, steps
 
 
@@ -104,6 +115,8 @@ class SyncClock(nn.Module):
     multiple of `every` that `step` has reached since the last copy. The step lives in a module buffer, so an
     architecture shares or copies it exactly as it does the target network (hogwild: one clock for all
     workers, as there is one target network; so the copies follow the global step, not each worker's)."""
+
+    synced_at: torch.Tensor
 
     def __init__(self, every: int):
         super().__init__()

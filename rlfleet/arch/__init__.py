@@ -23,9 +23,13 @@ An architecture runs any compatible algorithm through the algorithm contract (`r
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from rlfleet.algos import DEFAULT_ARCH
 from rlfleet.run.config import ConfigError
+
+if TYPE_CHECKING:
+    from rlfleet.run.runner import RunBase
 
 # name -> (module, runner class, one-line description)
 ARCHITECTURES: dict[str, tuple[str, str, str]] = {
@@ -50,9 +54,10 @@ def default_arch(algo: str) -> str:
     return DEFAULT_ARCH.get(algo, "single")
 
 
-def runner_class(arch: str) -> type:
+def runner_class(arch: str) -> type[RunBase]:
     """The runner class of an architecture, or a clear error naming the valid ones."""
     if arch not in ARCHITECTURES:
         raise ConfigError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     module_name, cls_name, _ = ARCHITECTURES[arch]
-    return getattr(importlib.import_module(module_name), cls_name)
+    cls: type[RunBase] = getattr(importlib.import_module(module_name), cls_name)
+    return cls

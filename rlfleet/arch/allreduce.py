@@ -50,21 +50,28 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
 from rlfleet.arch.shared import load_state, pack_state
 from rlfleet.backends import BACKENDS, RoleGroup
+from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.fields import bounded
 from rlfleet.optim.step import set_gradient_hook
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.logger import RunLogger
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore  # where torch declares it (torch.distributed does not)
 
 AHEAD = 2  # items a learner may have sent beyond those the coordinator has counted
 GENERATION = "generation"  # the store key of the group's generation
@@ -105,7 +112,9 @@ class LearnerGroup:
         self.rank = rank
         self.world = rendezvous.world_size
         self.timeout = timedelta(seconds=rendezvous.timeout_s)
-        self.store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=self.timeout)
+        self.store = dist.TCPStore(  # type: ignore[attr-defined]  # torch re-exports TCPStore without declaring it
+            rendezvous.host, rendezvous.port, is_master=False, timeout=self.timeout
+        )
         keep_on_loopback(rendezvous.host)
         self.generation: int | None = None
         """The generation of this learner's group (None: it has been in none yet)."""
@@ -126,7 +135,7 @@ class LearnerGroup:
         moved on (one bump per generation)."""
         self.store.compare_set(GENERATION, str(generation), str(generation + 1))
 
-    def join(self, stop=None, wait_s: float | None = None) -> int | None:
+    def join(self, stop: StopFlag | None = None, wait_s: float | None = None) -> int | None:
         """Join the group of the current generation; its number. A learner says it is ready under the generation
         and waits (watching the store) until all are ready, then forms the gloo group: a generation abandoned
         meanwhile (a learner died: the coordinator moves everyone on) is left for the newer one at once, so the
@@ -158,7 +167,7 @@ class LearnerGroup:
         try:
             dist.init_process_group(
                 "gloo",
-                store=dist.PrefixStore(f"{generation}/", self.store),
+                store=dist.PrefixStore(f"{generation}/", self.store),  # type: ignore[attr-defined]  # as TCPStore
                 rank=self.rank,
                 world_size=self.world,
                 timeout=self.timeout,
@@ -175,15 +184,16 @@ class LearnerGroup:
             dist.destroy_process_group()
         self.formed = False
 
-    def _collective(self, collective, *args, **kwargs) -> None:
+    def _collective(self, collective: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         try:
             collective(*args, **kwargs)
         except RuntimeError as exc:  # gloo: a closed peer, or the timeout
+            assert self.generation is not None  # a collective runs in a group that formed
             self.leave()
             self.abandon(self.generation)
             raise GroupBroken(f"the group of generation {self.generation} broke: {_first_line(exc)}") from None
 
-    def average(self, params) -> None:
+    def average(self, params: Sequence[nn.Parameter]) -> None:
         """Replace every gradient by its mean over the learners (one all-reduce of them all, flattened). Parameters
         without a gradient have none in every learner (the same loss, the same graph) and are left out."""
         grads = [p.grad for p in params if p.grad is not None]
@@ -195,7 +205,7 @@ class LearnerGroup:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
-    def agree(self, updates: int, steps: int, state) -> tuple[int, int, int, bytes | None]:
+    def agree(self, updates: int, steps: int, state: Callable[[], bytes]) -> tuple[int, int, int, bytes | None]:
         """Make one learner's state everyone's: the one with the most `updates` (the lowest rank among equals).
         Returns that learner's rank, (updates, steps) and its `state()` bytes, None where it is this learner's."""
         key = torch.tensor([updates * self.world + (self.world - 1 - self.rank)], dtype=torch.int64)
@@ -256,7 +266,16 @@ class LearnerReport:
 class AllReduceLearner(Producer):
     """One learner: its own envs and algorithm object; the algorithm's own update, gradients averaged by the group."""
 
-    def __init__(self, spec: LearnerSpec, shared, weights, worker_id: int, incarnation: int = 0):
+    spec: LearnerSpec
+
+    def __init__(
+        self,
+        spec: LearnerSpec,
+        shared: dict[str, nn.Module],
+        weights: WeightVersion,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
         super().__init__(spec, shared, weights, worker_id, incarnation)
         load_state(self.algo, spec.initial_state)
         self.weights.read(self.copy.pull)  # the latest weights learner 0 sent (a restarted learner's best guess)
@@ -269,9 +288,10 @@ class AllReduceLearner(Producer):
         if self.group is not None:
             set_gradient_hook(self.algo.optimizer, self.group.average)
 
-    def form(self, stop=None) -> bool:
+    def form(self, stop: StopFlag | None = None) -> bool:
         """Join the next generation's group and take on the state the learners agree on; False if it has not
         formed within `JOIN_WAIT_S` (or `stop` got set)."""
+        assert self.group is not None  # only learners in a group form one
         if self.group.join(stop, JOIN_WAIT_S) is None:
             return False
         source, updates, steps, state = self.group.agree(self.updates, self.steps, partial(pack_state, self.algo))
@@ -282,7 +302,7 @@ class AllReduceLearner(Producer):
         self.updates, self.steps = updates, steps
         return True
 
-    def produce(self, global_steps: int, stop=None) -> LearnerReport | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> LearnerReport | None:
         report = partial(LearnerReport, self.worker_id, self.incarnation)
         if self.group is not None and not self.group.formed:
             try:  # an empty item while the group forms: the worker beats, sees `stop`, and calls again
@@ -293,6 +313,7 @@ class AllReduceLearner(Producer):
         generation = None if self.group is None else self.group.generation
         self.algo.schedule(self.steps, self.spec.total_steps)
         before = self.collector.env_steps
+        assert self.storage is not None  # allreduce runs on-policy algorithms, which collect rollouts (check_config)
         segment = self.collector.collect_rollout(self.storage)
         steps, returns = self.collector.env_steps - before, self.collector.pop_new_returns()
         try:
@@ -334,6 +355,7 @@ class AllReduceRunner(ParallelRunner):
 
     arch = "allreduce"
     Options = AllReduceOptions
+    spec: LearnerSpec
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
@@ -359,11 +381,17 @@ class AllReduceRunner(ParallelRunner):
                 "a learner waiting that long for a hung peer would be taken for hung itself"
             )
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec(LearnerSpec, state_every=self.opts.state_every)
         self.start_backend()  # the counter: env steps of every learner's items
-        self.store: dist.TCPStore | None = None
+        self.store: TCPStore | None = None
         self.generation: int | None = None
         if resume_from is not None:
             self._restore(resume_from)
@@ -383,12 +411,14 @@ class AllReduceRunner(ParallelRunner):
         if self.opts.workers == 1:
             return
         timeout = timedelta(seconds=self.opts.group_timeout_s)
-        self.store = dist.TCPStore(self.backend.host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        self.store = dist.TCPStore(  # type: ignore[attr-defined]  # torch re-exports TCPStore without declaring it
+            self.backend.host, 0, is_master=True, wait_for_workers=False, timeout=timeout
+        )
         self.store.set(GENERATION, "0")
         opts = self.opts
         self.spec.rendezvous = Rendezvous(self.backend.host, self.store.port, opts.workers, opts.group_timeout_s)
 
-    def restart_crashed(self, pool, logger, how: str) -> None:
+    def restart_crashed(self, pool: RoleGroup, logger: RunLogger, how: str) -> None:
         """Report and restart the learners that died, and move the others on to the next generation at once: the
         group with the dead learner is abandoned even by learners still waiting for it to form."""
         restarts = pool.restarts
@@ -419,7 +449,7 @@ class AllReduceRunner(ParallelRunner):
     waiting_for = "item from the learners"
     restart_how = "(it joins the learners' next group)"
 
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         """The rendezvous first, then the learners, which meet there."""
         self.open_rendezvous()
         learner = partial(AllReduceLearner, self.spec, self.shared, self.weights)
@@ -434,6 +464,6 @@ class AllReduceRunner(ParallelRunner):
         pool.release(item.worker, item.incarnation)
         return Taken(item.returns, metrics, updates)
 
-    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+    def shut_down(self, stop_flag: StopFlag, pool: RoleGroup | None) -> None:
         super().shut_down(stop_flag, pool)
         self.store = None  # the store's server goes with it

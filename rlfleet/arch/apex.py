@@ -77,21 +77,25 @@ actors' in `<run>/workers.json`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import nn
 
 from rlfleet.algos.contract import ApexActor
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, Producer, RoleOptions, Taken, WorkerSpec
-from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
-from rlfleet.backends.shared_memory import WeightVersion
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceGroup, ServiceHandle
+from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.batch import Batch, map_obs, map_obs_pair
 from rlfleet.data.priority import PriorityIndex, importance_weights
 from rlfleet.data.returns import NStepBuilder
 from rlfleet.fields import MAX_ROLES, bounded
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.logger import RunLogger
 
 AHEAD = 2  # blocks an actor may have sent beyond what the learner has caught up with
 FIELDS = NStepBuilder.FIELDS
@@ -198,7 +202,9 @@ class ReplayShard:
         if self.size < max(batch_size, 1):
             return None
         rows = self.priority.draw(batch_size, self.rng)
-        data = {key: map_obs(lambda v: v[rows], self.storage[key]) for key in FIELDS}
+        storage = self.storage
+        assert storage is not None  # made by the first `add`: the shard holds transitions
+        data = {key: map_obs(lambda v: v[rows], storage[key]) for key in FIELDS}
         return SampledBatch(
             self.index, data, self.ids[rows].copy(), self.versions[rows].copy(), self.priority[rows], self.state()
         )
@@ -258,7 +264,7 @@ class Actor(Producer):
     def __init__(
         self,
         spec: WorkerSpec,
-        shared,
+        shared: dict[str, nn.Module],
         weights: WeightVersion,
         shards: list[ServiceHandle],
         epsilons: list[float],
@@ -283,9 +289,10 @@ class Actor(Producer):
     def initial_priorities(self, block: dict[str, np.ndarray]) -> np.ndarray:
         """|n-step TD error| of each transition under the actor's current weights (the algorithm's own TD)."""
         batch = Batch({**block, "weight": np.ones(len(block["rew"]), np.float32)})
-        return self.algo.priorities(batch)
+        priorities: np.ndarray = self.algo.priorities(batch)
+        return priorities
 
-    def produce(self, global_steps: int, stop=None) -> ActorReport | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> ActorReport | None:
         c = self.collector
         before = c.env_steps
         self.algo.schedule(global_steps, self.spec.total_steps)  # the run's warm-up of random actions (ddpg, td3)
@@ -378,7 +385,13 @@ class ApexRunner(ParallelRunner):
                 f"blocks arrive, so it would run at least {self.opts.block}); use --block 1 to {self.total_steps}"
             )
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
         self.start_backend()  # the counter: env steps of the blocks taken in
@@ -386,8 +399,8 @@ class ApexRunner(ParallelRunner):
         self.epsilons = epsilon_ladder(self.opts.actors, self.opts.epsilon, self.opts.epsilon_alpha)
         self.ratio = acfg.gradient_steps / (acfg.train_freq * acfg.n_envs)  # updates per env step
         self.shard_maker = ShardMaker(acfg.buffer_size // self.opts.replay_shards, acfg.alpha, cfg.seed)
-        self.services = None
-        self.logger = None
+        self.services: ServiceGroup | None = None
+        self.logger: RunLogger | None = None
         self.shard_states = [EMPTY] * self.opts.replay_shards  # the learner's view, from the shards' reports
         self.choice_rng = np.random.default_rng([cfg.seed, 0xA9E])  # the shard of each batch
         self.ready_at: int | None = None  # env steps when the replay first held learning_starts transitions
@@ -428,6 +441,7 @@ class ApexRunner(ParallelRunner):
         return self.wait_service(pending, self.restart_crashed_shards)
 
     def restart_crashed_shards(self) -> None:
+        assert self.services is not None  # started with the actors
         for crash in self.services.check():
             lost = self.shard_states[crash.worker].size
             self.shard_states[crash.worker] = EMPTY
@@ -443,7 +457,7 @@ class ApexRunner(ParallelRunner):
     def beta(self) -> float:
         """Importance-sampling exponent: the algorithm's `beta`, fixed if its `beta_anneal` is off (the paper's, and
         the `apex` preset's), else annealed to 1 at the end of the budget."""
-        start = self.algo_cfg.beta
+        start: float = self.algo_cfg.beta
         if not self.algo_cfg.beta_anneal:
             return start
         return start + (1.0 - start) * min(1.0, self.env_steps / max(1, self.total_steps))
@@ -463,6 +477,7 @@ class ApexRunner(ParallelRunner):
         shard = self.choose_shard()
         if shard is None:
             return None
+        assert self.services is not None  # started with the actors
         return self.services.handles[shard].submit("sample", self.algo_cfg.batch_size)
 
     def weigh(self, sampled: SampledBatch) -> None:
@@ -479,7 +494,7 @@ class ApexRunner(ParallelRunner):
             self.prefetch = None
             if pending is None:
                 return None
-            sampled = self.wait(pending)
+            sampled: SampledBatch | None = self.wait(pending)
             if sampled is None:  # the shard had too little (restarted empty meanwhile): try the next
                 continue
             self.shard_states[sampled.shard] = sampled.state
@@ -510,6 +525,7 @@ class ApexRunner(ParallelRunner):
         """Updates the learner owes for the steps taken in (0 before the replay holds `learning_starts`)."""
         if not self.ready():
             return 0
+        assert self.ready_at is not None  # `ready` said so
         return int((self.env_steps - self.ready_at) * self.ratio) - self.learned
 
     def learn(self, n: int) -> tuple[dict[str, float], int]:
@@ -526,6 +542,7 @@ class ApexRunner(ParallelRunner):
                 out = self.algo.update(Batch(sampled.data))
             priorities = out.pop("priorities")
             out.pop("epsilon", None)  # the learner does not act: the actors' exploration is logged apart
+            assert self.services is not None  # it sampled them
             handle = self.services.handles[sampled.shard]
             self.writes[sampled.shard].append(handle.submit("update_priorities", sampled.ids, priorities))
             self.staleness.extend((self.weights.version - 1 - sampled.versions).tolist())
@@ -536,7 +553,7 @@ class ApexRunner(ParallelRunner):
         return metrics, done
 
     # ----------------------------------------------------------------------------------------- loop
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         """The replay shards first (their restarts are logged to `logger`), then the actors, which call them."""
         self.logger = logger
         self.services = self.start_services(
@@ -611,13 +628,13 @@ class ApexRunner(ParallelRunner):
         self.last_rates = (now, self.env_steps, self.state["updates"], self.added, self.sampled)
         return super().log_row() | row
 
-    def restart_crashed(self, pool, logger, how: str) -> None:
+    def restart_crashed(self, pool: RoleGroup, logger: RunLogger, how: str) -> None:
         """The crashed actors, then the crashed shards."""
         super().restart_crashed(pool, logger, how)
         self.restart_crashed_shards()
 
-    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+    def wind_down(self, stop_flag: StopFlag, pool: RoleGroup) -> None:
         self.stop_roles(stop_flag, pool, self.services)
 
-    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+    def shut_down(self, stop_flag: StopFlag, pool: RoleGroup | None) -> None:
         self.stop_roles(stop_flag, pool, self.services)

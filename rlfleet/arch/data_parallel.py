@@ -51,8 +51,11 @@ from, then the credits given back). No experience for 60 s (`STALL_S`) is report
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,9 +63,12 @@ import torch
 
 from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken
 from rlfleet.backends import RoleGroup
+from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.data.batch import map_obs
+from rlfleet.data.buffer import Obs
 from rlfleet.data.rollout import Segment
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.logger import RunLogger
 
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
 
@@ -116,7 +122,16 @@ class TransitionBlock:
         self.t = 0
         self.data: dict[str, Any] = {}
 
-    def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
+    def add(
+        self,
+        obs: Obs,
+        act: np.ndarray,
+        rew: np.ndarray,
+        next_obs: Obs,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        state: Any = None,
+    ) -> None:
         if state is not None:
             for key, value in zip(self.STATE, _state_to_numpy(state), strict=True):
                 if key not in self.data:
@@ -140,7 +155,7 @@ def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     restarted sampler with `train_freq=1`) has no `h`/`c` while the others do: its columns get zeros, the
     state a None stands for.
     """
-    out = {}
+    out: dict[str, Any] = {}
     for key in TransitionBlock.FIELDS:
         first = blocks[0][key]
         if isinstance(first, dict):
@@ -160,7 +175,7 @@ def concat_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
 class Sampler(Producer):
     """One sampler: its own envs and a local algorithm object that acts with the learner's latest weights."""
 
-    def produce(self, global_steps: int, stop=None) -> Experience | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> Experience | None:
         """One segment or transition block with the current weights (None if `stop` was set meanwhile)."""
         algo, c = self.algo, self.collector
         algo.schedule(global_steps, self.spec.total_steps)  # ε and the like follow the whole run
@@ -195,7 +210,13 @@ class DataParallelRunner(ParallelRunner):
         if self.algo.data not in ("rollout", "replay"):
             raise ConfigError(f"{self.cfg.algo} wants {self.algo.data!r} data; data_parallel feeds rollout or replay")
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
         self.start_backend()  # the counter: env steps consumed by the learner
@@ -247,21 +268,21 @@ class DataParallelRunner(ParallelRunner):
         Sampler `w` fills columns `[w × n_envs, (w + 1) × n_envs)`. A restarted sampler's envs begin new
         episodes, so before its first block the stream stored in its columns ends (`mark_boundary`).
         """
-        cfg = self.algo_cfg
+        cfg, buffer = self.algo_cfg, self.buffer
+        assert buffer is not None  # a replay algorithm's learner has its buffer
         self.algo.schedule(self.env_steps, self.total_steps)  # ε only: DQN copies its target inside `update`
         self._consume(items)
         for item in items:
             if self.incarnations.setdefault(item.worker, item.incarnation) != item.incarnation:
-                self.buffer.mark_boundary(np.arange(item.worker * cfg.n_envs, (item.worker + 1) * cfg.n_envs))
+                buffer.mark_boundary(np.arange(item.worker * cfg.n_envs, (item.worker + 1) * cfg.n_envs))
                 self.incarnations[item.worker] = item.incarnation
         block = concat_blocks([item.data for item in items])
         for t in range(len(block["rew"])):
-            step = (map_obs(lambda a, t=t: a[t], block[key]) for key in TransitionBlock.FIELDS)
-            if "h" in block:  # a recurrent policy's states, for a sequence buffer
-                self.buffer.add(*step, state=(block["h"][t], block["c"][t]))
-            else:
-                self.buffer.add(*step)
-        if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
+            step = [map_obs(itemgetter(t), block[key]) for key in TransitionBlock.FIELDS]
+            if "h" in block:  # a recurrent policy's states: a sequence buffer's `state`, after the fields
+                step.append((block["h"][t], block["c"][t]))
+            buffer.add(*step)
+        if not buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}, 0
         return self.replay_updates(self.publishing), cfg.gradient_steps
 
@@ -269,7 +290,7 @@ class DataParallelRunner(ParallelRunner):
     waiting_for = "experience from the samplers"
     restart_how = "with the learner's current weights"
 
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         make_sampler = partial(Sampler, self.spec, self.shared, self.weights)
         return self.start_roles(make_sampler, stop_flag, AHEAD[self.algo.data])
 
@@ -281,10 +302,11 @@ class DataParallelRunner(ParallelRunner):
             for w, block in enumerate(self.pending):
                 if block is None:
                     self.pending[w] = pool.get(w, max(0.0, deadline - time.monotonic()))
-            if any(p is None for p in self.pending):
+            items = [p for p in self.pending if p is not None]
+            if len(items) < len(self.pending):
                 return None
-            items, self.pending = self.pending, [None] * self.opts.workers
-            metrics, updates = self.learn_blocks(items)  # type: ignore[arg-type]
+            self.pending = [None] * self.opts.workers
+            metrics, updates = self.learn_blocks(items)
         else:  # the next segment of any sampler
             item = pool.get_any(WAIT_S)
             if item is None:

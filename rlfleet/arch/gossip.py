@@ -74,9 +74,11 @@ import os
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Any
+from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -85,8 +87,10 @@ from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, Wo
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup, RunFailure
 from rlfleet.backends.mailboxes import Mailboxes, MailboxesReset
+from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.logger import RunLogger
 
 AHEAD = 2  # items a learner may have sent beyond those the coordinator has taken in
 WAIT_SLICE_S = 1.0  # the longest a learner waits for its peers in one produce call (then an empty item)
@@ -106,7 +110,8 @@ def ring_matrix(n: int, peers: int = 1) -> np.ndarray:
     for i in range(n):
         for d in range(1, peers + 1):
             p[i, (i - d) % n] = 1.0
-    return p / p.sum(axis=1, keepdims=True)
+    mixing: np.ndarray = p / p.sum(axis=1, keepdims=True)
+    return mixing
 
 
 def exponential_matrices(n: int, peers: int = 1) -> list[np.ndarray]:
@@ -166,14 +171,14 @@ def check_mixing(matrices: list[np.ndarray], n: int, where: str = "the mixing ma
             raise ConfigError(f"{label}: entry [{i}, {i}] is 0; every learner must keep a share of its own parameters")
     # Strongly connected: learner 0's parameters reach every learner (edges[i, j] > 0: i hears from j). For doubly
     # stochastic matrices that is enough: one that is reducible splits into blocks that never talk either way.
-    edges = sum((p > 0).astype(int) for p in matrices)
+    edges = np.sum([p > 0 for p in matrices], axis=0)
     seen, todo = {0}, [0]
     while todo:
         j = todo.pop()
-        for i in np.flatnonzero(edges[:, j] > 0):
-            if int(i) not in seen:
-                seen.add(int(i))
-                todo.append(int(i))
+        for i in map(int, np.flatnonzero(edges[:, j] > 0)):
+            if i not in seen:
+                seen.add(i)
+                todo.append(i)
     if len(seen) < n:
         other = min(set(range(n)) - seen)
         raise ConfigError(
@@ -250,7 +255,7 @@ class Topology:
 
     @property
     def n(self) -> int:
-        return self.matrices[0].shape[0]
+        return len(self.matrices[0])
 
     def matrix(self, round_: int) -> np.ndarray:
         return self.matrices[round_ % len(self.matrices)]
@@ -274,7 +279,7 @@ class Topology:
         for p in self.matrices:
             product = p @ product
         moduli = np.sort(np.abs(np.linalg.eigvals(product)))[::-1]
-        return float(moduli[1]) ** (1.0 / len(self.matrices))
+        return math.pow(float(moduli[1]), 1.0 / len(self.matrices))
 
 
 def consensus_distance(params: np.ndarray) -> float:
@@ -287,7 +292,7 @@ def consensus_distance(params: np.ndarray) -> float:
 class GossipSpec(WorkerSpec):
     """A learner's `WorkerSpec`, and what it gossips with."""
 
-    topology: Topology | None = field(default=None, kw_only=True)
+    topology: Topology = field(kw_only=True)
     initial_states: list[bytes] = field(default_factory=list, kw_only=True)
     """Each learner's `pack_state` (networks and optimizer) to start from."""
     start_round: int = field(default=0, kw_only=True)
@@ -337,10 +342,28 @@ class GossipReport:
     averaged with those of the mailboxes restarted since)."""
 
 
+class Timings(TypedDict):
+    """A learner's seconds since its last item, as `GossipReport` sends them."""
+
+    compute_s: float
+    wait_s: float
+    average_s: float
+
+
+class Counts(TypedDict):
+    """A learner's counts of messages since its last item, as `GossipReport` sends them."""
+
+    skipped: int
+    staleness: int
+    mixed: int
+
+
 class GossipLearner(WorkerActor):
     """One learner: its own envs, algorithm and optimizer; after every update a round of gossip (see the module
     docstring). `produce` runs its phases (learn, post, gather; after a restart: drain, post, gather) until a
     round completes or it has waited one slice."""
+
+    spec: GossipSpec
 
     def __init__(self, spec: GossipSpec, mailboxes: Mailboxes, worker_id: int, incarnation: int = 0):
         super().__init__(spec, None, worker_id, incarnation)
@@ -350,10 +373,11 @@ class GossipLearner(WorkerActor):
         self.params = trainable_params(algo_modules(self.algo))
         self.flat = self.flatten()
         self.since: float | None = None  # when the current wait began
-        self.timings = {"compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0}
-        self.counts = {"skipped": 0, "staleness": 0, "mixed": 0}
+        self.timings = Timings(compute_s=0.0, wait_s=0.0, average_s=0.0)
+        self.counts = Counts(skipped=0, staleness=0, mixed=0)
         self.gala = spec.order == "gala"
-        self.steps, self.returns = 0, []
+        self.steps = 0
+        self.returns: list[float] = []
         self.metrics: dict[str, float] = {}
         self.adopted = False  # this incarnation's first round: taken from the in-neighbours, not learned
         self.note: str | None = None  # sent with the next completed round
@@ -404,6 +428,7 @@ class GossipLearner(WorkerActor):
         start = time.perf_counter()
         self.algo.schedule(global_steps, self.spec.total_steps)
         before = self.collector.env_steps
+        assert self.storage is not None  # gossip runs on-policy algorithms, which collect rollouts (check_config)
         segment = self.collector.collect_rollout(self.storage)
         self.steps += self.collector.env_steps - before
         self.returns += self.collector.pop_new_returns()
@@ -454,12 +479,13 @@ class GossipLearner(WorkerActor):
             self.counts["skipped"] += 1
             return
         messages = [mb.latest(me, j) for j in peers]
-        if any(m is None for m in messages):  # a slot torn by a sender killed while it posted: not this round
+        whole = [m for m in messages if m is not None]
+        if len(whole) < len(messages):  # a slot torn by a sender killed while it posted: not this round
             self.counts["skipped"] += 1
             return
         row = torch.as_tensor(topo.matrix(t)[me], dtype=torch.float32)
         mixed = row[me] * self.flat
-        for j, (round_, message) in zip(peers, messages, strict=True):
+        for j, (round_, message) in zip(peers, whole, strict=True):
             mixed += row[j] * message
             self.counts["staleness"] += max(0, t - round_)
         self.counts["mixed"] += len(peers)
@@ -481,7 +507,7 @@ class GossipLearner(WorkerActor):
             self.note = f"restarted from the run's initial state (round {round_}: no in-neighbour has posted)"
         self.adopted = True
 
-    def produce(self, global_steps: int, stop=None) -> GossipReport | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> GossipReport | None:
         try:
             return self.play(global_steps, stop)
         except MailboxesReset as reset:  # every learner meets it: they all go on from the same round
@@ -491,7 +517,7 @@ class GossipLearner(WorkerActor):
             self.note = f"the mailboxes were restarted: rejoined at round {reset.round} with its own parameters"
             return self.report()
 
-    def play(self, global_steps: int, stop=None) -> GossipReport | None:
+    def play(self, global_steps: int, stop: StopFlag | None = None) -> GossipReport | None:
         """The phases until a round completes, the wait slice ends or `stop` is set."""
         slice_end = time.monotonic() + self.spec.wait_slice_s
         while True:
@@ -525,8 +551,8 @@ class GossipLearner(WorkerActor):
         item = GossipReport(self.worker_id, self.incarnation, self.steps, self.returns, trouble=trouble,
                             generation=self.mailboxes.generation, **self.timings, **self.counts)  # fmt: skip
         self.steps, self.returns = 0, []
-        self.timings = dict.fromkeys(self.timings, 0.0)
-        self.counts = dict.fromkeys(self.counts, 0)
+        self.timings = Timings(compute_s=0.0, wait_s=0.0, average_s=0.0)
+        self.counts = Counts(skipped=0, staleness=0, mixed=0)
         if completed:
             item.round = self.round
             item.metrics, self.metrics = ({} if self.adopted else self.metrics), {}
@@ -583,6 +609,7 @@ class GossipRunner(ParallelRunner):
     Options = GossipOptions
     waiting_for = "completed round from the learners"
     restart_how = "(from the average of its in-neighbours' parameters)"
+    spec: GossipSpec
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
@@ -618,7 +645,13 @@ class GossipRunner(ParallelRunner):
             return opts.gossip_order
         return "pala" if opts.backend == "ray" else "gala"
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         opts = self.opts
         in_process = BACKENDS[opts.backend].in_process
@@ -704,17 +737,17 @@ class GossipRunner(ParallelRunner):
             self._report(f"learner {item.worker}: {item.note}")
         if item.trouble is not None:
             raise GossipTimeout(item.trouble)
-        if item.state is not None:
-            self.states[item.worker], self.state_rounds[item.worker] = item.state, item.round
-        if item.round is not None:
+        if item.round is not None:  # a completed round (only those send a state and parameters)
+            if item.state is not None:
+                self.states[item.worker], self.state_rounds[item.worker] = item.state, item.round
             self.highest_round = max(self.highest_round, item.round)
-        current = item.generation == self.mailboxes.generation  # not a round begun before the mailboxes restarted
-        if item.params is not None and current and item.round > self.round:
-            sent = self.pending.setdefault(item.round, {})
-            sent[item.worker] = item.params
-            if len(sent) == self.opts.learners:
-                self.average_round(item.round, np.stack([sent[i] for i in range(self.opts.learners)]))
-                self.pending = {r: s for r, s in self.pending.items() if r > item.round}
+            current = item.generation == self.mailboxes.generation  # not a round begun before the mailboxes restarted
+            if item.params is not None and current and item.round > self.round:
+                sent = self.pending.setdefault(item.round, {})
+                sent[item.worker] = item.params
+                if len(sent) == self.opts.learners:
+                    self.average_round(item.round, np.stack([sent[i] for i in range(self.opts.learners)]))
+                    self.pending = {r: s for r, s in self.pending.items() if r > item.round}
         if item.round is None or not item.metrics:
             return {}, 0
         return item.metrics, 1
@@ -751,7 +784,7 @@ class GossipRunner(ParallelRunner):
         return super().log_row() | row
 
     # ----------------------------------------------------------------------------------------- loop
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         """The mailboxes first (every learner having posted and read the round before the first), then the
         learners."""
         opts = self.opts
@@ -762,7 +795,7 @@ class GossipRunner(ParallelRunner):
         learner = partial(GossipLearner, self.spec, self.mailboxes)
         return self.start_roles(learner, stop_flag, AHEAD, services=self.mailboxes.keeper)
 
-    def restart_crashed(self, pool, logger, how: str) -> None:
+    def restart_crashed(self, pool: RoleGroup, logger: RunLogger, how: str) -> None:
         """The crashed learners, then the mailboxes' process, where they have one (restarted empty by its keeper:
         every learner rejoins past every round seen, with its own parameters; rounds begun before are not
         averaged). The backend stops the keeper with everything else it started (`close`)."""

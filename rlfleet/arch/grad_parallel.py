@@ -59,8 +59,10 @@ any worker, a centre step once k are gathered, the credits of those taken in giv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,9 +72,13 @@ from torch import nn
 from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken
 from rlfleet.arch.shared import algo_modules, trainable_params
 from rlfleet.backends import RoleGroup
+from rlfleet.backends.shared_memory import StopFlag
+from rlfleet.data.rollout import Segment
 from rlfleet.fields import bounded
 from rlfleet.optim.shared import ALGO, build_optimizer
 from rlfleet.optim.step import set_lr
+from rlfleet.run.config import RunConfig
+from rlfleet.run.logger import RunLogger
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
 
@@ -96,15 +102,16 @@ class Gradient:
 class GradientWorker(Producer):
     """One worker: its own envs and a local algorithm object; gradients of the algorithm's loss go out flat."""
 
-    def collect(self, global_steps: int, stop=None):
+    def collect(self, global_steps: int, stop: StopFlag | None = None) -> tuple[int, Segment] | None:
         """(weight version, segment) collected with the current shared weights; None if `stop` was set."""
         self.algo.schedule(global_steps, self.spec.total_steps)  # ε and the like follow the whole run
         version = self.weights.read(self.copy.pull, stop)  # after schedule: the centre's target networks win
         if version is None:
             return None
+        assert self.storage is not None  # grad_parallel runs rollout algorithms only (`check_parallel`)
         return version, self.collector.collect_rollout(self.storage)
 
-    def gradient(self, segment) -> tuple[np.ndarray | None, dict[str, float]]:
+    def gradient(self, segment: Segment) -> tuple[np.ndarray | None, dict[str, float]]:
         """The flat gradient of the algorithm's loss on `segment` at the local weights, and the loss metrics."""
         algo = self.algo
         batch = algo.process(segment)
@@ -118,7 +125,7 @@ class GradientWorker(Producer):
         grads = [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in params]
         return torch.cat(grads).numpy(), metrics
 
-    def produce(self, global_steps: int, stop=None) -> Gradient | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> Gradient | None:
         before = self.collector.env_steps
         collected = self.collect(global_steps, stop)
         if collected is None:
@@ -170,12 +177,18 @@ class GradParallelRunner(ParallelRunner):
     """The centre of a `grad_parallel` run (see the module docstring)."""
 
     arch = "grad_parallel"
-    Options = GradParallelOptions
+    Options: type = GradParallelOptions  # async_grad's have no --grad-sets
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
         self.grad_sets = self.gradients_per_step()
@@ -200,7 +213,8 @@ class GradParallelRunner(ParallelRunner):
 
     def gradients_per_step(self) -> int:
         """k, the gradient sets the centre sums per optimizer step (`--grad-sets`, 0: one per worker)."""
-        return self.opts.grad_sets or self.opts.workers
+        k: int = self.opts.grad_sets or self.opts.workers
+        return k
 
     def _extra_state(self) -> dict[str, Any]:
         return {"version": self.weights.version, "optimizer": self.optimizer.state_dict()}
@@ -235,7 +249,7 @@ class GradParallelRunner(ParallelRunner):
     waiting_for = "gradient from the workers"
     restart_how = "with the current shared weights"
 
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         make_worker = partial(GradientWorker, self.spec, self.shared, self.weights)
         return self.start_roles(make_worker, stop_flag, self.credits)
 

@@ -30,19 +30,23 @@ loop it counts the episodes the workers reported on their way out (`wind_down`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from rlfleet.arch.parallel import ParallelRunner, SharedOptimizerOptions, Taken, WorkerActor, WorkerSpec
-from rlfleet.arch.shared import trainable_params
+from rlfleet.arch.shared import LocalCopy, trainable_params
 from rlfleet.backends import BACKENDS, RoleGroup
+from rlfleet.backends.shared_memory import StepCounter, StopFlag
 from rlfleet.optim.shared import build_optimizer, is_shared
 from rlfleet.optim.step import set_lr
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.logger import RunLogger
 
 REPORT_EVERY_S = 0.2  # how often a worker process sends its episode returns and losses to the monitor
 PHASES = ("pull", "act", "loss", "backward", "apply")
@@ -66,6 +70,9 @@ class HogwildSpec(WorkerSpec):
 class HogwildWorker(WorkerActor):
     """One actor-learner: its own envs and local copy of the model; gradients go to the shared parameters."""
 
+    spec: HogwildSpec
+    copy: LocalCopy  # of the shared networks, which it is always given
+
     def __init__(
         self,
         spec: HogwildSpec,
@@ -73,7 +80,7 @@ class HogwildWorker(WorkerActor):
         optimizer: torch.optim.Optimizer | None,
         worker_id: int,
         incarnation: int = 0,
-        counter=None,
+        counter: StepCounter | None = None,
     ):
         super().__init__(spec, shared, worker_id, incarnation)
         self.counter = counter  # the global step count T; this worker adds to its own slot
@@ -94,6 +101,7 @@ class HogwildWorker(WorkerActor):
         algo.schedule(global_steps, self.spec.total_steps)
         set_lr(self.optimizer, algo.lr_at(global_steps, self.spec.total_steps))  # the algorithm's own schedule
         before = self.collector.env_steps
+        assert self.storage is not None  # hogwild runs rollout algorithms only (`check_parallel`)
         segment = self.collector.collect_rollout(self.storage)
         steps = self.collector.env_steps - before
         t2 = clock()
@@ -119,10 +127,11 @@ class HogwildWorker(WorkerActor):
         timing["apply"] += t5 - t4
         return steps, metrics
 
-    def produce(self, global_steps: int, stop) -> tuple[int, list[float], dict[str, float], dict[str, float]]:
+    def produce(self, global_steps: int, stop: StopFlag) -> tuple[int, list[float], dict[str, float], dict[str, float]]:
         """Segments for `report_every_s` (at least one), each added to the worker's slot of T; then the report
         home: (updates made, returns of the episodes finished, the last loss metrics, the seconds spent in each of
         `PHASES` and the segments since the last report, under "segments")."""
+        assert self.counter is not None  # a backend's role is always given the global count
         updates, metrics, started = 0, {}, time.monotonic()
         t = global_steps
         while True:
@@ -142,6 +151,7 @@ class HogwildRunner(ParallelRunner):
 
     arch = "hogwild"
     Options = SharedOptimizerOptions
+    spec: HogwildSpec
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
@@ -151,7 +161,13 @@ class HogwildRunner(ParallelRunner):
                 "shares none: use --arch async_grad (asynchronous gradients, A3C's update through one learner)"
             )
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec(
             HogwildSpec,
@@ -182,7 +198,7 @@ class HogwildRunner(ParallelRunner):
     waiting_for = None  # reports come on a clock, not per item; a hung worker is the heartbeat's
     restart_how = "from the shared parameters"
 
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         make_worker = partial(HogwildWorker, self.spec, self.shared, self.optimizer, counter=self.counter)
         return self.start_roles(make_worker, stop_flag)
 
@@ -219,7 +235,7 @@ class HogwildRunner(ParallelRunner):
         self.timing = dict.fromkeys(self.timing, 0.0)
         return super().log_row() | row
 
-    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+    def wind_down(self, stop_flag: StopFlag, pool: RoleGroup) -> None:
         """Stop the workers, then count the episodes and time they reported on their way out."""
         self.stop_roles(stop_flag, pool)
         while (report := pool.get_any(0.0)) is not None:
@@ -227,7 +243,7 @@ class HogwildRunner(ParallelRunner):
             for key, seconds in report[3].items():
                 self.timing[key] += seconds
 
-    def finish(self, logger, start: float, stopped_by: str) -> None:
+    def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
         """The timing of the segments since the last log row, then the usual final evaluation and checkpoint (so a
         run shorter than a log row says where its time went too)."""
         if self.timing["segments"] > 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ class OfflineRunner(RunBase):
         cfg: RunConfig,
         resume_from: dict[str, Any] | None = None,
         run_dir: Path | None = None,
-        callbacks=None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.state.update(
@@ -135,12 +136,14 @@ class OfflineRunner(RunBase):
     @property
     def env_steps(self) -> int:
         """Gradient steps taken (the offline runner's unit of progress)."""
-        return self.state["gradient_steps"]
+        steps: int = self.state["gradient_steps"]
+        return steps
 
     @property
     def episodes(self) -> int:
         """Learner episodes run for DAgger."""
-        return self.state["dagger_episodes"]
+        episodes: int = self.state["dagger_episodes"]
+        return episodes
 
     def _payload(self, with_data: bool) -> dict[str, Any]:
         payload = super()._payload(with_data)
@@ -190,21 +193,24 @@ class OfflineRunner(RunBase):
             self._perm = (key, np.random.default_rng([self.cfg.seed, self.state["epoch"]]).permutation(n))
         start = self.state["position"]
         self.state["position"] += size
-        return self.data[self._perm[1][start : start + size]]
+        minibatch: Batch = self.data[self._perm[1][start : start + size]]
+        return minibatch
 
     def _dagger_due(self) -> bool:
-        rounds = self.algo_cfg.dagger_iterations
-        done = self.state["dagger_round"]
+        rounds: int = self.algo_cfg.dagger_iterations
+        done: int = self.state["dagger_round"]
         if self.expert is None or done >= rounds:
             return False
-        return self.state["gradient_steps"] >= (done + 1) * self.total_steps // (rounds + 1)
+        return self.env_steps >= (done + 1) * self.total_steps // (rounds + 1)
 
-    def _expert_labels(self):
+    def _expert_labels(self) -> Callable[[Any, np.ndarray], np.ndarray]:
         """Labels for `EpisodeRecorder`: the expert's greedy actions, its recurrent state carried along."""
         expert, state = self.expert, None
+        assert expert is not None  # DAgger runs with an expert
 
-        def labels(obs, done):
+        def labels(obs: Any, done: np.ndarray) -> np.ndarray:
             nonlocal state
+            act: np.ndarray
             act, _, state = expert.act(obs, state, explore=False)
             if state is not None and done.any():
                 state = expert.reset_state(state, done)

@@ -24,9 +24,10 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar, overload
 
 import gymnasium as gym
 import numpy as np
@@ -34,8 +35,8 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy, algo_modules
-from rlfleet.backends import BACKENDS, RoleGroup, RunFailure, ServiceGroup, make_backend
-from rlfleet.backends.shared_memory import WeightVersion
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, RunFailure, ServiceGroup, make_backend
+from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.device import host_modules, sync_host
 from rlfleet.envs import make_vector_env
@@ -64,8 +65,8 @@ class WorkerSpec:
     algo: str
     algo_cfg: Any
     env: str
-    observation_space: gym.Space
-    action_space: gym.Space
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
     seed: int
     total_steps: int
     resumes: int = field(default=0, kw_only=True)
@@ -75,6 +76,9 @@ class WorkerSpec:
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
         return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation + 10_000_019 * self.resumes
+
+
+Spec = TypeVar("Spec", bound=WorkerSpec)
 
 
 @dataclass
@@ -189,6 +193,8 @@ class Producer(WorkerActor, ABC):
     and makes items for the coordinator (`produce`, run by the backend): data_parallel's samplers and
     grad_parallel's gradient workers. Only the coordinator changes the shared networks."""
 
+    copy: LocalCopy  # workers that read the coordinator's weights always have one
+
     def __init__(
         self,
         spec: WorkerSpec,
@@ -201,7 +207,7 @@ class Producer(WorkerActor, ABC):
         self.weights = weights
 
     @abstractmethod
-    def produce(self, global_steps: int, stop=None) -> Any | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> Any | None:
         """The next item made with the current weights, the schedules at `global_steps`; None if `stop` was
         set meanwhile."""
 
@@ -229,6 +235,8 @@ class ParallelRunner(RunBase):
     """What the coordinator waits for, as its stall report names it ("no ... for 60 s"); None: no stall report."""
     restart_how: str = ""
     """How a restarted worker begins, as its crash report says it ("restarting it ...")."""
+    spec: WorkerSpec
+    """What the workers are built from (`worker_spec`, made by each architecture)."""
 
     def check_parallel(self, on_policy_only: bool, uses_optimizer: bool) -> None:
         """Refuse what the architecture cannot run. `on_policy_only`: it applies one gradient of the algorithm's
@@ -297,6 +305,10 @@ class ParallelRunner(RunBase):
                 "--oversubscribe to start them anyway"
             )
 
+    @overload
+    def worker_spec(self) -> WorkerSpec: ...
+    @overload
+    def worker_spec(self, spec_cls: type[Spec], **extra: Any) -> Spec: ...
     def worker_spec(self, spec_cls: type[WorkerSpec] = WorkerSpec, **extra: Any) -> WorkerSpec:
         """The run's `WorkerSpec` (or a subclass of it, whose extra fields come as keywords)."""
         return spec_cls(
@@ -372,7 +384,11 @@ class ParallelRunner(RunBase):
         self._restore_extra(saved)
 
     def start_roles(
-        self, make_role, stop, credits: int | None = None, services: ServiceGroup | None = None
+        self,
+        make_role: Callable[[int, int], Any],
+        stop: StopFlag,
+        credits: int | None = None,
+        services: ServiceGroup | None = None,
     ) -> RoleGroup:
         """Start `--workers` roles made by `make_role(worker_id, incarnation)` on the run's backend; each sends
         items (`credits` ahead at most) until the budget is spent or `stop` is set. Their pids (processes)
@@ -393,7 +409,9 @@ class ParallelRunner(RunBase):
             group.waits_on = [services]
         return group
 
-    def start_services(self, make_service, n: int, pids_file, name: str) -> ServiceGroup:
+    def start_services(
+        self, make_service: Callable[[int, int], Any], n: int, pids_file: Path | None, name: str
+    ) -> ServiceGroup:
         """Start `n` services on the run's backend, restarted when they die or stop answering for `--heartbeat-s`
         (hung), within the run's `--max-restarts`."""
         return self.backend.start_services(
@@ -401,7 +419,7 @@ class ParallelRunner(RunBase):
             heartbeat_s=self.opts.heartbeat_s,
         )  # fmt: skip
 
-    def wait_service(self, pending, check) -> Any:
+    def wait_service(self, pending: Pending, check: Callable[[], object]) -> Any:
         """A service's answer, waited for in slices of `WAIT_S` with `check()` (the services' health: dead and hung
         ones restarted) in between; once a stop is requested (Ctrl-C), at most `STOP_WAIT_S` more, then
         `ServiceWaitStopped`."""
@@ -419,7 +437,7 @@ class ParallelRunner(RunBase):
                         f"a stop was requested while a service did not answer for {STOP_WAIT_S:.0f} s"
                     )
 
-    def stop_roles(self, stop_flag, pool: RoleGroup | None, services: ServiceGroup | None = None) -> None:
+    def stop_roles(self, stop_flag: StopFlag, pool: RoleGroup | None, services: ServiceGroup | None = None) -> None:
         """Stop the roles (`stop_flag` first: they leave by themselves, what is left is stopped), then the
         services, and give back what the backend started. Idempotent: the end of a run and its `finally` both
         call it."""
@@ -430,7 +448,7 @@ class ParallelRunner(RunBase):
             services.stop()
         self.backend.close()
 
-    def restart_crashed(self, pool, logger, how: str) -> None:
+    def restart_crashed(self, pool: RoleGroup, logger: RunLogger, how: str) -> None:
         """Report the workers that crashed since the last check; `pool` has restarted them (`how` says from what)."""
         for crash in pool.check():
             self._report(f"{crash.describe()}\nrestarting it {how}")
@@ -438,7 +456,7 @@ class ParallelRunner(RunBase):
 
     def monitor_step(
         self,
-        logger,
+        logger: RunLogger,
         start: float,
         new_returns: list[float],
         metrics: dict[str, float],
@@ -462,7 +480,7 @@ class ParallelRunner(RunBase):
 
     # ----------------------------------------------------------------------------------------- loop
     @abstractmethod
-    def start_workers(self, stop_flag, logger: RunLogger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         """Start the run's roles (`start_roles`, and anything they need first) that leave once `stop_flag` is set;
         `logger` is the run's, for what logs outside the loop's passes (param_server's server restarts)."""
 
@@ -471,11 +489,11 @@ class ParallelRunner(RunBase):
         """One pass of the loop: wait (`WAIT_S` at most) for what the workers send, learn from it, count its steps
         and episodes, give the credits back; what it took in, None if nothing came."""
 
-    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+    def wind_down(self, stop_flag: StopFlag, pool: RoleGroup) -> None:
         """After the loop, before the final evaluation and checkpoint (`finish`): stop the workers."""
         self.stop_roles(stop_flag, pool)
 
-    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+    def shut_down(self, stop_flag: StopFlag, pool: RoleGroup | None) -> None:
         """Stop everything the run started, at its end or on an error (`pool` is None if it did not start)."""
         self.stop_roles(stop_flag, pool)
 

@@ -72,8 +72,10 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,14 +92,19 @@ from rlfleet.arch.parallel import (
     WorkerSpec,
 )
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
-from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceHandle
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceGroup, ServiceHandle
+from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.optim.shared import ALGO, OptimizerRecipe, build_optimizer
 from rlfleet.optim.step import set_lr
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.logger import RunLogger
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
 PULL_RETRY_S = 0.001  # a worker's pause before it pulls again, its shards having come at two versions
+
+OptimizerState = dict[str, Any]
+"""An optimizer's `state_dict()`."""
 
 
 def shard_bounds(size: int, shards: int) -> list[tuple[int, int]]:
@@ -112,29 +119,30 @@ def shard_bounds(size: int, shards: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def merge_optimizer_states(states: list[dict | None]) -> dict | None:
+def merge_optimizer_states(states: list[OptimizerState | None]) -> OptimizerState | None:
     """The state of an elementwise optimizer over the whole flat vector from those over its shards (each one
     parameter, the flat shard): per-element tensors are concatenated, the rest (step counts) taken from shard 0."""
-    if not states or any(s is None for s in states):
+    present = [s for s in states if s is not None]
+    if not states or len(present) < len(states):
         return None
-    first = states[0]
+    first = present[0]
     if 0 not in first["state"]:
         return copy.deepcopy(first)
     merged = {}
     for key, value in first["state"][0].items():
         if torch.is_tensor(value) and value.dim() == 1:
-            merged[key] = torch.cat([s["state"][0][key] for s in states])
+            merged[key] = torch.cat([s["state"][0][key] for s in present])
         else:
             merged[key] = copy.deepcopy(value)
     return {"state": {0: merged}, "param_groups": copy.deepcopy(first["param_groups"])}
 
 
-def split_optimizer_state(state: dict | None, bounds: list[tuple[int, int]]) -> list[dict | None]:
+def split_optimizer_state(state: OptimizerState | None, bounds: list[tuple[int, int]]) -> list[OptimizerState | None]:
     """The inverse of `merge_optimizer_states`: one state per shard."""
     if state is None or 0 not in state["state"]:
         return [copy.deepcopy(state) for _ in bounds]
     size = bounds[-1][1]
-    shards = []
+    shards: list[OptimizerState | None] = []
     for start, end in bounds:
         part = {}
         for key, value in state["state"][0].items():
@@ -153,7 +161,7 @@ class ShardState:
     version: int
     params: torch.Tensor
     """float32, the shard of the flat parameter vector."""
-    optimizer: dict | None
+    optimizer: OptimizerState | None
     """The state_dict of the shard's optimizer (None: a fresh one)."""
     frozen: list[torch.Tensor] | None
     """Server 0: the target networks and their clocks (`frozen_state`); None on the others."""
@@ -200,7 +208,7 @@ class ParamShard:
     def load(self, state: ShardState) -> int:
         """Everything from `state` (the coordinator's last snapshot: a roll-back), as a server started from it;
         returns the version loaded."""
-        self.__init__(state, self.optimizer_name, self.lr, self.algo_optimizer)
+        ParamShard.__init__(self, state, self.optimizer_name, self.lr, self.algo_optimizer)
         return self.version
 
     def state(self) -> ShardState:
@@ -268,13 +276,13 @@ class ShardWorker(WorkerActor):
         self.frozen = frozen_state(modules)
 
     @torch.no_grad()
-    def pull(self, stop=None) -> int | None:
+    def pull(self, stop: StopFlag | None = None) -> int | None:
         """Every shard into the local networks (and server 0's target networks), all at one version: the
         coordinator pushes to every server before the next push, so a pull that straddles a push (or a
         roll-back) sees two versions and is made again. The version pulled; None if `stop` was set meanwhile."""
         while True:
             replies = wait_all([server.submit("pull") for server in self.servers])
-            versions = {version for version, _, _ in replies}
+            versions: set[int] = {version for version, _, _ in replies}
             if len(versions) == 1:
                 break
             if stop is not None and stop.is_set():
@@ -293,21 +301,22 @@ class ShardWorker(WorkerActor):
         """The flat gradient of `loss` with its global norm clipped to `max_grad_norm`, and the norm before."""
         for p in self.params:
             p.grad = None
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         limit = self.algo.max_grad_norm if self.algo.max_grad_norm > 0 else float("inf")
         norm = float(nn.utils.clip_grad_norm_(self.params, limit))
-        return torch.cat([p.grad.flatten() for p in self.params]), norm
+        return torch.cat([p.grad.flatten() for p in self.params if p.grad is not None]), norm  # each has one by now
 
-    def produce(self, global_steps: int, stop=None) -> Progress | None:
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> Progress | None:
         total = self.spec.total_steps
         before = self.collector.env_steps
         self.algo.schedule(global_steps, total)  # ε and the like follow the whole run
         version = self.pull(stop)  # after schedule: the servers' target networks win
         if version is None:
             return None
+        assert self.storage is not None  # param_server runs on-policy algorithms, which collect rollouts
         segment = self.collector.collect_rollout(self.storage)
         batch = self.algo.process(segment)
         metrics: dict[str, float] = {}
@@ -363,7 +372,13 @@ class ParamServerRunner(ParallelRunner):
                 f"networks; use 1 to {size}"
             )
 
-    def __init__(self, cfg, resume_from=None, run_dir=None, callbacks=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
         self.spec = self.worker_spec()
         self.start_backend()  # the counter: env steps of the items taken in
@@ -371,7 +386,7 @@ class ParamServerRunner(ParallelRunner):
         self.frozen = frozen_state(self.shared)
         self.bounds = shard_bounds(sum(p.numel() for p in self.params), self.opts.shards)
         self.version = 0
-        self.saved_optimizer: dict | None = None
+        self.saved_optimizer: OptimizerState | None = None
         if resume_from is not None:
             self._restore(resume_from)
         flat = torch.cat([p.detach().flatten() for p in self.params])
@@ -384,13 +399,13 @@ class ParamServerRunner(ParallelRunner):
         ]
         recipe = self.algo_optimizer() if self.opts.optimizer == ALGO else None
         self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr, recipe)
-        self.services = None
+        self.services: ServiceGroup | None = None
         self.pulled_at = self.env_steps  # the step of the state a restarted server starts from
         self.pushing = False  # a push (or roll-back) is in flight: a crash's roll-back waits for its answers
         self.rollback_due = False
         self.evaluating = False
         self.unanswered = False  # a server did not answer after a stop request: the snapshot is not pulled again
-        self.logger = None
+        self.logger: RunLogger | None = None
         self.eval_envs = self.make_eval_envs()
         self._write_config(
             {"optimizer": self.opts.optimizer, "workers": self.opts.workers, "shards": self.bounds, "ahead": AHEAD}
@@ -445,6 +460,8 @@ class ParamServerRunner(ParallelRunner):
         """Push `item`'s gradient, shard i to server i, and wait for every server (so that every server applies
         the pushes in the same order, the coordinator's, and is at the same version between them); the policy
         lag of the gradient (pushes applied since the version it was computed at)."""
+        assert item.grad is not None  # `coordinate` pushes only items with a gradient
+        assert self.services is not None  # started with the workers
         grad = torch.from_numpy(item.grad)
         expected = self.version
         self.pushing = True
@@ -469,6 +486,7 @@ class ParamServerRunner(ParallelRunner):
     def roll_back(self) -> None:
         """Every server to the coordinator's last snapshot (where a restarted server starts from): all shards of
         one version again, at the price of the pushes since the snapshot."""
+        assert self.services is not None  # started with the workers
         while True:
             self.rollback_due = False
             self.pushing = True  # crashes meanwhile: rolled back again below, not from within `wait`
@@ -485,6 +503,7 @@ class ParamServerRunner(ParallelRunner):
     def restart_crashed_servers(self) -> None:
         """Report the servers that crashed since the last check (the backend has restarted them from the last
         snapshot), and roll the others back to it too (once no push is in flight)."""
+        assert self.services is not None  # started with the workers
         for crash in self.services.check():
             state = self.servers.states[crash.worker]
             self._report(
@@ -497,7 +516,7 @@ class ParamServerRunner(ParallelRunner):
         if self.rollback_due and not self.pushing:
             self.roll_back()
 
-    def _evaluate(self, logger, elapsed: float) -> float:
+    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
         self.pull_servers()
         self.evaluating = True  # the "best" checkpoint holds the weights just evaluated
         try:
@@ -505,7 +524,7 @@ class ParamServerRunner(ParallelRunner):
         finally:
             self.evaluating = False
 
-    def save(self, name: str = "latest"):
+    def save(self, name: str = "latest") -> Path:
         if not self.evaluating:
             self.pull_servers()
         return super().save(name)
@@ -513,7 +532,7 @@ class ParamServerRunner(ParallelRunner):
     # ----------------------------------------------------------------------------------------- loop
     restart_how = "with the servers' current weights"
 
-    def start_workers(self, stop_flag, logger) -> RoleGroup:
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
         """The servers first (their restarts are logged to `logger`), then the workers, which call them."""
         self.logger = logger
         self.services = self.start_services(self.servers, self.opts.shards, self.run_dir / "servers.json", "server")
@@ -536,15 +555,15 @@ class ParamServerRunner(ParallelRunner):
         pool.release(item.worker, item.incarnation)
         return Taken(item.returns, metrics, updates)
 
-    def restart_crashed(self, pool, logger, how: str) -> None:
+    def restart_crashed(self, pool: RoleGroup, logger: RunLogger, how: str) -> None:
         """The crashed workers, then the crashed servers."""
         super().restart_crashed(pool, logger, how)
         self.restart_crashed_servers()
 
-    def wind_down(self, stop_flag, pool: RoleGroup) -> None:
+    def wind_down(self, stop_flag: StopFlag, pool: RoleGroup) -> None:
         """The workers only: the final evaluation and checkpoint pull the servers."""
         stop_flag.set()
         pool.stop()
 
-    def shut_down(self, stop_flag, pool: RoleGroup | None) -> None:
+    def shut_down(self, stop_flag: StopFlag, pool: RoleGroup | None) -> None:
         self.stop_roles(stop_flag, pool, self.services)

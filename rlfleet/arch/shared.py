@@ -11,17 +11,20 @@ writer may change them.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import torch
 from torch import nn
 
+from rlfleet.algos.contract import Algorithm
 
-def algo_modules(algo) -> dict[str, nn.Module]:
+
+def algo_modules(algo: Algorithm) -> dict[str, nn.Module]:
     """The algorithm's networks by attribute name (model, target network, ...)."""
     return {name: value for name, value in vars(algo).items() if isinstance(value, nn.Module)}
 
 
-def share_algo(algo) -> dict[str, nn.Module]:
+def share_algo(algo: Algorithm) -> dict[str, nn.Module]:
     """Move the algorithm's networks into shared memory (in place) and return them by name."""
     modules = algo_modules(algo)
     for module in modules.values():
@@ -53,7 +56,7 @@ class LocalCopy:
     copies the learner's into them.
     """
 
-    def __init__(self, local_algo, shared: dict[str, nn.Module], share_frozen: bool = True):
+    def __init__(self, local_algo: Algorithm, shared: dict[str, nn.Module], share_frozen: bool = True):
         self.algo = local_algo
         local = algo_modules(local_algo)
         if set(local) != set(shared):
@@ -87,25 +90,26 @@ class LocalCopy:
             sp.grad = lp.grad
 
 
-def to_bytes(state: dict) -> bytes:
+def to_bytes(state: dict[str, Any]) -> bytes:
     """A state dict serialised by `torch.save` (read back with `from_bytes`, `weights_only=True`)."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
 
 
-def from_bytes(data: bytes) -> dict:
-    return torch.load(io.BytesIO(data), weights_only=True)
+def from_bytes(data: bytes) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+    return state
 
 
-def pack_state(algo) -> bytes:
+def pack_state(algo: Algorithm) -> bytes:
     """What makes learners identical: every network's state (parameters and buffers: targets, clocks) and the
     optimizer's, serialised (`to_bytes`)."""
     modules = {name: module.state_dict() for name, module in algo_modules(algo).items()}
     return to_bytes({"modules": modules, "optimizer": algo.optimizer.state_dict()})
 
 
-def load_state(algo, data: bytes) -> None:
+def load_state(algo: Algorithm, data: bytes) -> None:
     """Load what `pack_state` wrote into `algo` (in place: shared networks stay shared)."""
     state = from_bytes(data)
     for name, module in algo_modules(algo).items():

@@ -118,11 +118,14 @@ class SingleRunner(RunBase):
 
     # ----------------------------------------------------------------------------------------- loop
     def _learn_rollout(self) -> dict[str, float]:
+        assert self.storage is not None  # a rollout algorithm's run has its storage
         segment = self.collector.collect_rollout(self.storage)
-        return self.algo.update(segment)
+        metrics: dict[str, float] = self.algo.update(segment)
+        return metrics
 
     def _learn_replay(self) -> dict[str, float]:
         cfg = self.algo_cfg
+        assert self.buffer is not None  # a replay algorithm's run has its buffer
         self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
         if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}

@@ -69,7 +69,7 @@ class RunFailure(RuntimeError):
     gone): the architecture stops cleanly (checkpoint, `result.json` with `stopped_by` "failure") and then raises
     it, with `run_dir` set to the run's folder."""
 
-    run_dir = None
+    run_dir: Path | None = None
 
 
 class WorkerFailure(RunFailure):
@@ -259,8 +259,8 @@ class Backend(ABC):
         self,
         make_role: Callable[[int, int], Any],
         n_workers: int,
-        counter: Any,
-        stop: Any,
+        counter: StepCounter,
+        stop: StopFlag,
         total_steps: int,
         credits: int | None = None,
         max_restarts: int = 10,

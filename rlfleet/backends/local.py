@@ -23,6 +23,7 @@ Services (`start_services`) are processes too, reached through sockets: see `rlf
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -31,14 +32,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Semaphore
 from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
 from torch import nn
 
-from rlfleet.backends.base import Backend, Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.base import Backend, Crash, RoleGroup, ServiceGroup, WorkerFailure
 from rlfleet.backends.child import child_setup
+from rlfleet.backends.shared_memory import StepCounter, StopFlag
 
 STARTUP_GRACE_S = 60.0  # time a starting worker has, beyond the heartbeat interval, for its first beat
 
@@ -48,7 +52,13 @@ class Outbox:
     waits for one of its credits (always granted without credits), `beat()` says it is alive (its slot of the
     pool's heartbeat times). Picklable to the worker at its start."""
 
-    def __init__(self, conn, credit=None, beats=None, slot: int = 0):
+    def __init__(
+        self,
+        conn: Connection,
+        credit: Semaphore | None = None,
+        beats: ctypes.Array[ctypes.c_double] | None = None,
+        slot: int = 0,
+    ):
         self.conn = conn
         self.credit = credit
         self.beats = beats
@@ -64,7 +74,7 @@ class Outbox:
     def error(self, text: str) -> None:
         self.conn.send(("error", text))
 
-    def take_credit(self, stop, poll_s: float = 0.1) -> bool:
+    def take_credit(self, stop: StopFlag, poll_s: float = 0.1) -> bool:
         """Take one credit, waiting while there is none; False if `stop` got set first."""
         if self.credit is None:
             return not stop.is_set()
@@ -75,7 +85,9 @@ class Outbox:
         return False
 
 
-def _bootstrap(target: Callable, worker_id: int, incarnation: int, outbox: Outbox, args: tuple) -> None:
+def _bootstrap(
+    target: Callable[..., None], worker_id: int, incarnation: int, outbox: Outbox, args: tuple[Any, ...]
+) -> None:
     """Process entry point: one thread, Ctrl-C ignored, gone with the coordinator, exceptions sent home with
     their traceback."""
     child_setup()
@@ -98,8 +110,8 @@ class WorkerPool(RoleGroup):
     def __init__(
         self,
         n_workers: int,
-        target: Callable,
-        args: tuple,
+        target: Callable[..., None],
+        args: tuple[Any, ...],
         max_restarts: int = 10,
         pids_file: Path | None = None,
         credits: int | None = None,
@@ -120,7 +132,7 @@ class WorkerPool(RoleGroup):
         self.processes: dict[int, Any] = {}
         self.incarnations = [0] * n_workers
         self.credits: list[Any] = [None] * n_workers
-        self.inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n_workers)]
+        self.inboxes: list[queue.SimpleQueue[tuple[int, Any]]] = [queue.SimpleQueue() for _ in range(n_workers)]
         self.readers: dict[int, threading.Thread] = {}
         self.tracebacks: dict[tuple[int, int], str] = {}
         self.restarts = 0
@@ -164,7 +176,7 @@ class WorkerPool(RoleGroup):
         thread.start()
         self.readers[wid] = thread
 
-    def _receive(self, reader, wid: int, incarnation: int) -> None:
+    def _receive(self, reader: Connection, wid: int, incarnation: int) -> None:
         """A reading thread: one incarnation's messages into its worker's inbox, until its pipe ends."""
         try:
             while True:
@@ -288,7 +300,15 @@ class WorkerPool(RoleGroup):
                 self.pids_file.unlink()
 
 
-def role_process(worker_id, incarnation, outbox, make_role, counter, stop, total_steps) -> None:
+def role_process(
+    worker_id: int,
+    incarnation: int,
+    outbox: Outbox,
+    make_role: Callable[[int, int], Any],
+    counter: StepCounter,
+    stop: StopFlag,
+    total_steps: int,
+) -> None:
     """A `WorkerPool` target that runs a role: builds `make_role(worker_id, incarnation)` and sends its
     `produce(global_steps, stop)` items home, taking one credit for each, until the run's steps are consumed
     (`counter`), `stop` is set or the role has nothing more to give (None)."""
@@ -321,16 +341,16 @@ class LocalBackend(Backend):
 
     def start(
         self,
-        make_role,
-        n_workers,
-        counter,
-        stop,
-        total_steps,
-        credits=None,
-        max_restarts=10,
-        pids_file=None,
-        heartbeat_s=None,
-    ):
+        make_role: Callable[[int, int], Any],
+        n_workers: int,
+        counter: StepCounter,
+        stop: StopFlag,
+        total_steps: int,
+        credits: int | None = None,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        heartbeat_s: float | None = None,
+    ) -> WorkerPool:
         pool = WorkerPool(
             n_workers,
             role_process,
@@ -343,7 +363,15 @@ class LocalBackend(Backend):
         pool.start()
         return pool
 
-    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service", heartbeat_s=None):
+    def start_services(
+        self,
+        make_service: Callable[[int, int], Any],
+        n: int,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        name: str = "service",
+        heartbeat_s: float | None = None,
+    ) -> ServiceGroup:
         from rlfleet.backends.services import ProcessServices
 
         services = ProcessServices(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import torch
@@ -97,9 +98,10 @@ class SharedMailboxes(Mailboxes):
     one shared-memory tensor [n, size], the rounds lock-free shared integers (`RawArray`), the doorbells
     semaphores of the context `ctx`. Picklable to `spawn`ed processes at their start."""
 
-    def __init__(self, ctx, n: int, size: int, start_round: int = 0):
+    def __init__(self, ctx: BaseContext, n: int, size: int, start_round: int = 0):
         self.n, self.size = n, size
-        self.slots = torch.zeros(n, size, dtype=torch.float32).share_memory_()
+        self.slots: torch.Tensor = torch.zeros(n, size, dtype=torch.float32)
+        self.slots.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves share_memory_ unannotated
         self._start = start_round
         self._seq = ctx.RawArray("q", n)  # per slot: odd while its sender copies into it (a sequence lock)
         self._written = ctx.RawArray("q", [start_round - 1] * n)

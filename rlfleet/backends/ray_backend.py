@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,7 @@ def _check_placement(placement: str, address: str) -> None:
             f"--placement {placement} names custom resources of a Ray cluster's nodes, but without --address the run "
             "starts a private Ray instance, which has none: join the cluster with --address HOST:PORT"
         )
-    if connected:
+    if ray is not None and connected:
         missing = sorted({n for n in names} - set(ray.cluster_resources()))
         if missing:
             raise ConfigError(f"--placement: no node of the connected Ray cluster offers {', '.join(missing)}")
@@ -169,7 +170,7 @@ class RayBackend(Backend):
                 self.log.write(f"Ray session folder: {session} ({whose}; Ray's own logs are in its logs/)")
         self.host = self.ray.util.get_node_ip_address()
         self.modules: dict[str, nn.Module] = {}
-        self.weights: Any = None
+        self.weights: WeightVersion | None = None
         self._published: tuple[int, Any] | None = None
         self._keepers: list[MailboxKeeper] = []
 
@@ -211,7 +212,15 @@ class RayBackend(Backend):
         """Torch threads of an actor: one per CPU it reserves."""
         return max(1, int(getattr(self.opts, "cpus_per_role", 1.0)))
 
-    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service", heartbeat_s=None):
+    def start_services(
+        self,
+        make_service: Callable[[int, int], Any],
+        n: int,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        name: str = "service",
+        heartbeat_s: float | None = None,
+    ) -> RayServices:
         return RayServices(self, make_service, n, max_restarts, pids_file, name, heartbeat_s)
 
     def share(self, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
@@ -237,7 +246,16 @@ class RayBackend(Backend):
             self._published = (version, self.ray.put(module_state(self.modules)))
         return version, self._published[1]
 
-    def mailboxes(self, n, size, start_round=0, rejoin_round=None, max_restarts=10, pids_file=None, heartbeat_s=None):
+    def mailboxes(
+        self,
+        n: int,
+        size: int,
+        start_round: int = 0,
+        rejoin_round: Callable[[], int] | None = None,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        heartbeat_s: float | None = None,
+    ) -> RayMailboxes:
         """Gossip mailboxes in one asyncio actor next to the driver (no CPU reserved), watched by their `keeper`
         (restarted empty when it dies or hangs), gone with `close()`."""
         mailboxes = RayMailboxes(n, size)
@@ -246,8 +264,18 @@ class RayBackend(Backend):
         self._keepers.append(mailboxes.keeper)
         return mailboxes
 
-    def start(self, make_role, n_workers, counter, stop, total_steps, credits=None, max_restarts=10, pids_file=None,
-              heartbeat_s=None):  # fmt: skip
+    def start(
+        self,
+        make_role: Callable[[int, int], Any],
+        n_workers: int,
+        counter: StepCounter,
+        stop: StopFlag,
+        total_steps: int,
+        credits: int | None = None,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        heartbeat_s: float | None = None,
+    ) -> RayGroup:
         return RayGroup(self, make_role, n_workers, counter, stop, total_steps, credits, max_restarts, pids_file,
                         heartbeat_s)  # fmt: skip
 

@@ -20,8 +20,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from rlfleet.fields import ConfigError
@@ -127,7 +129,7 @@ class LocalInstance:
 def local_instances() -> list[LocalInstance]:
     """Every Ray instance with a raylet on this machine, any user's (Linux: from /proc; elsewhere none are found),
     as Ray finds them for `auto`, with who runs each and whether it is a run's private instance."""
-    found = []
+    found: list[LocalInstance] = []
     proc = Path("/proc")
     if not proc.is_dir():
         return found
@@ -217,7 +219,7 @@ def refuse_foreign(address: str, given: str, how: str) -> None:
             )
 
 
-def import_ray(private: bool):
+def import_ray(private: bool) -> ModuleType:
     """Ray, imported so that a private instance (or one on 127.0.0.1) listens on loopback only; a clear error if it
     is missing."""
     imported = sys.modules.get("ray")
@@ -273,7 +275,7 @@ def _refresh_auth_settings() -> None:
     """Make Ray read the authentication settings of the environment again (mode and token), as Ray itself does
     when it turns token authentication on for a new local instance."""
     if "ray._raylet" in sys.modules:
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # not in _raylet.pyi
 
         Config.initialize("")  # the mode first: a token loaded while the mode is stale fails a check in Ray
         AuthenticationTokenLoader.instance().reset_cache()
@@ -295,7 +297,7 @@ def _new_private_folder() -> PrivateInstance:
     return instance
 
 
-def start_private_instance(min_cpus: int = 1):
+def start_private_instance(min_cpus: int = 1) -> ModuleType:
     """Start a Ray instance of this machine for this process alone: every listener on 127.0.0.1, token
     authentication on with a token of its own (`PrivateInstance`), Ctrl-C kept from its processes, at least
     `min_cpus` CPUs (more than the machine has oversubscribes it, as local processes would). Returns `ray`;
@@ -354,7 +356,7 @@ atexit.register(stop_private_instance)  # what `ray.shutdown()` alone leaves (Ra
 
 
 @contextlib.contextmanager
-def sigint_deferred():
+def sigint_deferred() -> Iterator[None]:
     """Ctrl-C while Ray starts processes (or actors) is deferred to the end of the block, neither lost nor seen by
     them. A terminal sends it to the whole process group: SIGINT is blocked in this thread, so the processes
     started here inherit it blocked and never see one (Ray blocks it in the processes it starts too, and none of

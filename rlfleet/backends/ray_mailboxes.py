@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,7 +29,7 @@ class MailboxActor:
 
     def __init__(self, n: int, start_round: int, generation: int):
         self.start, self.generation = start_round, generation
-        self.slots: list[Any] = [None] * n
+        self.slots: list[np.ndarray | None] = [None] * n
         self.written_rounds = [start_round - 1] * n
         self.read_rounds = [[start_round - 1] * n for _ in range(n)]
         self.bells = [asyncio.Event() for _ in range(n)]
@@ -50,12 +52,12 @@ class MailboxActor:
         for reader in readers:
             self.bells[reader].set()
 
-    async def take(self, reader: int, sender: int, round_: int) -> np.ndarray:
+    async def take(self, reader: int, sender: int, round_: int) -> np.ndarray | None:
         self.read_rounds[reader][sender] = round_
         self.bells[sender].set()
         return self.slots[sender]
 
-    async def latest(self, reader: int, sender: int) -> tuple[int, np.ndarray]:
+    async def latest(self, reader: int, sender: int) -> tuple[int, np.ndarray | None]:
         self.read_rounds[reader][sender] = self.written_rounds[sender]
         return self.written_rounds[sender], self.slots[sender]
 
@@ -78,18 +80,19 @@ class RayMailboxes(Mailboxes):
     def __init__(self, n: int, size: int):
         self.n, self.size = n, size
         self.handle: RayServiceHandle | None = None  # the keeper's, once it has started the actor
-        self._actor = None
+        self._actor: Any = None  # the actor handle, once reached
         self._counters: tuple[list[int], list[list[int]]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"handle": self.handle, "n": self.n, "size": self.size, "generation": self.generation,
                 "_actor": None, "_counters": None}  # fmt: skip
 
-    def _connect(self):
+    def _connect(self) -> Any:
         """The live actor under the name (the first one answering `hello`); `MailboxesReset` if it is of a later
         generation than the last one this copy reached."""
         import ray
 
+        assert self.handle is not None  # the keeper sets it when it is made, before anyone calls
         waited_since = time.monotonic()
         while self._actor is None:
             actor = self.handle.actor()  # waits (up to `RECONNECT_S`) for an actor to hold the name
@@ -116,6 +119,7 @@ class RayMailboxes(Mailboxes):
                 return ray.get(getattr(actor, method).remote(*args))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self._actor = self._counters = None  # its keeper restarts it: the next `_connect` waits for that
+                assert self.handle is not None  # `_connect` has used it
                 self.handle.lost()
 
     def _look(self) -> tuple[list[int], list[list[int]]]:
@@ -157,13 +161,13 @@ class MailboxKeeper(RayServices):
     generation, at the round `rejoin_round()` names (past every round the coordinator has seen). The
     coordinator's `mailboxes` carry that generation into the learners restarted later."""
 
-    def __init__(self, backend: RayHost, mailboxes: RayMailboxes, start_round: int, rejoin_round, max_restarts: int,
-                 pids_file, heartbeat_s: float | None):  # fmt: skip
+    def __init__(self, backend: RayHost, mailboxes: RayMailboxes, start_round: int, rejoin_round: Callable[[], int],
+                 max_restarts: int, pids_file: Path | None, heartbeat_s: float | None):  # fmt: skip
         self.mailboxes, self.start_round, self.rejoin_round = mailboxes, start_round, rejoin_round
         super().__init__(backend, None, 1, max_restarts, pids_file, "mailbox actor", heartbeat_s)
-        mailboxes.handle = self.handles[0]
+        mailboxes.handle = cast(RayServiceHandle, self.handles[0])  # what `RayServices` makes
 
-    def _start(self, index: int):
+    def _start(self, index: int) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         generation = self.incarnations[index]

@@ -14,7 +14,9 @@ import time
 import traceback
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,7 +25,7 @@ from torch import nn
 
 from rlfleet.backends.base import Crash, RoleGroup, WorkerFailure
 from rlfleet.backends.ray_instance import ANSI, sigint_deferred
-from rlfleet.backends.shared_memory import IN_PROCESS, StopFlag
+from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag
 
 STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
 TASK_EVENTS = False
@@ -68,7 +70,8 @@ def where() -> dict[str, Any]:
     """The process and node of the actor it runs in."""
     import ray  # in an actor, where Ray is imported already
 
-    return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+    ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # unannotated in Ray
+    return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "ip": ip}
 
 
 @dataclass
@@ -110,13 +113,13 @@ class Places:
     node, ip}}` in `places_file`, from each actor's `where()`. After a restart the new actor's answer is recorded
     when it comes (`poll`), so that neither the learner nor the healthy roles wait on a restart."""
 
-    def __init__(self, ray, pids_file, places_file):
+    def __init__(self, ray: Any, pids_file: Path | None, places_file: Path | None):
         self.ray, self.pids_file, self.places_file = ray, pids_file, places_file
         self.places: dict[str, dict[str, Any]] = {}
         self.pending: dict[int, Any] = {}  # index -> the where() call of its newest actor
         self.asked: dict[int, float] = {}  # index -> when (time.monotonic) it was asked
 
-    def ask(self, index: int, actor) -> None:
+    def ask(self, index: int, actor: Any) -> None:
         self.places.pop(str(index), None)
         self.pending[index] = actor.where.remote()
         self.asked[index] = time.monotonic()
@@ -154,7 +157,7 @@ class Places:
         self._write()
 
     def _write(self) -> None:
-        if self.pids_file is None:
+        if self.pids_file is None or self.places_file is None:  # both or neither
             return
         pids = {index: place["pid"] for index, place in self.places.items()}
         for path, data in ((self.pids_file, pids), (self.places_file, self.places)):
@@ -177,11 +180,12 @@ def unplaceable(backend: RayHost, service: bool = False) -> str:
 class Worker:
     """The coordinator's record of one worker: its actor, its calls in flight (oldest first) and its state."""
 
-    def __init__(self, actor, incarnation: int, started: float):
+    def __init__(self, actor: Any, incarnation: int, started: float):
         self.actor = actor
         self.incarnation = incarnation
-        self.calls: deque = deque()  # (object ref, when the actor could start it: issued, or the call before ended)
-        self.ready: deque = deque()  # items received and not yet handed out
+        # its calls: (object ref, when the actor could start it: issued, or the call before ended)
+        self.calls: deque[tuple[Any, float]] = deque()
+        self.ready: deque[Any] = deque()  # items received and not yet handed out
         self.credits = 0  # calls it may still be given
         self.version = -1  # the weight version its actor has
         self.started = started
@@ -193,8 +197,9 @@ class Worker:
 class RayGroup(RoleGroup):
     """N roles as Ray actors, driven by calls (see the module docstring)."""
 
-    def __init__(self, backend: RayHost, make_role, n_workers, counter, stop, total_steps, credits, max_restarts,
-                 pids_file, heartbeat_s):  # fmt: skip
+    def __init__(self, backend: RayHost, make_role: Callable[[int, int], Any], n_workers: int, counter: StepCounter,
+                 stop: StopFlag, total_steps: int, credits: int | None, max_restarts: int, pids_file: Path | None,
+                 heartbeat_s: float | None):  # fmt: skip
         self.ray = backend.ray
         self.backend = backend
         self.make_role = make_role
@@ -246,7 +251,7 @@ class RayGroup(RoleGroup):
     def _wanted(self) -> bool:
         return not self.stopping and not self.stop_flag.is_set() and self.counter.value < self.total_steps
 
-    def _collect(self, wid: int, ref) -> None:
+    def _collect(self, wid: int, ref: Any) -> None:
         """The result of a worker's oldest call, which has finished: an item, the end of the role, or a failure."""
         worker = self.workers[wid]
         worker.calls.popleft()

@@ -10,6 +10,8 @@ import signal
 import time
 import traceback
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,7 +63,7 @@ class RayPending(Pending):
     went), a wait with a timeout ends with `TimeoutError` like any other, so that a coordinator that restarts the
     services itself (`ServiceGroup.check`) does so between its waits; any wait ends after `RECONNECT_S`."""
 
-    def __init__(self, handle: RayServiceHandle, method: str, args: tuple):
+    def __init__(self, handle: RayServiceHandle, method: str, args: tuple[Any, ...]):
         self.handle, self.method, self.args = handle, method, args
         self.deaths = 0  # actors that died under this call
         self.sent_to: Any = None  # the id of the actor the call went to last (the dead one, once `lost_at` is set)
@@ -119,7 +121,7 @@ class RayServiceHandle(ServiceHandle):
 
     def __init__(self, index: int, name: str, namespace: str):
         self.index, self.name, self.namespace = index, name, namespace
-        self._actor = None
+        self._actor: Any = None  # the actor handle under the name, once looked up
 
     def __getstate__(self) -> dict[str, Any]:
         return {"index": self.index, "name": self.name, "namespace": self.namespace}
@@ -127,7 +129,7 @@ class RayServiceHandle(ServiceHandle):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _actor=None)
 
-    def actor(self, deadline: float | None = None):
+    def actor(self, deadline: float | None = None) -> Any:
         """The actor under the name, waiting for one to hold it (a restarted one) up to `RECONNECT_S`, or until
         `deadline` (`time.monotonic`), then None."""
         import ray
@@ -156,8 +158,8 @@ class RayServiceHandle(ServiceHandle):
 class RayServices(ServiceGroup):
     """N services as named Ray actors, restarted (a new actor under the same name) when they die."""
 
-    def __init__(self, backend: RayHost, make_service, n: int, max_restarts: int, pids_file, name: str,
-                 heartbeat_s: float | None = None):  # fmt: skip
+    def __init__(self, backend: RayHost, make_service: Callable[[int, int], Any] | None, n: int, max_restarts: int,
+                 pids_file: Path | None, name: str, heartbeat_s: float | None = None):  # fmt: skip
         self.ray, self.backend = backend.ray, backend
         self.heartbeat_s = heartbeat_s
         self.unwell_at = float("-inf")
@@ -182,7 +184,7 @@ class RayServices(ServiceGroup):
             self.places.ask(index, actor)
         self.places.wait_all(STARTUP_GRACE_S)
 
-    def _start(self, index: int):
+    def _start(self, index: int) -> Any:
         """The next incarnation of service `index`: `make_service` pickled now, with what it holds now."""
         options = self.backend.actor_options(index)  # services reserve no CPU: light, and next to the workers
         options.update(name=f"{self.prefix}-{index}", namespace=self.namespace, num_cpus=0, num_gpus=0)

@@ -9,17 +9,27 @@ counters as the local backend, within one process). Services are plain objects i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from rlfleet.backends.base import Backend, Crash, Pending, RoleGroup, ServiceGroup, ServiceHandle
+from rlfleet.backends.shared_memory import StepCounter, StopFlag
 
 
 class SerialGroup(RoleGroup):
     """N roles in this process, produced on demand."""
 
-    def __init__(self, make_role, n_workers: int, counter, stop, total_steps: int):
+    def __init__(
+        self,
+        make_role: Callable[[int, int], Any],
+        n_workers: int,
+        counter: StepCounter,
+        stop: StopFlag,
+        total_steps: int,
+    ):
         self.n_workers = n_workers
         self.incarnations = [0] * n_workers
         self.restarts = 0
@@ -81,7 +91,7 @@ class SerialHandle(ServiceHandle):
 class SerialServices(ServiceGroup):
     """N service objects in this process; they cannot die apart from it."""
 
-    def __init__(self, make_service, n: int):
+    def __init__(self, make_service: Callable[[int, int], Any], n: int):
         self.handles = [SerialHandle(i, make_service(i, 0)) for i in range(n)]
         self.incarnations = [0] * n
         self.restarts = 0
@@ -108,17 +118,25 @@ class SerialBackend(Backend):
 
     def start(
         self,
-        make_role,
-        n_workers,
-        counter,
-        stop,
-        total_steps,
-        credits=None,
-        max_restarts=10,
-        pids_file=None,
-        heartbeat_s=None,
-    ):
+        make_role: Callable[[int, int], Any],
+        n_workers: int,
+        counter: StepCounter,
+        stop: StopFlag,
+        total_steps: int,
+        credits: int | None = None,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        heartbeat_s: float | None = None,
+    ) -> SerialGroup:
         return SerialGroup(make_role, n_workers, counter, stop, total_steps)
 
-    def start_services(self, make_service, n, max_restarts=10, pids_file=None, name="service", heartbeat_s=None):
+    def start_services(
+        self,
+        make_service: Callable[[int, int], Any],
+        n: int,
+        max_restarts: int = 10,
+        pids_file: Path | None = None,
+        name: str = "service",
+        heartbeat_s: float | None = None,
+    ) -> SerialServices:
         return SerialServices(make_service, n)  # in this process: it cannot hang apart from the coordinator

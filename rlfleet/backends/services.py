@@ -33,9 +33,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import AuthenticationError, Client, Listener, answer_challenge, deliver_challenge
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch.multiprocessing as mp
 
@@ -59,7 +60,7 @@ PING = "__ping__"  # the liveness probe of `ProcessServices.check`: answered und
 STARTUP_GRACE_S = 60.0  # time a starting service has, beyond the heartbeat, to answer its first ping
 
 
-def _answer(service: Any, lock: threading.Lock, conn, authkey: bytes) -> None:
+def _answer(service: Any, lock: threading.Lock, conn: Connection, authkey: bytes) -> None:
     """A service thread: authenticate one client, then answer its calls until it leaves (or dies)."""
     try:
         deliver_challenge(conn, authkey)
@@ -82,7 +83,14 @@ def _answer(service: Any, lock: threading.Lock, conn, authkey: bytes) -> None:
         conn.close()
 
 
-def _serve(make_service: Callable, index: int, incarnation: int, address: str, authkey: bytes, home) -> None:
+def _serve(
+    make_service: Callable[[int, int], Any],
+    index: int,
+    incarnation: int,
+    address: str,
+    authkey: bytes,
+    home: Connection,
+) -> None:
     """Process entry point of one service: build it, listen, answer each client in a thread of its own."""
     child_setup()
     try:
@@ -121,10 +129,10 @@ class ProcessHandle(ServiceHandle):
         self._reset()
 
     def _reset(self) -> None:
-        self._conn = None
+        self._conn: Connection | None = None
         self._pid = os.getpid()
         self._seq = 0
-        self._unanswered: dict[int, tuple[str, tuple]] = {}  # sent (or to send) and not answered yet
+        self._unanswered: dict[int, tuple[str, tuple[Any, ...]]] = {}  # sent (or to send) and not answered yet
         self._replies: dict[int, tuple[bool, Any]] = {}
         self._lost_at: float | None = None  # since when the service has been unreachable
 
@@ -187,6 +195,7 @@ class ProcessHandle(ServiceHandle):
                 time.sleep(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now)))
                 tried = True
                 continue
+            assert self._conn is not None  # `_connect` returns True only with a connection
             tried = True
             try:
                 if self._conn.poll(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now))):
@@ -207,7 +216,7 @@ class ProcessServices(ServiceGroup):
 
     def __init__(
         self,
-        make_service: Callable,
+        make_service: Callable[[int, int], Any],
         n: int,
         max_restarts: int = 10,
         pids_file: Path | None = None,
@@ -236,7 +245,7 @@ class ProcessServices(ServiceGroup):
         # liveness: the group's own handle of each service (the coordinator's thread only), its ping in flight
         # (pending, when sent), when it last answered (None: not yet, this incarnation), the hung ones killed
         self.pingers = [ProcessHandle(i, a, self.authkey) for i, a in enumerate(self.addresses)]
-        self.pings: dict[int, tuple[ProcessPending, float]] = {}
+        self.pings: dict[int, tuple[Pending, float]] = {}
         self.answered: list[float | None] = [None] * n
         self.hung: dict[int, float] = {}
 
@@ -268,7 +277,7 @@ class ProcessServices(ServiceGroup):
             if main:
                 signal.signal(signal.SIGINT, previous)
 
-    def _receive(self, reader, index: int, incarnation: int) -> None:
+    def _receive(self, reader: Connection, index: int, incarnation: int) -> None:
         """A reading thread: one incarnation's traceback, if it raises, until its pipe ends."""
         try:
             while True:
@@ -360,7 +369,7 @@ class ProcessServices(ServiceGroup):
         if self.stopping:
             return
         self.stopping = True
-        for handle in self.handles + self.pingers:
+        for handle in cast(list[ProcessHandle], self.handles) + self.pingers:  # as `__init__` made them
             handle.close()
         for process in self.processes.values():
             if process.is_alive():

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.context import BaseContext
 from types import SimpleNamespace
+from typing import TypeAlias
 
 
 class _InProcess:
@@ -27,6 +29,8 @@ class _InProcess:
 
 
 IN_PROCESS = _InProcess()
+Context: TypeAlias = BaseContext | _InProcess
+"""Where the integers live: a multiprocessing context's shared memory, or `IN_PROCESS`."""
 
 
 class StepCounter:
@@ -36,7 +40,7 @@ class StepCounter:
     leaves nothing that another one waits for. Picklable to `spawn`ed processes (a shared `RawArray`).
     """
 
-    def __init__(self, ctx, slots: int = 1):
+    def __init__(self, ctx: Context, slots: int = 1):
         self._slots = ctx.RawArray("q", slots)
 
     @property
@@ -59,7 +63,7 @@ class StopFlag:
     `multiprocessing.Event`, whose readers take a lock that a killed reader can leave held).
     Picklable to `spawn`ed processes (a shared `RawValue`)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: Context):
         self._flag = ctx.RawValue("b", 0)
 
     def set(self) -> None:
@@ -80,12 +84,13 @@ class WeightVersion:
     moment leaves nothing behind. Picklable to `spawn`ed processes (a shared `RawValue` with one writer).
     """
 
-    def __init__(self, ctx, version: int = 0):
+    def __init__(self, ctx: Context, version: int = 0):
         self._seq = ctx.RawValue("q", 2 * version)
 
     @property
     def version(self) -> int:
-        return self._seq.value // 2
+        seq: int = self._seq.value
+        return seq // 2
 
     def set(self, version: int) -> None:
         self._seq.value = 2 * version
@@ -99,10 +104,10 @@ class WeightVersion:
         finally:
             self._seq.value += 1
 
-    def read(self, copy: Callable[[], None], stop=None, poll_s: float = 2e-4) -> int | None:
+    def read(self, copy: Callable[[], None], stop: StopFlag | None = None, poll_s: float = 2e-4) -> int | None:
         """Run `copy` until it saw one unchanged version and return that version (None if `stop` got set)."""
         while True:
-            seq = self._seq.value
+            seq: int = self._seq.value
             if seq % 2 == 0:
                 copy()
                 if self._seq.value == seq:

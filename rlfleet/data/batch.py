@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
-from typing import Any, Union
+from typing import Any, TypeVar, Union, overload
 
 import numpy as np
 import torch
 
 Leaf = np.ndarray | torch.Tensor
 Value = Union[Leaf, "Batch"]  # noqa: UP007 (forward reference)
+LeafIn = TypeVar("LeafIn")
+LeafOut = TypeVar("LeafOut")
 
 
 def _as_value(value: Any) -> Value:
@@ -45,13 +47,15 @@ class Batch:
     indexes every leaf and returns a new Batch. Iterating a Batch yields its keys, like a dict.
     """
 
+    _data: dict[str, Value]
+
     def __init__(self, data: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
         object.__setattr__(self, "_data", {})
         for key, value in {**(data or {}), **kwargs}.items():
             self[key] = value
 
     # ---- dict-like access ---------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Value:
+    def __getattr__(self, name: str) -> Any:  # Any, like `b["obs"]`: what a key holds is the caller's to know
         if name.startswith("__") or name == "_data":  # keeps copy/pickle from recursing
             raise AttributeError(name)
         try:
@@ -210,7 +214,13 @@ def _combine(batches: Sequence[Batch], np_fn: Callable, torch_fn: Callable, axis
 
 
 # ---- observations: an array (tensor) per batch, or a dict (Batch) of them for Dict spaces ----------------------
-def map_obs(fn: Callable[[Leaf], Any], obs: Any) -> Any:
+@overload
+def map_obs(fn: Callable[[Any], Any], obs: Batch) -> Batch: ...
+@overload
+def map_obs(fn: Callable[[LeafIn], LeafOut], obs: Mapping[str, LeafIn]) -> dict[str, LeafOut]: ...
+@overload
+def map_obs(fn: Callable[[LeafIn], LeafOut], obs: LeafIn) -> LeafOut: ...
+def map_obs(fn: Callable[[Any], Any], obs: Any) -> Any:
     """`fn` applied to a batch of observations, or to each entry of a dict one (a Batch stays a Batch)."""
     if isinstance(obs, Batch):
         return obs.apply(fn)
@@ -219,7 +229,7 @@ def map_obs(fn: Callable[[Leaf], Any], obs: Any) -> Any:
     return fn(obs)
 
 
-def map_obs_pair(fn: Callable[[Leaf, Leaf], Any], first: Any, second: Any) -> Any:
+def map_obs_pair(fn: Callable[[Any, Any], Any], first: Any, second: Any) -> Any:
     """`fn(first, second)` on two batches of observations, or entry by entry on dict ones (a dict comes back)."""
     if isinstance(first, Batch | Mapping):
         return {key: fn(first[key], second[key]) for key in first}

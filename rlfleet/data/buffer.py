@@ -88,7 +88,7 @@ class ReplayBuffer:
 
         ``next_obs`` is the true next observation (the final observation when the episode ended there).
         """
-        data = {
+        data: dict[str, Any] = {
             "obs": map_obs(np.asarray, obs),
             "act": np.asarray(act),
             "rew": np.asarray(rew, dtype=np.float32),
@@ -575,5 +575,6 @@ class SequenceReplayBuffer(ReplayBuffer):
             raise ValueError(f"state is for seq_len={state['seq_len']}; this buffer has seq_len={self.seq_len}")
         super().load_state_dict(state)
         if self._states is not None:
+            assert stored is not None  # checked above: a buffer with states loads only a state that has them
             self._states[:] = 0.0
             self._states[:, : self._size] = stored.numpy()

@@ -99,15 +99,15 @@ class Demonstrations:
             meta["action_high"] = np.asarray(space.high, dtype=np.float32)
         with open(path, "wb") as f:  # a file object: np.savez would append .npz to a name without it
             obs = {f"obs.{k}": v for k, v in self.obs.items()} if isinstance(self.obs, dict) else {"obs": self.obs}
-            np.savez_compressed(
-                f,
+            arrays: dict[str, Any] = {  # one mapping: numpy's stubs read a `**` of arrays as maybe `allow_pickle`
                 **obs,
-                act=self.act,
-                rew=self.rew.astype(np.float32),
-                starts=self.starts.astype(bool),
-                episode_returns=self.episode_returns,
+                "act": self.act,
+                "rew": self.rew.astype(np.float32),
+                "starts": self.starts.astype(bool),
+                "episode_returns": self.episode_returns,
                 **meta,
-            )
+            }
+            np.savez_compressed(f, **arrays)
         return path
 
     def check_fits(
@@ -232,7 +232,7 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
     kind = str(arrays["action_kind"])
     try:
         if kind == "discrete":
-            space: gym.Space = gym.spaces.Discrete(int(arrays["action_n"]))
+            space: gym.spaces.Discrete | gym.spaces.Box = gym.spaces.Discrete(int(arrays["action_n"]))
         else:
             space = gym.spaces.Box(arrays["action_low"], arrays["action_high"], dtype=np.float32)
         return Demonstrations(

@@ -16,6 +16,8 @@ If both flags are set, termination wins.
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -168,11 +170,20 @@ class NStepBuilder:
         """Transitions ready to leave."""
         return len(self.ready)
 
-    def add(self, obs, act, rew, next_obs, terminated, truncated, state=None) -> None:
+    def add(
+        self,
+        obs: Any,
+        act: np.ndarray,
+        rew: np.ndarray,
+        next_obs: Any,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        state: Any = None,
+    ) -> None:
         for e in range(self.n_envs):
             window = self.windows[e]
             # copies: the arrays stepped are kept for up to n steps (a dict observation: each entry's)
-            this, after = (map_obs(lambda v, e=e: np.array(v[e]), o) for o in (obs, next_obs))
+            this, after = (map_obs(np.array, map_obs(itemgetter(e), o)) for o in (obs, next_obs))
             window.append((this, act[e], float(rew[e]), after, bool(terminated[e])))
             if terminated[e] or truncated[e]:
                 while window:

@@ -43,8 +43,8 @@ class RolloutStorage:
                 for sub, v in value.items():
                     if sub not in nested:
                         v = np.asarray(v)
-                        nested[sub] = np.zeros((self.length, *v.shape), dtype=v.dtype)  # type: ignore[index]
-                    nested[sub][t] = v  # type: ignore[index]
+                        nested[sub] = np.zeros((self.length, *v.shape), dtype=v.dtype)
+                    nested[sub][t] = v
             else:
                 self._slot(key, value)[t] = value
 

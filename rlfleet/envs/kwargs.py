@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -22,7 +23,7 @@ OPTION = "--env-kwargs"
 NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def _named_parameters(function) -> list[str]:
+def _named_parameters(function: Callable[..., Any]) -> list[str]:
     return [p.name for p in inspect.signature(function).parameters.values() if p.kind in NAMED]
 
 
@@ -110,6 +111,8 @@ def env_keywords(env: str) -> list[str] | None:
     if _is_atari_spec(spec):
         return None
     entry = spec.entry_point
+    if entry is None:  # nothing to read
+        return None
     try:
         creator = load_env_creator(entry) if isinstance(entry, str) else entry
         parameters = inspect.signature(creator).parameters.values()

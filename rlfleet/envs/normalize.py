@@ -26,7 +26,7 @@ run's evaluation envs did.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
@@ -135,7 +135,7 @@ class DictRunningMeanStd:
 ObsStats = RunningMeanStd | DictRunningMeanStd
 
 
-def _is_float_box(space: gym.Space) -> bool:
+def _is_float_box(space: gym.Space) -> TypeGuard[gym.spaces.Box]:
     return isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
@@ -168,6 +168,7 @@ def _normalized_space(space: gym.Space, stats: ObsStats) -> gym.Space:
     """The observation space after normalisation by `stats`: the normalised entries are Boxes of ± clip."""
     if isinstance(stats, RunningMeanStd):
         return gym.spaces.Box(-stats.clip, stats.clip, stats.shape, np.float32)
+    assert isinstance(space, gym.spaces.Dict)  # dict statistics are of a Dict space's entries
     return gym.spaces.Dict(
         {
             key: _normalized_space(sub, stats.entries[key]) if key in stats.entries else sub
@@ -192,7 +193,7 @@ class NormalizeObservation(ForwardingVectorWrapper):
         self.single_observation_space = _normalized_space(env.single_observation_space, stats)
         self.observation_space = batch_space(self.single_observation_space, env.num_envs)
 
-    def _normalize(self, obs: np.ndarray) -> np.ndarray:
+    def _normalize(self, obs: Any) -> Any:  # an array, or a dict of them for dict statistics
         if self.update_stats:
             self.stats.update(obs)
         return self.stats.normalize(obs)
@@ -274,22 +275,22 @@ class ObsNormalizedAgent:
     """An algorithm trained with `obs_norm`, acting on raw observations: `act` and `value` normalise them with
     frozen statistics first (as the run's evaluation envs did); everything else is the algorithm's own."""
 
-    def __init__(self, algo, stats: ObsStats):
+    def __init__(self, algo: Any, stats: ObsStats):
         self.algo = algo
         self.stats = stats
 
     @classmethod
-    def from_checkpoint(cls, algo, payload: dict[str, Any]):
+    def from_checkpoint(cls, algo: Any, payload: dict[str, Any]) -> Any:
         """`algo` itself, or wrapped with the statistics of a checkpoint written by a run with `obs_norm`."""
         saved = payload.get("obs_norm")
         if saved is None:
             return algo
         return cls(algo, stats_from_state(saved, payload["algo_config"].get("obs_clip", 10.0)))
 
-    def act(self, obs: np.ndarray, state=None, explore: bool = True):
+    def act(self, obs: Any, state: Any = None, explore: bool = True) -> tuple[np.ndarray, dict[str, Any], Any]:
         return self.algo.act(self.stats.normalize(obs), state, explore)
 
-    def value(self, obs: np.ndarray, *state):
+    def value(self, obs: Any, *state: Any) -> np.ndarray:
         return self.algo.value(self.stats.normalize(obs), *state)
 
     def __getattr__(self, name: str) -> Any:

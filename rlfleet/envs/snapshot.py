@@ -123,7 +123,9 @@ def restore(envs: gym.vector.VectorEnv, state: dict[str, Any] | None) -> bool:
     for obj, layer_state in targets:
         for key, value in layer_state.items():
             if key == _MUJOCO_KEY:
-                mujoco, model, data = _mujoco(obj)
+                physics = _mujoco(obj)
+                assert physics is not None  # the same env layer as the snapshot's, which had MuJoCo state
+                mujoco, model, data = physics
                 full = np.asarray(value, dtype=np.float64)
                 mujoco.mj_setState(model, data, full, mujoco.mjtState.mjSTATE_INTEGRATION)
                 mujoco.mj_forward(model, data)

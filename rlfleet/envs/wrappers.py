@@ -7,7 +7,7 @@ Also holds :class:`EnvPoolVectorEnv`, the adapter that makes an EnvPool batch lo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -41,6 +41,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     by position ("0", "1", ...), nested ones joined with "." ("arm.0")."""
     if isinstance(node, gym.spaces.Dict | gym.spaces.Tuple):
         node = node.spaces
+    items: Iterable[tuple[Any, Any]]
     if isinstance(node, dict):
         items = node.items()
     elif isinstance(node, tuple):
@@ -90,6 +91,7 @@ class ZeroBasedActions(gym.ActionWrapper):
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
         space = env.action_space
+        assert isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)  # `has_action_start` spaces only
         self.start = space.start
         if isinstance(space, gym.spaces.Discrete):
             self.action_space = gym.spaces.Discrete(int(space.n))
@@ -157,7 +159,7 @@ class TerminalOnLifeLoss(gym.Wrapper):
         self._info_at_life_loss: dict[str, Any] = {}
 
     def _ale_lives(self) -> int:
-        return int(self.env.unwrapped.ale.lives())
+        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]  # an ale_py env (untyped)
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         """Step the game; report ``terminated=True`` on a life loss that is not a game over."""

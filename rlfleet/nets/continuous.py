@@ -144,6 +144,7 @@ class SquashedGaussianActor(nn.Module):
             weight, bias = self.head.weight.detach().numpy(), self.head.bias.detach().numpy()
             mean = np.clip(features @ weight.T + bias, -SDE_MEAN_CLIP, SDE_MEAN_CLIP)
             if explore:
+                assert sde_draws is not None  # exploring with gSDE: the algorithm's noise matrices
                 mean = mean + self.noise.numpy_noise(features, sde_draws)
             return np.tanh(mean).astype(np.float32)
         mean = out[:, : self.act_dim]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, TypeGuard, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -22,12 +22,14 @@ from torch import nn
 from torch.nn import functional as F
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+Layer = TypeVar("Layer", bound=nn.Module)
 
 
-def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+def layer_init(layer: Layer, gain: float = math.sqrt(2), bias: float = 0.0) -> Layer:
     """Orthogonal weights and constant bias, the usual initialisation for policy-gradient nets."""
     if isinstance(layer, nn.Linear | nn.Conv2d):
         nn.init.orthogonal_(layer.weight, gain)
+        assert layer.bias is not None  # the layers given here all have one
         nn.init.constant_(layer.bias, bias)
     return layer
 
@@ -36,7 +38,7 @@ class UnsupportedObservationError(ValueError):
     """An observation space no encoder takes (Text, Graph, Sequence, ...)."""
 
 
-def is_image(space: gym.Space) -> bool:
+def is_image(space: gym.Space) -> TypeGuard[gym.spaces.Box]:
     """A stack of uint8 frames `(C, H, W)`: what the CNN encoders take."""
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
@@ -100,9 +102,9 @@ class FlatInput(nn.Module):
         super().__init__()
         self.out_dim = flat_size(space)
         self.space = space
-        # per entry: key (None: the space itself), kind, width, and for one-hots the shift that turns each value
-        # into its column (x − start + the factor's offset in the one-hot block)
-        self.parts: list[tuple[str | None, str, int, np.ndarray | None]] = []
+        # per entry: key (None: the space itself), width, and for one-hots the shift that turns each value into its
+        # column (x − start + the factor's offset in the one-hot block); None for floats
+        self.parts: list[tuple[str | None, int, np.ndarray | None]] = []
         entries = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
         for key, sub in entries:
             if isinstance(sub, gym.spaces.Dict):
@@ -114,16 +116,16 @@ class FlatInput(nn.Module):
                 sizes = np.asarray(sub.n if isinstance(sub, gym.spaces.Discrete) else sub.nvec).reshape(-1)
                 starts = np.broadcast_to(sub.start, sizes.shape).reshape(-1).astype(np.int64)
                 offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-                self.parts.append((key, "onehot", width, starts - offsets))
+                self.parts.append((key, width, starts - offsets))
             else:
-                self.parts.append((key, "float", width, None))
+                self.parts.append((key, width, None))
 
     def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor:
         outs = []
-        for key, kind, width, shift in self.parts:
-            x = torch.as_tensor(obs if key is None else obs[key])
+        for key, width, shift in self.parts:
+            x = torch.as_tensor(obs if key is None else cast(Mapping[str, torch.Tensor], obs)[key])
             batch = x.shape[0]
-            if kind == "float":
+            if shift is None:
                 outs.append(x.reshape(batch, -1).float())
             elif len(shift) == 1:
                 outs.append(F.one_hot(x.reshape(batch).long() - int(shift[0]), width).float())
@@ -134,10 +136,10 @@ class FlatInput(nn.Module):
 
     def numpy(self, obs: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:
         outs = []
-        for key, kind, width, shift in self.parts:
+        for key, width, shift in self.parts:
             x = np.asarray(obs if key is None else obs[key])
             batch = x.shape[0]
-            if kind == "float":
+            if shift is None:
                 outs.append(x.reshape(batch, -1).astype(np.float32, copy=False))
                 continue
             out = np.zeros((batch, width), dtype=np.float32)
@@ -175,7 +177,7 @@ class MLP(nn.Module):
         self.out_dim = last
 
     def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return self.net(self.inputs(obs) if self.inputs is not None else obs.float())
+        return self.net(self.inputs(obs) if self.inputs is not None else cast(torch.Tensor, obs).float())
 
 
 class _AtariCNN(nn.Module):
@@ -244,7 +246,7 @@ def auto_cnn(space: gym.spaces.Box) -> str:
     return "nature" if min(space.shape[1:]) >= NatureCNN.min_size() else "minatar"
 
 
-def make_cnn(kind: str, space: gym.spaces.Box) -> nn.Module:
+def make_cnn(kind: str, space: gym.spaces.Box) -> _AtariCNN:
     """The CNN `kind` for an image space `(C, H, W)`, scaling by the space's upper bound; a ValueError naming the
     smallest frame it takes when the image is smaller."""
     cls = CNNS[kind]
@@ -264,12 +266,12 @@ class MultiInputEncoder(nn.Module):
 
     def __init__(self, space: gym.spaces.Dict, cnn: str, hidden: Sequence[int], activation: str):
         super().__init__()
-        images = [key for key, sub in space.spaces.items() if is_image(sub)]
-        kinds = {key: auto_cnn(space[key]) if cnn == "auto" else cnn for key in images}
-        self.cnns = nn.ModuleDict({key: make_cnn(kinds[key], space[key]) for key in images})
+        images = {key: sub for key, sub in space.spaces.items() if is_image(sub)}
+        cnns = {key: make_cnn(auto_cnn(sub) if cnn == "auto" else cnn, sub) for key, sub in images.items()}
+        self.cnns = nn.ModuleDict(cnns)
         rest = gym.spaces.Dict({key: sub for key, sub in space.spaces.items() if key not in images})
         self.rest = FlatInput(rest) if len(rest.spaces) else None
-        features = sum(c.out_dim for c in self.cnns.values()) + (self.rest.out_dim if self.rest is not None else 0)
+        features = sum(c.out_dim for c in cnns.values()) + (self.rest.out_dim if self.rest is not None else 0)
         self.mlp = MLP(features, hidden, activation)
         self.out_dim = self.mlp.out_dim
 
@@ -280,9 +282,13 @@ class MultiInputEncoder(nn.Module):
         return self.mlp(torch.cat(features, dim=-1))
 
 
+Encoder = MLP | _AtariCNN | MultiInputEncoder
+"""What `make_encoder` makes: a module of `out_dim` features per observation."""
+
+
 def make_encoder(
     obs_space: gym.Space, kind: str = "auto", hidden: Sequence[int] = (64, 64), activation: str = "tanh"
-) -> nn.Module:
+) -> Encoder:
     """Pick an encoder for an observation space: images (C, H, W) get a CNN (`auto`: Nature DQN's, MinAtar's for
     grids under 36×36), a `Dict` with images a
     `MultiInputEncoder`, everything else an MLP (behind a `FlatInput` for spaces other than `Box`)."""
@@ -298,7 +304,7 @@ def make_encoder(
             raise ValueError(f"encoder {kind!r} needs image observations (C, H, W), got shape {shape}")
         return make_cnn(kind, obs_space)
     inputs = FlatInput(obs_space)  # rejects the spaces no encoder takes
-    if has_image(obs_space) and kind != "mlp":
+    if isinstance(obs_space, gym.spaces.Dict) and has_image(obs_space) and kind != "mlp":
         return MultiInputEncoder(obs_space, kind, hidden, activation)
     if kind not in ("auto", "mlp"):
         raise ValueError(f"encoder {kind!r} needs image observations (C, H, W), got {obs_space}")

@@ -12,10 +12,13 @@ diagonal Gaussian) uses the caller's NumPy generator.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
+
+from rlfleet.nets.encoders import FlatInput
 
 _ACTIVATIONS: dict[type, Callable[[np.ndarray], np.ndarray]] = {
     nn.Tanh: np.tanh,
@@ -54,7 +57,7 @@ class NumpyMLP:
     `inputs` (a `FlatInput`, or None for a `Box`'s flattening) turns the observations into the branches' input.
     """
 
-    def __init__(self, branches: list[list[nn.Module]], inputs: nn.Module | None = None):
+    def __init__(self, branches: list[list[nn.Module]], inputs: FlatInput | None = None):
         self.inputs = inputs
         # the layers every branch starts with (the same module objects: a shared body) run once: the parts are
         # that trunk, then each branch's own layers
@@ -66,7 +69,7 @@ class NumpyMLP:
         self._ptrs: list[int] = []
         self._ops: list[list[Op]] = []
 
-    def __getstate__(self) -> dict:  # views and lambdas are rebuilt after unpickling
+    def __getstate__(self) -> dict[str, Any]:  # views and lambdas are rebuilt after unpickling
         return {**self.__dict__, "_ptrs": [], "_ops": []}
 
     def _views(self) -> list[list[Op]]:
@@ -84,7 +87,7 @@ class NumpyMLP:
             self._ptrs = ptrs
         return self._ops
 
-    def __call__(self, x) -> list[np.ndarray]:
+    def __call__(self, x: Any) -> list[np.ndarray]:
         flat = self.inputs.numpy if self.inputs is not None else lambda o: np.asarray(o, np.float32).reshape(len(o), -1)
         trunk, *heads = self._views()
         x = _run(trunk, flat(x))
@@ -104,13 +107,13 @@ def compile_numpy(*branches: tuple[nn.Module, ...]) -> NumpyMLP | None:
     `FlatInput`s (MLP encoders of other spaces than `Box`).
     """
     flat: list[list[nn.Module]] = []
-    inputs: list[nn.Module | None] = []
+    inputs: list[FlatInput | None] = []
     for branch in branches:
         modules: list[nn.Module] = []
         first = branch[0]
         inputs.append(getattr(first, "inputs", None))
         if inputs[-1] is not None:  # an MLP behind a FlatInput: its layers, with the FlatInput made in NumPy
-            branch = (first.net, *branch[1:])
+            branch = (cast(nn.Module, first.net), *branch[1:])
         for module in branch:
             sub = _flat_modules(module)
             if sub is None:
@@ -119,9 +122,10 @@ def compile_numpy(*branches: tuple[nn.Module, ...]) -> NumpyMLP | None:
         flat.append(modules)
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for b in flat for m in b for p in m.parameters()):
         return None
-    if any(type(i) is not type(inputs[0]) or (i is not None and i.space != inputs[0].space) for i in inputs):
+    base = inputs[0]
+    if any(type(i) is not type(base) or (i is not None and base is not None and i.space != base.space) for i in inputs):
         return None
-    return NumpyMLP(flat, inputs[0])
+    return NumpyMLP(flat, base)
 
 
 def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +150,7 @@ def discrete_actions(
         actions = logits.argmax(-1)
         return actions, log_softmax(logits)[np.arange(len(actions)), actions]
     if kind == "multi_categorical":
+        assert sizes is not None  # a factorised policy comes with its factors' sizes
         parts = [
             discrete_actions("categorical", part, explore, rng) for part in np.split(logits, np.cumsum(sizes)[:-1], -1)
         ]

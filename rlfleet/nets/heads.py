@@ -8,6 +8,8 @@ its dims."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -55,13 +57,13 @@ class LogitsHead(nn.Module):
     """A linear layer of `n` logits with small initial weights, so that the first policy is near uniform, made into
     the subclass's `distribution`."""
 
-    distribution: type
+    distribution: Callable[[torch.Tensor], Any]
 
     def __init__(self, in_dim: int, n: int):
         super().__init__()
         self.linear = layer_init(nn.Linear(in_dim, n), gain=0.01)
 
-    def forward(self, features: torch.Tensor):
+    def forward(self, features: torch.Tensor) -> Any:
         return self.distribution(self.linear(features))
 
 
@@ -81,10 +83,10 @@ class MultiCategorical:
         self.factors = [SoftmaxCategorical(part) for part in logits.split(sizes, dim=-1)]
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
-        return sum(factor.log_prob(actions[..., k]) for k, factor in enumerate(self.factors))
+        return cast(torch.Tensor, sum(factor.log_prob(actions[..., k]) for k, factor in enumerate(self.factors)))
 
     def entropy(self) -> torch.Tensor:
-        return sum(factor.entropy() for factor in self.factors)
+        return cast(torch.Tensor, sum(factor.entropy() for factor in self.factors))
 
     def sample(self) -> torch.Tensor:
         return torch.stack([factor.sample() for factor in self.factors], dim=-1)
@@ -201,8 +203,9 @@ class GaussianHead(nn.Module):
 
     def log_std_from(self, std_out: torch.Tensor | None) -> torch.Tensor:
         """log σ from the σ layer's output (None for the state-independent vector)."""
-        if self.kind == "state_independent":
+        if self.log_std is not None:  # state-independent
             return self.log_std
+        assert std_out is not None  # the σ layer's output
         if self.kind == "state_dependent":
             return std_out.clamp(*LOG_STD_RANGE)
         return 0.5 * (F.softplus(std_out) + MIN_VARIANCE).log()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from rlfleet.data.batch import map_obs, obs_len
-from rlfleet.nets.encoders import make_encoder
-from rlfleet.nets.fast import compile_numpy
+from rlfleet.nets.encoders import Encoder, make_encoder
+from rlfleet.nets.fast import NumpyMLP, compile_numpy
 from rlfleet.nets.heads import (
     LOG_STD_RANGE,
     MIN_VARIANCE,
@@ -21,6 +21,7 @@ from rlfleet.nets.heads import (
     DiagGaussian,
     DuelingQHead,
     GaussianHead,
+    LogitsHead,
     MultiCategoricalHead,
     QHead,
     SDEGaussianHead,
@@ -95,7 +96,7 @@ class ActorCritic(nn.Module):
         if isinstance(action_space, int):
             action_space = gym.spaces.Discrete(action_space)
         self.action_kind = ACTION_KINDS.get(type(action_space))
-        if self.action_kind is None or (self.action_kind != "categorical" and len(action_space.shape) != 1):
+        if self.action_kind is None or (self.action_kind != "categorical" and len(action_space.shape or ()) != 1):
             raise ValueError(
                 f"the policy heads take Discrete, 1-D MultiDiscrete, 1-D MultiBinary and 1-D Box actions, "
                 f"not {action_space}"
@@ -111,20 +112,22 @@ class ActorCritic(nn.Module):
         if sde and not self.continuous:
             raise ValueError(f"sde (state-dependent exploration) needs Box actions, not {action_space}")
         self.sde = sde
-        self.policy: nn.Module
-        if sde:
-            self.policy = SDEGaussianHead(features, int(np.prod(action_space.shape)), init_std)
-        elif self.continuous:
-            self.policy = GaussianHead(features, int(np.prod(action_space.shape)), log_std, init_std)
-        elif self.action_kind == "multi_categorical":
+        self.policy: SDEGaussianHead | GaussianHead | LogitsHead
+        if isinstance(action_space, gym.spaces.Box):
+            act_dim = int(np.prod(action_space.shape))
+            if sde:
+                self.policy = SDEGaussianHead(features, act_dim, init_std)
+            else:
+                self.policy = GaussianHead(features, act_dim, log_std, init_std)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
             self.policy = MultiCategoricalHead(features, list(action_space.nvec))
-        elif self.action_kind == "bernoulli":
-            self.policy = BernoulliHead(features, int(action_space.n))
+        elif isinstance(action_space, gym.spaces.MultiBinary):
+            self.policy = BernoulliHead(features, int(cast(int, action_space.n)))  # 1-D: n is the number of bits
         else:
-            self.policy = CategoricalHead(features, int(action_space.n))
+            self.policy = CategoricalHead(features, int(cast(gym.spaces.Discrete, action_space).n))
         self.shared = shared
-        self.critic_body = None
-        self.value_head = None
+        self.critic_body: Encoder | None = None
+        self.value_head: ValueHead | None = None
         if critic:
             if not shared:
                 self.critic_body = make_encoder(obs_space, encoder, hidden, activation)
@@ -180,12 +183,13 @@ class ActorCritic(nn.Module):
         if not self.continuous:
             return out[0], value
         policy = self.policy
-        if self.sde:  # the branch gives the features; the mean and the std are functions of them
+        if isinstance(policy, SDEGaussianHead):  # the branch gives the features; the mean and std are functions of them
             features = out[0]
             mean = features @ policy.mean.weight.detach().numpy().T + policy.mean.bias.detach().numpy()
             return (mean, policy.noise.numpy_log_std(features), features), value
+        assert isinstance(policy, GaussianHead)  # continuous
         mean = out[0]
-        if policy.kind == "state_independent":
+        if policy.log_std is not None:  # state-independent
             log_std = np.broadcast_to(policy.log_std.detach().numpy(), mean.shape)
         elif policy.kind == "state_dependent":
             log_std = np.clip(out[1], *LOG_STD_RANGE)
@@ -193,17 +197,19 @@ class ActorCritic(nn.Module):
             log_std = 0.5 * np.log(np.logaddexp(0.0, out[1]) + MIN_VARIANCE)
         return (mean, log_std), value
 
-    def _compile_numpy(self):
+    def _compile_numpy(self) -> NumpyMLP | None:
         if self.core is not None:
             return None
-        if self.sde:
+        policy = self.policy
+        branches: list[tuple[nn.Module, ...]]
+        if isinstance(policy, SDEGaussianHead):
             branches = [(self.actor_body,)]
-        elif self.continuous:
-            branches = [(self.actor_body, self.policy.mean)]
-            if self.policy.std_linear is not None:
-                branches.append((self.actor_body, self.policy.std_linear))
+        elif isinstance(policy, GaussianHead):
+            branches = [(self.actor_body, policy.mean)]
+            if policy.std_linear is not None:
+                branches.append((self.actor_body, policy.std_linear))
         else:
-            branches = [(self.actor_body, self.policy.linear)]
+            branches = [(self.actor_body, policy.linear)]
         if self.value_head is not None:
             critic_body = self.critic_body if self.critic_body is not None else self.actor_body
             branches.append((critic_body, self.value_head.linear))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -26,7 +27,7 @@ class LSTMCore(nn.Module):
         return zeros, zeros.clone()
 
     @staticmethod
-    def reset(state: State, done) -> State:
+    def reset(state: State, done: np.ndarray | torch.Tensor) -> State:
         """A new state with the rows of `done` (a `[B]` bool mask, NumPy or torch) zeroed; `state` is not changed."""
         keep = (~torch.as_tensor(done, dtype=torch.bool, device=state[0].device)).to(state[0].dtype).unsqueeze(-1)
         return state[0] * keep, state[1] * keep

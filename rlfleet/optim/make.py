@@ -4,6 +4,7 @@ SGD."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.optim.optimizer as _torch_optimizer
@@ -91,7 +92,7 @@ OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": t
 
 
 def make_optimizer(
-    name: str, params: Iterable[nn.Parameter] | Iterable[dict], lr: float, **kwargs
+    name: str, params: Iterable[nn.Parameter | dict[str, Any]], lr: float, **kwargs: Any
 ) -> torch.optim.Optimizer:
     """`name` over parameters or parameter groups (dicts with "params" and their own "lr", as in torch)."""
     if name not in OPTIMIZERS:

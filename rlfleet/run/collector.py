@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import VectorEnv
 
 from rlfleet.data.rollout import RolloutStorage, Segment
 from rlfleet.envs import finished_episodes
@@ -70,7 +71,7 @@ class Collector:
     `collect(n_episode=…)` feeds a replay buffer. Finished episodes land in `returns`/`lengths`.
     """
 
-    def __init__(self, envs, algo, seed: int | None = None, history: int = 100):
+    def __init__(self, envs: VectorEnv, algo: Any, seed: int | None = None, history: int = 100):
         self.envs = envs
         self.algo = algo
         self.n_envs = envs.num_envs
@@ -148,7 +149,9 @@ class Collector:
         last_value = np.asarray(self._value(self.obs, self.state), dtype=np.float32)
         return Segment(storage.batch(), self.obs, last_value, initial_state)
 
-    def collect(self, buffer, n_step: int | None = None, n_episode: int | None = None, explore=True) -> int:
+    def collect(
+        self, buffer: Any, n_step: int | None = None, n_episode: int | None = None, explore: bool = True
+    ) -> int:
         """Add transitions to `buffer` for at least `n_step` env steps or `n_episode` finished episodes."""
         if (n_step is None) == (n_episode is None):
             raise ValueError("give exactly one of n_step and n_episode")

@@ -170,7 +170,7 @@ def run_option(f: dataclasses.Field) -> str:
 
 
 def check_known_options(
-    options_cls: type, values: dict[str, Any], arch: str, others: dict[str, type] | None = None
+    options_cls: type, values: dict[str, Any], arch: str | None, others: dict[str, type] | None = None
 ) -> None:
     """A one-line `ConfigError` for options in `values` that the architecture's `Options` lacks: where `others` (the
     other architectures' `Options`, by name) has each, it says which have it; else it lists the valid ones."""
@@ -189,7 +189,7 @@ def check_known_options(
     raise ConfigError(f"{flags} is not an option of the {arch} architecture (its options: {has})")
 
 
-def build_options(options_cls: type, values: dict[str, Any], arch: str) -> Any:
+def build_options(options_cls: type, values: dict[str, Any], arch: str | None) -> Any:
     """An architecture's `Options` from `values`, each checked (type, range); an option the architecture does
     not have is a one-line `ConfigError` that lists the ones it has (`check_known_options`)."""
     check_known_options(options_cls, values, arch)
@@ -253,7 +253,9 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def resolve_stop_return(given: float | None, threshold: float | None, env: str, env_kwargs: dict[str, Any]):
+def resolve_stop_return(
+    given: float | None, threshold: float | None, env: str, env_kwargs: dict[str, Any]
+) -> float | None:
     """The return a run stops at: `given` (`--stop-return`), else the env id's `reward_threshold` (None: never).
     The id's threshold was registered for the env as the id builds it; for a variant (`env_kwargs`) the run says
     where its threshold comes from, since the variant's returns may differ (FrozenLake's 8x8 map, a reward
@@ -272,7 +274,7 @@ NORMALISATION = ("obs_norm", "reward_norm")
 """Config fields whose running statistics live beside the training envs (`rlfleet.envs.normalize`)."""
 
 
-def drop_preset_normalisation(algo_cfg: Any, overrides: dict[str, Any], arch: str, preset: str | None) -> None:
+def drop_preset_normalisation(algo_cfg: Any, overrides: dict[str, Any], arch: str | None, preset: str | None) -> None:
     """On an architecture whose workers step their own envs, switch off the normalisation a preset turned on (the
     user did not ask for it; a plain `rlfleet train ppo --env Pendulum-v1 --arch data_parallel` must run) and say
     so in one line. What the user set with `--set` is left for the architecture to refuse."""
@@ -334,7 +336,7 @@ def build_algo_config(
     env: str | None = None,
     arch: str | None = None,
     arch_presets: Mapping[str, str] | None = None,
-):
+) -> tuple[Any, str | None]:
     """The algorithm's Config with preset and overrides applied (string values are parsed by field type).
 
     With no preset given, the env's entry in the per-env presets (`rlfleet.algos.env_presets`, by `env` id) is
@@ -348,8 +350,11 @@ def build_algo_config(
     _, config_cls, presets, variant = resolve(algo)
     tuned = env_preset(algo, env) if preset is None and env is not None else None
     picked = tuned is not None
-    for_arch = (arch_presets or {}).get(env_family) if preset is None and not picked else None
+    for_arch = (
+        (arch_presets or {}).get(env_family) if preset is None and not picked and env_family is not None else None
+    )
     if picked:
+        assert env is not None  # found the env's own preset
         preset = env_id_of(env)
     elif for_arch is not None and for_arch in presets:
         preset = for_arch
@@ -372,6 +377,7 @@ def build_algo_config(
     cfg = config_cls(**values)
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
     if picked:  # once the config is valid: the run says which tuned settings it starts from
+        assert env is not None and tuned is not None
         log.info(describe(algo, env, tuned))
     elif preset is not None and preset == for_arch:
         log.info(

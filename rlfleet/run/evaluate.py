@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import VectorEnv
 
 from rlfleet.algos import resolve
 from rlfleet.envs import make_env, make_vector_env
@@ -53,8 +54,8 @@ def episode_bound(own_limit: int | None, max_steps: int) -> int:
 
 
 def evaluate(
-    algo,
-    envs,
+    algo: Any,
+    envs: VectorEnv,
     n_episodes: int,
     seed: int,
     on_step: Callable[..., None] | None = None,
@@ -202,7 +203,8 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
     for i in range(episodes):
         env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
         obs, _ = env.reset(seed=seed + i)
-        frames, done, state, steps = [env.render()], False, None, 0
+        frames: list[Any] = [env.render()]  # rgb_array frames
+        done, state, steps = False, None, 0
         while not done and steps < bound:
             act, _, state = algo.act(np.asarray(obs)[None], state, explore=False)
             obs, rew, terminated, truncated, _ = env.step(act[0])

@@ -24,7 +24,7 @@ class DoNothing:
         middle = np.where(finite, (np.where(finite, low, 0.0) + np.where(finite, high, 0.0)) / 2, np.clip(0, low, high))
         self.action = middle.astype(space.dtype)
 
-    def act(self, obs, state=None, explore: bool = False):
+    def act(self, obs: Any, state: Any = None, explore: bool = False) -> tuple[np.ndarray, dict[str, Any], Any]:
         return np.broadcast_to(self.action, (obs_len(obs), *self.action.shape)).copy(), {}, state
 
 

@@ -7,6 +7,8 @@ the way `rlfleet eval` does and records K episodes in groups of at most `ENVS` e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +41,17 @@ class EpisodeRecorder:
     so a recurrent labeller can carry its own state.
     """
 
-    def __init__(self, labels=None):
+    def __init__(self, labels: Callable[[Any, np.ndarray], np.ndarray] | None = None) -> None:
         self.labels = labels
         self.episodes: list[tuple[list, list, list]] = []  # finished, in recording order
         self._open: dict[int, tuple[list, list, list]] = {}
 
-    def __call__(self, obs, act, rew, done, counted) -> None:
+    def __call__(self, obs: Any, act: np.ndarray, rew: np.ndarray, done: np.ndarray, counted: np.ndarray) -> None:
         if self.labels is not None:
             act = self.labels(obs, done)
         for i in np.flatnonzero(counted):
             steps = self._open.setdefault(int(i), ([], [], []))
-            steps[0].append(map_obs(lambda v, i=i: v[i], obs))
+            steps[0].append(map_obs(itemgetter(i), obs))
             steps[1].append(act[i])
             steps[2].append(rew[i])
             if done[i]:
@@ -68,7 +70,7 @@ class EpisodeRecorder:
 
 
 def record_episodes(
-    algo,
+    algo: Any,
     env_id: str,
     episodes: int,
     seed: int,

@@ -18,14 +18,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import VectorEnv
 
 from rlfleet.algos import DEFAULT_ARCH, resolve
 from rlfleet.algos.spaces import UnsupportedSpaceError
-from rlfleet.data.buffer import PrioritizedReplayBuffer
+from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.device import placement_note, resolve_device
 from rlfleet.envs import make_vector_env
 from rlfleet.envs.kwargs import env_info
@@ -76,25 +78,25 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
 
 @contextlib.contextmanager
-def workers_ignore_sigint():
+def workers_ignore_sigint() -> Iterator[None]:
     """Start env worker processes with Ctrl-C ignored (a terminal sends SIGINT to the whole process group):
     only the trainer reacts to it, stops politely and then closes its workers itself."""
     if threading.current_thread() is not threading.main_thread():
@@ -136,7 +138,7 @@ def run_log(run_dir: Path) -> Iterator[None]:
     above goes to stderr, unless the application has set up logging of its own (a root handler)."""
     to_file = logging.FileHandler(run_dir / "workers.log", delay=True)  # no file until something is said
     to_file.setFormatter(logging.Formatter("[step %(step)s] %(message)s"))
-    handlers = [(WORKERS, to_file)]
+    handlers: list[tuple[logging.Logger, logging.Handler]] = [(WORKERS, to_file)]
     if not logging.getLogger().handlers:
         shown = logging.StreamHandler()  # the stderr of now (a test's capture, say)
         shown.setLevel(logging.WARNING)
@@ -178,6 +180,13 @@ class RunBase(abc.ABC):
     """False where workers step their own envs: `obs_norm` and `reward_norm`, whose running statistics live beside
     the training envs, then run only if the user set them (and the architecture refuses them in `check_config`); a
     preset's are switched off (`drop_preset_normalisation`)."""
+
+    buffer: ReplayBuffer | None
+    """A replay architecture's buffer, which `replay_updates` samples (set by the architecture)."""
+    eval_envs: VectorEnv
+    """The evaluation envs (`make_eval_envs`, set by the architecture)."""
+    _last_log: tuple[float, int]  # (time, env steps) of the last log row, from `start_logging` on
+    _invocation_start: float
 
     def __init__(
         self,
@@ -233,7 +242,7 @@ class RunBase(abc.ABC):
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.callbacks = callbacks or []
-        self.state = {
+        self.state: dict[str, Any] = {  # checkpointed; architectures add counters of their own
             "updates": 0,
             "next_eval": self.eval_every,
             "next_checkpoint": self.checkpoint_every,
@@ -248,11 +257,14 @@ class RunBase(abc.ABC):
         self.stopped_by = "steps"
         self._cut_noted = False  # `_note_cut` has said so in this invocation
 
-    def replay_updates(self, around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+    def replay_updates(
+        self, around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    ) -> dict[str, Any]:
         """`gradient_steps` updates of a replay algorithm on batches sampled from `self.buffer`, each inside
         `around()` (a parallel learner publishes each one), each writing its new priorities back where the buffer
         keeps them (prioritized replay); the last update's metrics."""
         cfg = self.algo_cfg
+        assert self.buffer is not None  # replay architectures set it before they update
         metrics: dict[str, Any] = {}
         for _ in range(cfg.gradient_steps):
             batch = self.buffer.sample(cfg.batch_size)
@@ -263,7 +275,7 @@ class RunBase(abc.ABC):
                 self.buffer.update_priorities(batch.index, priorities)
         return metrics
 
-    def build_algo(self, seed: int):
+    def build_algo(self, seed: int) -> Any:
         """A fresh algorithm object with this run's config (architectures build one per worker)."""
         info = self.env_info
         try:
@@ -300,7 +312,7 @@ class RunBase(abc.ABC):
     def check_config(self) -> None:  # noqa: B027 (a hook: the single architecture accepts every option)
         """Reject options this architecture cannot run with (before anything is written to disk)."""
 
-    def make_eval_envs(self):
+    def make_eval_envs(self) -> VectorEnv:
         info = self.env_info
         envs = make_vector_env(
             self.cfg.env,
@@ -383,9 +395,10 @@ class RunBase(abc.ABC):
 
     def _note_cut(self, logger: RunLogger, cut: int) -> None:
         """Say once per invocation, on the terminal, that evaluation episodes were cut at the bound."""
-        if cut and not self._cut_noted:
+        note = cut_note(cut, self.cfg.eval_episodes, self.eval_max_steps, "--eval-max-steps")  # None when none was
+        if note is not None and not self._cut_noted:
             self._cut_noted = True
-            logger.note(cut_note(cut, self.cfg.eval_episodes, self.eval_max_steps, "--eval-max-steps"))
+            logger.note(note)
 
     def log_row(self) -> dict[str, float]:
         """What a runner logs besides SPS and the losses with every log row (`after_update` calls it once a row):
