@@ -14,7 +14,14 @@ from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
-from rlfleet.run.config import RUN_FIELDS, ConfigError, RunConfig, check_known_options, parse_field
+from rlfleet.run.config import (
+    RUN_FIELDS,
+    ConfigError,
+    RunConfig,
+    check_known_options,
+    parse_field,
+    saved_run_config,
+)
 from rlfleet.run.runner import RunBase, RunResult
 
 
@@ -37,7 +44,7 @@ def train(
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
-        cfg = resumed_config(payload, algo, env, options)
+        cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
         return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
@@ -56,18 +63,20 @@ the checkpoint does not depend on (`--torch-threads`, the backend and its option
 its roles from the learner's saved state). Anything else given with a resume must equal the saved value."""
 
 
-def resumed_config(payload: dict[str, Any], algo: str | None, env: str | None, given: dict[str, Any]) -> RunConfig:
-    """The `RunConfig` a resumed run goes on with: the checkpoint's, with what `given` may change
-    (`RESUME_MAY_CHANGE`) applied. `algo`, `env` and every other option given must equal the saved value; those
-    that differ are one `ConfigError` naming each, never dropped in silence."""
-    cfg = _saved_config(payload["run_config"], {})
+def resumed_config(
+    run: dict[str, Any], algo_config: dict[str, Any], algo: str | None, env: str | None, given: dict[str, Any]
+) -> RunConfig:
+    """The `RunConfig` a resumed run goes on with: the checkpoint's (`run`, its algorithm's config `algo_config`),
+    with what `given` may change (`RESUME_MAY_CHANGE`) applied. `algo`, `env` and every other option given must
+    equal the saved value; those that differ are one `ConfigError` naming each, never dropped in silence."""
+    cfg = RunConfig(**{**run, "options": dict(run["options"])})
     differ = []
     for option, value, saved in (("ALGO", algo, cfg.algo), ("--env", env, cfg.env)):
         if value is not None and value != saved:
             differ.append(f"{option} {value} (the run's: {saved})")
     for key, value in given.items():
         if key == "overrides":
-            differ += _overrides_that_differ(cfg.algo, value, payload["algo_config"])
+            differ += _overrides_that_differ(cfg.algo, value, algo_config)
         elif key in RESUME_MAY_CHANGE:
             if key in RUN_FIELDS:
                 setattr(cfg, key, value)
@@ -109,22 +118,6 @@ def _default_option(arch: str | None, key: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(runner_class(arch or "single").Options)}
     f = fields.get(key)
     return None if f is None or f.default is dataclasses.MISSING else f.default
-
-
-def _saved_config(saved: dict[str, Any], changes: dict[str, Any]) -> RunConfig:
-    """The `RunConfig` of a checkpoint with `changes`. A checkpoint written before each architecture had an
-    `Options` dataclass of its own kept every architecture's options among the run's fields: those of the run's
-    architecture move into `options`, the others' are dropped."""
-    saved = {**saved, **changes}
-    options = dict(saved.pop("options", None) or {})
-    own = {f.name for f in dataclasses.fields(runner_class(saved["arch"]).Options)}
-    if saved.pop("serial", False) and "backend" in own:
-        options.setdefault("backend", "serial")
-    for key in [k for k in saved if k not in RUN_FIELDS | {"algo", "env"}]:
-        value = saved.pop(key)
-        if key in own:
-            options.setdefault(key, value)
-    return RunConfig(**saved, options=options)
 
 
 def _runner(cfg: RunConfig) -> type[RunBase]:

@@ -30,7 +30,7 @@ from rlfleet.fields import (
     parse_count,
     single_folder_name,
 )
-from rlfleet.run.evaluate import EVAL_MAX_STEPS
+from rlfleet.run.checkpoint import CheckpointError
 
 __all__ = [
     "ConfigError",
@@ -57,6 +57,13 @@ def torch_threads_problem(value: Any) -> str | None:
     if value == AUTO_THREADS or (isinstance(value, int) and 1 <= value <= MAX_ROLES):
         return None
     return f"must be in [1, {MAX_ROLES}], or {AUTO_THREADS}"
+
+
+EVAL_MAX_STEPS = 27_000
+"""The default bound of an evaluation episode of an env without a time limit (`--eval-max-steps`, `--max-steps`):
+the ALE's cap of 108,000 frames in agent steps (frame skip 4), the Atari evaluation convention and the longest time
+limit of the envs Gymnasium registers, so that an env without a limit of its own is never cut shorter than an Atari
+game; a policy that loops on a cheap env costs seconds of it."""
 
 
 @dataclass
@@ -162,6 +169,23 @@ def resolve_torch_threads(setting: int | str, *, single_process: bool, convoluti
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env", "options"}
 """The options every run has (`RunConfig`), beside its architecture's."""
+
+
+def saved_run_config(payload: dict[str, Any], checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    """The run config a checkpoint holds. One written by another version of rlfleet, whose run config lacks fields
+    this version has or has fields it does not know, is one `CheckpointError` naming them."""
+    saved = payload["run_config"]
+    expected = RUN_FIELDS | {"algo", "env", "options"}
+    missing, unknown = sorted(expected - set(saved)), sorted(set(saved) - expected)
+    if missing or unknown:
+        differ = ([f"lacks {', '.join(missing)}"] if missing else []) + (
+            [f"has {', '.join(unknown)}, unknown to this version"] if unknown else []
+        )
+        raise CheckpointError(
+            f"checkpoint {os.fspath(checkpoint)} was written by another version of rlfleet: its run config "
+            + " and ".join(differ)
+        )
+    return dict(saved)
 
 
 def run_option(f: dataclasses.Field) -> str:

@@ -23,6 +23,7 @@ from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.fields import Bounds, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
+from rlfleet.run.config import EVAL_MAX_STEPS, saved_run_config
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)
@@ -31,10 +32,6 @@ SEED = Bounds(ge=0)
 """Seeds of evaluation envs (`--seed`)."""
 MAX_STEPS = Bounds(ge=1)
 """Steps an evaluation episode of an env without a time limit may take (`--max-steps`, `--eval-max-steps`)."""
-EVAL_MAX_STEPS = 27_000
-"""The default of that bound: the ALE's cap of 108,000 frames in agent steps (frame skip 4), the Atari evaluation
-convention and the longest time limit of the envs Gymnasium registers, so that an env without a limit of its own
-is never cut shorter than an Atari game; a policy that loops on a cheap env costs seconds of it."""
 
 
 @dataclass(frozen=True)
@@ -103,17 +100,15 @@ def evaluate(
 
 
 def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with (its
-    `env_kwargs` always there: `{}` for a checkpoint written before runs had them).
+    """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with.
 
     The agent acts on raw observations: one trained with `obs_norm` normalises them with the checkpoint's
     frozen statistics (`ObsNormalizedAgent`)."""
 
     payload = load_checkpoint(checkpoint)
-    run = payload["run_config"]
-    if not isinstance(run.get("algo"), str) or not isinstance(run.get("env"), str):
+    run = saved_run_config(payload, checkpoint)
+    if not isinstance(run["algo"], str) or not isinstance(run["env"], str):
         raise CheckpointError(f"checkpoint {checkpoint} names no algorithm and env in its run config")
-    run = {**run, "env_kwargs": run.get("env_kwargs") or {}}
     if not isinstance(run["env_kwargs"], dict):
         raise CheckpointError(f"checkpoint {checkpoint} has env_kwargs that are not a dict: {run['env_kwargs']!r}")
     algo_cls, config_cls, _, _ = resolve(run["algo"])
@@ -137,9 +132,9 @@ def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
 
 def checkpoint_bound(run: dict[str, Any], max_steps: int | None) -> int:
     """The step bound of a checkpoint's evaluation episodes (`episode_bound`): the env's own time limit, else
-    `max_steps`, else the run's `eval_max_steps` (`EVAL_MAX_STEPS` for a run saved before it had one)."""
+    `max_steps`, else the run's `eval_max_steps`."""
     if max_steps is None:
-        max_steps = run.get("eval_max_steps") or EVAL_MAX_STEPS
+        max_steps = run["eval_max_steps"]
     return episode_bound(env_info(run["env"], run["env_kwargs"])["max_episode_steps"], max_steps)
 
 

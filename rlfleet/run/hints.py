@@ -11,7 +11,8 @@ import numpy as np
 
 from rlfleet.algos.noise import EXPLORATION_OPTIONS
 from rlfleet.data.batch import obs_len
-from rlfleet.run.evaluate import EVAL_MAX_STEPS, evaluate
+from rlfleet.run.config import EVAL_MAX_STEPS
+from rlfleet.run.evaluate import evaluate
 
 
 class DoNothing:

@@ -18,9 +18,9 @@ from rlfleet.data.batch import map_obs, stack_obs
 from rlfleet.data.demos import Demonstrations, is_dataset_file
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.fields import check_value
+from rlfleet.run.config import EVAL_MAX_STEPS
 from rlfleet.run.evaluate import (
     EPISODES,
-    EVAL_MAX_STEPS,
     MAX_STEPS,
     SEED,
     Evaluation,

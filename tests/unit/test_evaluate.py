@@ -7,7 +7,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.envs import make_vector_env
-from rlfleet.run.evaluate import EVAL_MAX_STEPS, episode_bound, evaluate
+from rlfleet.run.config import EVAL_MAX_STEPS
+from rlfleet.run.evaluate import episode_bound, evaluate
 from rlfleet.run.recording import EpisodeRecorder, record_episodes
 
 

@@ -291,42 +291,29 @@ def test_a_resumed_run_seeds_its_workers_anew(arch, run_opts, tmp_path):
         runner.eval_envs.close()
 
 
-def test_a_checkpoint_with_the_options_among_the_run_fields_still_resumes(run_opts, tmp_path):
-    """Checkpoints written before each architecture had its own options dataclass kept `workers`, `grad_sets`,
-    `serial`, ... (and every architecture's defaults) among the run's fields: a resume moves them where they
-    belong (`serial=True` became `backend="serial"`)."""
+def test_a_checkpoint_of_another_version_s_run_config_is_one_line_on_resume_and_eval(run_opts, tmp_path):
+    """A checkpoint whose run config has fields this version does not know (the architectures' options among the
+    run's fields, as an early layout had them) or lacks one it has is one CheckpointError naming them, on
+    `--resume` as on `eval`, and the run folder is left as it was."""
+    from rlfleet.run.checkpoint import CheckpointError
+    from rlfleet.run.evaluate import evaluate_checkpoint
+
     train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=1, backend="serial", steps=600,
           eval_every=600, eval_episodes=1, name="r", **run_opts)  # fmt: skip
     path = tmp_path / "r" / "checkpoints" / "latest.pt"
     payload = load_checkpoint(path)
-    old = {k: v for k, v in payload["run_config"].items() if k != "options"}
-    old.update(workers=2, grad_sets=1, optimizer="shared_rmsprop", serial=True, max_restarts=10, dataset=None)
-    save_checkpoint(path, {**payload, "run_config": old})
-    result = train(resume=tmp_path / "r", steps=1_200, progress=False)
-    assert result["env_steps"] >= 1_200
-    resumed = load_checkpoint(path)["run_config"]["options"]
-    expected = {"workers": 2, "grad_sets": 1, "optimizer": "shared_rmsprop", "backend": "serial", "max_restarts": 10}
-    # options the old layout did not have: their defaults
-    expected |= {
-        "heartbeat_s": 120.0,
-        "address": "",
-        "cpus_per_role": 1.0,
-        "gpus_per_role": 0.0,
-        "placement": "",
-        "oversubscribe": False,
-    }
-    assert resumed == expected
-
-
-def test_a_single_run_checkpoint_with_every_architectures_options_still_resumes(run_opts, tmp_path):
-    train("ppo", "CartPole-v1", steps=512, eval_every=512, eval_episodes=1, name="r", **run_opts)
-    path = tmp_path / "r" / "checkpoints" / "latest.pt"
-    payload = load_checkpoint(path)
-    old = {k: v for k, v in payload["run_config"].items() if k != "options"}
-    old.update(workers=2, optimizer="shared_rmsprop", grad_sets=0, max_restarts=10, serial=False, dataset=None)
-    save_checkpoint(path, {**payload, "run_config": old})
-    assert train(resume=tmp_path / "r", steps=1_024, progress=False)["env_steps"] >= 1_024
-    assert load_checkpoint(path)["run_config"]["options"] == {}
+    old = {k: v for k, v in payload["run_config"].items() if k not in ("options", "eval_max_steps")}
+    save_checkpoint(path, {**payload, "run_config": {**old, "workers": 2, "serial": True}})
+    before = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()}
+    line = (
+        r"^checkpoint .*r(/checkpoints/latest.pt)? was written by another version of rlfleet: its run config "
+        r"lacks eval_max_steps, options and has serial, workers, unknown to this version$"
+    )
+    with pytest.raises(CheckpointError, match=line):
+        train(resume=tmp_path / "r", steps=1_200, progress=False)
+    with pytest.raises(CheckpointError, match=line):
+        evaluate_checkpoint(path, episodes=1)
+    assert {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()} == before
 
 
 def test_async_gradients_are_grad_parallel_with_one_gradient_per_step(run_opts):
