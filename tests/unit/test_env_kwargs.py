@@ -205,10 +205,12 @@ def test_an_expert_of_another_variant_is_refused(tmp_path: Path):
 
 
 def test_a_checkpoint_whose_env_kwargs_are_no_dict_is_refused(tmp_path: Path):
+    import dataclasses
+
     from rlfleet.run.checkpoint import CheckpointError, save_checkpoint
     from rlfleet.run.evaluate import load_agent
 
-    run = {"algo": "ppo", "env": "CartPole-v1", "env_kwargs": ["g=5"]}
+    run = {**dataclasses.asdict(RunConfig("ppo", "CartPole-v1")), "env_kwargs": ["g=5"]}
     path = save_checkpoint(tmp_path / "c.pt", {"run_config": run, "algo_config": {}, "algo": {}})
     with pytest.raises(CheckpointError, match=r"env_kwargs that are not a dict: \['g=5'\]"):
         load_agent(path)
