@@ -39,6 +39,8 @@ def _train(args: argparse.Namespace) -> int:
                 "--env-kwargs KEY=VALUE ...)"
             )
         given["env_kwargs"] = parse_env_kwargs(items)
+    if "net_kwargs" in given:
+        given["net_kwargs"] = parse_env_kwargs(given["net_kwargs"], "--net-kwargs")
     if args.resume:  # what may not change must equal the saved run (`resumed_config`): ALGO and --set included
         if args.set:
             given["overrides"] = parse_overrides(args.set)
@@ -272,6 +274,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keyword arguments of the env (gymnasium.make), one or more per flag, the flag repeatable: "
         "--env-kwargs map_name=8x8 is_slippery=false; values are typed: true/false, numbers, none, 'text', [1, 2]",
+    )
+    t.add_argument(
+        "--net",
+        default=argparse.SUPPRESS,
+        metavar="MODULE:FACTORY",
+        help="a network of your own as the encoder: package.module:factory, called with the observation space and "
+        "the --net-kwargs, returning a torch module from observations to features [batch, F] (docs/networks.md)",
+    )
+    t.add_argument(
+        "--net-kwargs",
+        action="extend",
+        nargs="+",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="keyword arguments of the --net factory, typed as --env-kwargs are",
     )
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")

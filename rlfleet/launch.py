@@ -13,6 +13,7 @@ from rlfleet.algos import resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
+from rlfleet.nets.user import NetError, net_path
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
 from rlfleet.run.config import (
     RUN_FIELDS,
@@ -39,8 +40,13 @@ def train(
     >>> result = rlfleet.train("ppo", "CartPole-v1", seed=1)
     >>> result = rlfleet.train("a2c", "CartPole-v1", arch="grad_parallel", workers=2, grad_sets=1)
     >>> result["solved"], result.run_dir
+    >>> result = rlfleet.train("ppo", "CartPole-v1", net=my_package.nets.Encoder, net_kwargs={"width": 128})
+
+    `net` (a network of your own: a factory, or its import path "package.module:factory") and `net_kwargs` are
+    the algorithm's config fields of those names (`rlfleet.nets.user`), taken here by name as `--net` is.
     """
     options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}  # saved as text
+    options = _user_net_as_overrides(options)
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
@@ -118,6 +124,24 @@ def _default_option(arch: str | None, key: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(runner_class(arch or "single").Options)}
     f = fields.get(key)
     return None if f is None or f.default is dataclasses.MISSING else f.default
+
+
+def _user_net_as_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """`net` and `net_kwargs` given by name moved into `overrides`, the algorithm's config fields they are; `net` as
+    its import path, which is what the run keeps and other processes import."""
+    if "net" not in options and "net_kwargs" not in options:
+        return options
+    options = dict(options)
+    overrides = dict(options.get("overrides") or {})
+    if "net" in options:
+        try:
+            overrides["net"] = net_path(options.pop("net"))
+        except NetError as exc:
+            raise ConfigError(str(exc)) from None
+    if "net_kwargs" in options:
+        overrides["net_kwargs"] = options.pop("net_kwargs")
+    options["overrides"] = overrides
+    return options
 
 
 def _runner(cfg: RunConfig) -> type[RunBase]:

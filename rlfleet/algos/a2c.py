@@ -26,7 +26,7 @@ import torch
 
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.algos.options import SDEOptions
+from rlfleet.algos.options import NetOptions, SDEOptions
 from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
 from rlfleet.algos.updates import clip_norm, sequence_batch, unroll_sequences
 from rlfleet.data.batch import Batch, obs_len
@@ -44,7 +44,7 @@ from rlfleet.optim.step import optimize, set_lr
 
 
 @dataclass
-class Config(NormOptions, SDEOptions):
+class Config(NetOptions, NormOptions, SDEOptions):
     """A2C hyperparameters; the defaults solve CartPole-v1 (presets: atari, paper, continuous, lstm)."""
 
     n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
@@ -202,6 +202,8 @@ class A2C:
             lstm=cfg.lstm,
             sde=cfg.sde,
             ortho_init=cfg.ortho_init,
+            net=cfg.net,
+            net_kwargs=cfg.net_kwargs,
         )
         self.bounds = action_bounds(action_space)
         self.device = place(self, device)  # networks on the learner's device before the optimizer

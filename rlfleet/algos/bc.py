@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import policy_step
+from rlfleet.algos.options import NetOptions
 from rlfleet.algos.spaces import action_bounds, check_action_space, to_env_actions
 from rlfleet.algos.updates import linear
 from rlfleet.data.batch import Batch
@@ -31,7 +32,7 @@ from rlfleet.optim.step import optimize, set_lr
 
 
 @dataclass
-class Config:
+class Config(NetOptions):
     """BC hyperparameters; the defaults clone a CartPole-v1 expert from 20 episodes."""
 
     batch_size: int = bounded(64, ge=1)
@@ -74,7 +75,16 @@ class BC:
     ):
         action_space = check_action_space(action_space, "bc", self.action_spaces)
         self.cfg = cfg
-        self.model = ActorCritic(obs_space, action_space, cfg.encoder, cfg.hidden, cfg.activation, critic=False)
+        self.model = ActorCritic(
+            obs_space,
+            action_space,
+            cfg.encoder,
+            cfg.hidden,
+            cfg.activation,
+            critic=False,
+            net=cfg.net,
+            net_kwargs=cfg.net_kwargs,
+        )
         self.bounds = action_bounds(action_space)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.model.parameters(), cfg.lr, weight_decay=cfg.weight_decay)

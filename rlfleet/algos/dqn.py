@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from rlfleet.algos.acting import epsilon_greedy, obs_tensor, q_values
 from rlfleet.algos.contract import Metrics
-from rlfleet.algos.options import PriorityOptions, make_replay_buffer
+from rlfleet.algos.options import NetOptions, PriorityOptions, make_replay_buffer
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
 from rlfleet.algos.updates import hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
@@ -47,7 +47,7 @@ from rlfleet.optim.step import optimize
 
 
 @dataclass
-class Config(PriorityOptions, NormOptions):
+class Config(NetOptions, PriorityOptions, NormOptions):
     """DQN hyperparameters; the defaults (double + dueling + prioritized, 3-step) solve CartPole-v1."""
 
     n_envs: int = bounded(4, ge=1, le=MAX_ENVS)
@@ -205,7 +205,17 @@ class DQN:
         if cfg.lstm < 0 or cfg.burn_in < 0 or cfg.train_len < 1:
             raise ValueError("lstm and burn_in must be >= 0 and train_len >= 1")
         self.cfg = cfg
-        self.q = QNetwork(obs_space, int(discrete.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling, cfg.lstm)
+        self.q = QNetwork(
+            obs_space,
+            int(discrete.n),
+            cfg.encoder,
+            cfg.hidden,
+            cfg.activation,
+            cfg.dueling,
+            cfg.lstm,
+            cfg.net,
+            cfg.net_kwargs,
+        )
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.q.parameters(), cfg.lr)

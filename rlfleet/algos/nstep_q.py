@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import epsilon_greedy, q_values, sample_final_epsilons
+from rlfleet.algos.options import NetOptions
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
 from rlfleet.algos.updates import SyncClock, clip_norm, hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
@@ -46,7 +47,7 @@ TARGETS = ("onestep_q", "sarsa", "nstep_q")
 
 
 @dataclass
-class Config(NormOptions):
+class Config(NetOptions, NormOptions):
     """Hyperparameters of the A3C paper's value-based methods; the defaults solve CartPole-v1."""
 
     target: str = "nstep_q"
@@ -120,7 +121,16 @@ class NStepQ:
             raise ValueError(f"unknown target {cfg.target!r}; choose one of {TARGETS}")
         discrete = cast(gym.spaces.Discrete, check_action_space(action_space, cfg.target, self.action_spaces))
         self.cfg = cfg
-        self.q = QNetwork(obs_space, int(discrete.n), cfg.encoder, cfg.hidden, cfg.activation, cfg.dueling)
+        self.q = QNetwork(
+            obs_space,
+            int(discrete.n),
+            cfg.encoder,
+            cfg.hidden,
+            cfg.activation,
+            cfg.dueling,
+            net=cfg.net,
+            net_kwargs=cfg.net_kwargs,
+        )
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.target_clock = SyncClock(cfg.target_update_every)
         self.device = place(self, device)  # networks on the learner's device before the optimizer

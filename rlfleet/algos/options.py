@@ -1,4 +1,5 @@
-"""Config mixins the algorithms share (gSDE, replay, prioritized replay), and the replay buffer their fields ask for."""
+"""Config mixins the algorithms share (a user network, gSDE, replay, prioritized replay), and the replay buffer their
+fields ask for."""
 
 from __future__ import annotations
 
@@ -6,7 +7,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
-from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.envs.kwargs import keyword_args_problem
+from rlfleet.fields import MAX_ENVS, bounded, checked
+from rlfleet.nets.user import factory_problem
+
+
+@dataclass
+class NetOptions:
+    """The fields every algorithm's `Config` has for a network of the user's own (`rlfleet.nets.user`)."""
+
+    net: str = checked("", check=factory_problem)
+    """A network of your own as the encoder: `package.module:factory`, called with the observation space and
+    `net_kwargs`, returning a torch module that maps a batch of observations to features `[batch, F]`; the
+    algorithm's heads (and an LSTM core with `lstm`) sit on top. "": the built-in encoders (`encoder`, `hidden`)."""
+    net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
+    """Keyword arguments of the `net` factory (bools, numbers, strings, None, and lists and dicts of them)."""
 
 
 @dataclass

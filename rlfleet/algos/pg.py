@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import policy_step, state_values
+from rlfleet.algos.options import NetOptions
 from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
 from rlfleet.algos.updates import clip_norm, minibatch_epochs
 from rlfleet.data.batch import Batch
@@ -33,7 +34,7 @@ from rlfleet.optim.make import make_optimizer
 
 
 @dataclass
-class Config(NormOptions):
+class Config(NetOptions, NormOptions):
     """REINFORCE hyperparameters; the defaults solve CartPole-v1."""
 
     n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
@@ -98,6 +99,8 @@ class PG:
             critic=cfg.baseline,
             log_std=cfg.log_std,
             init_std=cfg.init_std,
+            net=cfg.net,
+            net_kwargs=cfg.net_kwargs,
         )
         self.bounds = action_bounds(action_space)
         self.device = place(self, device)  # networks on the learner's device before the optimizer

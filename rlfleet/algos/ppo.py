@@ -26,7 +26,7 @@ import torch
 
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.algos.options import SDEOptions
+from rlfleet.algos.options import NetOptions, SDEOptions
 from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
 from rlfleet.algos.updates import (
     clip_norm,
@@ -51,7 +51,7 @@ from rlfleet.optim.step import set_lr
 
 
 @dataclass
-class Config(NormOptions, SDEOptions):
+class Config(NetOptions, NormOptions, SDEOptions):
     """PPO hyperparameters; the defaults solve CartPole-v1 (presets: atari, continuous, mujoco)."""
 
     n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
@@ -211,6 +211,8 @@ class PPO:
             lstm=cfg.lstm,
             sde=cfg.sde,
             ortho_init=cfg.ortho_init,
+            net=cfg.net,
+            net_kwargs=cfg.net_kwargs,
         )
         self.bounds = action_bounds(action_space)
         self.device = place(self, device)  # networks on the learner's device before the optimizer

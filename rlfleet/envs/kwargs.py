@@ -52,21 +52,21 @@ def parse_env_value(text: str) -> Any:
     return value if _plain_data(value) else text  # 1j, b'x', {1, 2}: kept as written
 
 
-def parse_env_kwargs(items: list[str]) -> dict[str, Any]:
+def parse_env_kwargs(items: list[str], option: str = OPTION) -> dict[str, Any]:
     """`KEY=VALUE` items (`is_slippery=false`, `map_name=8x8`) as keyword arguments; a malformed item, a key that
-    is not a keyword name, an empty value or a key given twice is a one-line `ConfigError`."""
+    is not a keyword name, an empty value or a key given twice is a one-line `ConfigError` naming `option`."""
     out: dict[str, Any] = {}
     for item in items:
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key:
-            raise ConfigError(f"{OPTION} expects KEY=VALUE items (e.g. is_slippery=false), got {item!r}")
+            raise ConfigError(f"{option} expects KEY=VALUE items (e.g. is_slippery=false), got {item!r}")
         if not key.isidentifier():
-            raise ConfigError(f"{OPTION} {item!r}: {key!r} is not a keyword argument name")
+            raise ConfigError(f"{option} {item!r}: {key!r} is not a keyword argument name")
         if not value:
-            raise ConfigError(f"{OPTION} {item!r} has no value (write {key}='' for an empty string)")
+            raise ConfigError(f"{option} {item!r} has no value (write {key}='' for an empty string)")
         if key in out:
-            raise ConfigError(f"{OPTION} gives {key!r} twice")
+            raise ConfigError(f"{option} gives {key!r} twice")
         out[key] = parse_env_value(value)
     return out
 
@@ -84,17 +84,23 @@ def _plain_data(value: Any) -> bool:
 
 
 def env_kwargs_problem(value: Any) -> str | None:
-    """The `checked` test of `RunConfig.env_kwargs` (a dict, which `check_fields` has made sure of): keyword
-    names, none that the run passes itself, and values it can save with its config, nested no deeper than
-    `rlfleet.fields.MAX_NESTING` (deeper, checking them would itself reach Python's recursion limit)."""
+    """The `checked` test of `RunConfig.env_kwargs`: `keyword_args_problem`, and none that the run passes itself."""
+    return keyword_args_problem(value, RESERVED)
+
+
+def keyword_args_problem(value: Any, reserved: tuple[str, ...] = ()) -> str | None:
+    """The `checked` test of keyword arguments a run keeps in its config (a dict, which `check_fields` has made
+    sure of: `--env-kwargs`, `--net-kwargs`): keyword names, none of `reserved`, and values it can save with its
+    config, nested no deeper than `rlfleet.fields.MAX_NESTING` (deeper, checking them would itself reach Python's
+    recursion limit)."""
     deep = nesting_problem(value)
     if deep is not None:
         return deep
     for key, item in value.items():
         if not isinstance(key, str) or not key.isidentifier():
             return f"has the key {key!r}, which is not a keyword argument name"
-        if key in RESERVED:
-            return f"cannot set {key!r}: the run sets it itself (it sets {', '.join(RESERVED)})"
+        if key in reserved:
+            return f"cannot set {key!r}: the run sets it itself (it sets {', '.join(reserved)})"
         if not _plain_data(item):
             return (
                 f"has a value for {key!r} that the run cannot save with its config ({type(item).__name__}): "

@@ -5,13 +5,17 @@ one batched pass.
 Actions are in the policy's normalised space [-1, 1] (`ActionBounds` maps them to the env's bounds). The
 actors are plain MLPs, so acting runs in NumPy (`rlfleet.nets.fast`) without PyTorch's per-op overhead.
 Observations are given as a size (a flat `Box`) or as their space: any space `FlatInput` takes (one-hots,
-dict entries side by side) reaches the actors and critics as one float vector.
+dict entries side by side) reaches the actors and critics as one float vector. With `net` (a user network's import
+path, `rlfleet.nets.user`), the actor's body is the user's network and each critic has one of its own, whose
+features the critic's MLP takes beside the action (as Stable-Baselines3's features extractor); such actors act
+through PyTorch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +27,7 @@ from rlfleet.data.batch import map_obs, obs_len
 from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput, flat_size
 from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import LOG_STD_RANGE, StateDependentNoise
+from rlfleet.nets.user import UserNet
 
 _LOG_2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -61,12 +66,33 @@ def _flat_mlp(obs: Obs, hidden: Sequence[int], activation: str) -> MLP:
     return body
 
 
-class DeterministicActor(nn.Module):
-    """μ(s) = tanh(MLP(s)) in [-1, 1]^A (DDPG, TD3)."""
+def _body(
+    obs: Obs, hidden: Sequence[int], activation: str, net: str, net_kwargs: dict[str, Any] | None
+) -> MLP | UserNet:
+    """An actor's body: the user's network where `net` names one, else `_flat_mlp`."""
+    return _user_net(obs, net, net_kwargs) if net else _flat_mlp(obs, hidden, activation)
 
-    def __init__(self, obs: Obs, act_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"):
+
+def _user_net(obs: Obs, net: str, net_kwargs: dict[str, Any] | None) -> UserNet:
+    if not isinstance(obs, gym.Space):
+        raise ValueError(f"a user network (net={net}) needs the observation space, not a size ({obs})")
+    return UserNet(obs, net, net_kwargs)
+
+
+class DeterministicActor(nn.Module):
+    """μ(s) = tanh(MLP(s)) in [-1, 1]^A (DDPG, TD3); with `net`, tanh of a linear head on the user's network."""
+
+    def __init__(
+        self,
+        obs: Obs,
+        act_dim: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "relu",
+        net: str = "",
+        net_kwargs: dict[str, Any] | None = None,
+    ):
         super().__init__()
-        self.body = _flat_mlp(obs, hidden, activation)
+        self.body: MLP | UserNet = _body(obs, hidden, activation, net, net_kwargs)
         self.head = nn.Linear(self.body.out_dim, act_dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -103,10 +129,12 @@ class SquashedGaussianActor(nn.Module):
         activation: str = "relu",
         sde: bool = False,
         sde_init_std: float = math.exp(-3),
+        net: str = "",
+        net_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
         self.act_dim = act_dim
-        self.body = _flat_mlp(obs, hidden, activation)
+        self.body: MLP | UserNet = _body(obs, hidden, activation, net, net_kwargs)
         self.sde = sde
         self.head = nn.Linear(self.body.out_dim, act_dim if sde else 2 * act_dim)
         self.noise = StateDependentNoise(self.body.out_dim, act_dim, sde_init_std) if sde else None
@@ -159,7 +187,9 @@ class QEnsemble(nn.Module):
 
     `forward(obs, act)` returns `[K, B]`. Twin critics (TD3, SAC) cost one pass instead of two. With
     `detach=True` the weights are detached: gradients reach the actions (an actor's loss) but not the
-    critics. Each member is initialised as an independent `nn.Linear` stack (PyTorch's default init).
+    critics. Each member is initialised as an independent `nn.Linear` stack (PyTorch's default init). With
+    `net`, each member has the user's network of its own (`encoders`), and its MLP takes those features beside the
+    action.
     """
 
     def __init__(
@@ -169,6 +199,8 @@ class QEnsemble(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "relu",
         n: int = 2,
+        net: str = "",
+        net_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -178,7 +210,10 @@ class QEnsemble(nn.Module):
         self.n = n
         self.activation = ACTIVATIONS[activation]()
         self.inputs = flat_inputs(obs)
-        sizes = [obs_size(obs) + act_dim, *hidden, 1]
+        encoders = [_user_net(obs, net, net_kwargs) for _ in range(n)] if net else []
+        self.encoders = nn.ModuleList(encoders)
+        features = encoders[0].out_dim if encoders else obs_size(obs)
+        sizes = [features + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
@@ -187,9 +222,14 @@ class QEnsemble(nn.Module):
             self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        flat = self.inputs(obs) if self.inputs is not None else obs.reshape(obs_len(obs), -1).float()
-        x = torch.cat([flat, act], dim=-1)
-        h = x.unsqueeze(0).expand(self.n, *x.shape)
+        if len(self.encoders):  # each critic's features of its own, beside the action
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not detach):
+                features = torch.stack([encoder(obs) for encoder in self.encoders])
+            h = torch.cat([features, act.unsqueeze(0).expand(self.n, *act.shape)], dim=-1)
+        else:
+            flat = self.inputs(obs) if self.inputs is not None else obs.reshape(obs_len(obs), -1).float()
+            x = torch.cat([flat, act], dim=-1)
+            h = x.unsqueeze(0).expand(self.n, *x.shape)
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             if detach:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, TypeGuard, TypeVar, cast
+from typing import Any, ClassVar, TypeGuard, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from rlfleet.nets.user import UserNet
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 Layer = TypeVar("Layer", bound=nn.Module)
@@ -282,16 +284,23 @@ class MultiInputEncoder(nn.Module):
         return self.mlp(torch.cat(features, dim=-1))
 
 
-Encoder = MLP | _AtariCNN | MultiInputEncoder
+Encoder = MLP | _AtariCNN | MultiInputEncoder | UserNet
 """What `make_encoder` makes: a module of `out_dim` features per observation."""
 
 
 def make_encoder(
-    obs_space: gym.Space, kind: str = "auto", hidden: Sequence[int] = (64, 64), activation: str = "tanh"
+    obs_space: gym.Space,
+    kind: str = "auto",
+    hidden: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+    net: str = "",
+    net_kwargs: dict[str, Any] | None = None,
 ) -> Encoder:
-    """Pick an encoder for an observation space: images (C, H, W) get a CNN (`auto`: Nature DQN's, MinAtar's for
-    grids under 36×36), a `Dict` with images a
+    """Pick an encoder for an observation space: a user network where `net` names one (`UserNet`), else images
+    (C, H, W) get a CNN (`auto`: Nature DQN's, MinAtar's for grids under 36×36), a `Dict` with images a
     `MultiInputEncoder`, everything else an MLP (behind a `FlatInput` for spaces other than `Box`)."""
+    if net:
+        return UserNet(obs_space, net, net_kwargs)
     if kind not in ENCODERS | {"auto"}:
         raise ValueError(f"unknown encoder {kind!r}; choose one of {sorted(ENCODERS | {'auto'})}")
     if isinstance(obs_space, gym.spaces.Box):

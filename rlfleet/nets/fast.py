@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rlfleet.nets.encoders import FlatInput
+from rlfleet.nets.user import UserNet
 
 _ACTIVATIONS: dict[type, Callable[[np.ndarray], np.ndarray]] = {
     nn.Tanh: np.tanh,
@@ -30,7 +31,10 @@ Op = tuple[np.ndarray | None, np.ndarray | None, Callable[[np.ndarray], np.ndarr
 
 
 def _flat_modules(module: nn.Module) -> list[nn.Module] | None:
-    """The module as a flat list of Linear / activation layers (Flatten and Identity dropped), or None."""
+    """The module as a flat list of Linear / activation layers (Flatten and Identity dropped), or None (a user
+    network always: its forward may be anything)."""
+    if isinstance(module, UserNet):
+        return None
     if isinstance(module, nn.Sequential):
         out: list[nn.Module] = []
         for child in module:

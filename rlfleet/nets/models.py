@@ -29,6 +29,7 @@ from rlfleet.nets.heads import (
     ValueHead,
 )
 from rlfleet.nets.recurrent import LSTMCore, State
+from rlfleet.nets.user import UserNet
 
 
 def leading_dims(obs: Any, space: gym.Space) -> int:
@@ -59,6 +60,7 @@ def torch_default_init(model: nn.Module) -> None:
     parameters of their own, and a σ layer (`GaussianHead.std_linear`) keeps its initialisation, whose bias
     carries it."""
     keep = {id(m.std_linear) for m in model.modules() if isinstance(m, GaussianHead) and m.std_linear is not None}
+    keep |= {id(m) for user in model.modules() if isinstance(user, UserNet) for m in user.modules()}  # the user's own
     for module in model.modules():
         if isinstance(module, nn.Linear | nn.Conv2d | nn.LSTMCell) and id(module) not in keep:
             module.reset_parameters()
@@ -74,7 +76,8 @@ class ActorCritic(nn.Module):
     observations get separate actor and critic encoders unless `shared`; images share one CNN. With
     `lstm` > 0, one encoder and an `LSTMCore` of that many cells feed both heads: call `unroll` with the
     recurrent state instead of `forward`. The layers are initialised orthogonally; `ortho_init=False` gives them
-    PyTorch's default initialisation (`torch_default_init`).
+    PyTorch's default initialisation (`torch_default_init`). With `net` (`package.module:factory`), the user's
+    network is the encoder (`UserNet`, built with `net_kwargs`), left as its factory initialised it.
     """
 
     def __init__(
@@ -91,6 +94,8 @@ class ActorCritic(nn.Module):
         lstm: int = 0,
         sde: bool = False,
         ortho_init: bool = True,
+        net: str = "",
+        net_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
         if isinstance(action_space, int):
@@ -102,7 +107,7 @@ class ActorCritic(nn.Module):
                 f"not {action_space}"
             )
         self.obs_space = obs_space
-        self.actor_body = make_encoder(obs_space, encoder, hidden, activation)
+        self.actor_body = make_encoder(obs_space, encoder, hidden, activation, net, net_kwargs)
         features = self.actor_body.out_dim
         self.core: LSTMCore | None = None
         if lstm > 0:
@@ -130,7 +135,7 @@ class ActorCritic(nn.Module):
         self.value_head: ValueHead | None = None
         if critic:
             if not shared:
-                self.critic_body = make_encoder(obs_space, encoder, hidden, activation)
+                self.critic_body = make_encoder(obs_space, encoder, hidden, activation, net, net_kwargs)
             self.value_head = ValueHead(features)
         if not ortho_init:
             torch_default_init(self)
@@ -228,7 +233,7 @@ class QNetwork(nn.Module):
     """Q(s, ·) for discrete actions, optionally with a dueling head.
 
     With `lstm` > 0 an `LSTMCore` of that many cells sits between the encoder and the head: call `unroll`
-    with the recurrent state instead of `forward`.
+    with the recurrent state instead of `forward`. With `net`, the user's network (`UserNet`) is the encoder.
     """
 
     def __init__(
@@ -240,10 +245,12 @@ class QNetwork(nn.Module):
         activation: str = "relu",
         dueling: bool = False,
         lstm: int = 0,
+        net: str = "",
+        net_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
         self.obs_space = obs_space
-        self.body = make_encoder(obs_space, encoder, hidden, activation)
+        self.body = make_encoder(obs_space, encoder, hidden, activation, net, net_kwargs)
         self.core: LSTMCore | None = LSTMCore(self.body.out_dim, lstm) if lstm > 0 else None
         head = DuelingQHead if dueling else QHead
         self.head = head(self.body.out_dim if self.core is None else lstm, n_actions)

@@ -117,6 +117,9 @@ MISFITS = (TypeError, ValueError, KeyError, RuntimeError)
 
 
 def misfit(checkpoint: str | Path, name: str, exc: Exception) -> CheckpointError:
-    """The one line for a checkpoint whose config or state does not fit `name`: the exception's first line."""
-    detail = (str(exc).strip().splitlines() or [""])[0]
+    """The one line for a checkpoint whose config or state does not fit `name`: the exception's first line (for
+    torch's "Error(s) in loading state_dict for ...", the first error under it: a missing key, or the first
+    parameter whose shape differs)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [""]
+    detail = lines[1] if lines[0].startswith("Error(s) in loading state_dict") and len(lines) > 1 else lines[0]
     return CheckpointError(f"checkpoint {checkpoint} does not fit rlfleet's {name} ({type(exc).__name__}: {detail})")

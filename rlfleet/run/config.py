@@ -17,7 +17,7 @@ from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
 from rlfleet.device import device_problem
 from rlfleet.envs import VECTOR_MODES
-from rlfleet.envs.kwargs import env_kwargs_problem
+from rlfleet.envs.kwargs import env_kwargs_problem, parse_env_value
 from rlfleet.fields import (
     MAX_ENVS,
     MAX_ROLES,
@@ -247,6 +247,8 @@ def _parse_value(text: str, annotation: Any, key: str) -> Any:
             inner = typing.get_args(annotation)[0]
             parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
             return tuple(parse_count(p.strip()) if inner is int else inner(p.strip()) for p in parts)
+        if origin is dict:  # keyword arguments: a dict literal, its values typed as --env-kwargs types them
+            return parse_env_value(text)
         if origin in (typing.Union, types.UnionType):
             args = [a for a in typing.get_args(annotation) if a is not type(None)]
             if text.lower() == "none":

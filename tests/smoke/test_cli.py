@@ -367,6 +367,35 @@ ARCH_OPTIONS = {
     ),
 }
 
+# a network of the user's own (`--net`, tests/user_nets.py): refused before anything is written
+USER_NETS = {
+    "net-does-not-import": (
+        (*TRAIN, "--net", "nowhere_pkg.nets:encoder"),
+        ["net='nowhere_pkg.nets:encoder' does not import", "'nowhere_pkg'", "No module named"],
+    ),
+    "net-without-colon": ((*TRAIN, "--net", "user_nets.mlp"), ["user_nets.mlp", "package.module:factory"]),
+    "net-missing-name": ((*TRAIN, "--net", "user_nets:nope"), ["module 'user_nets' has no 'nope'"]),
+    "net-not-callable": ((*TRAIN, "--net", "user_nets:NOT_CALLABLE"), ["names an object of type int, not a callable"]),
+    "net-factory-raises": (
+        (*TRAIN, "--net", "user_nets:raising"),
+        ["--net user_nets:raising: the factory raised ValueError: width must be even, got 3"],
+    ),
+    "net-factory-bad-kwarg": (
+        (*TRAIN, "--net", "user_nets:mlp", "--net-kwargs", "widht=8"),
+        ["the factory raised TypeError", "'widht'"],
+    ),
+    "net-not-a-module": ((*TRAIN, "--net", "user_nets:not_a_module"), ["returned a list, not a torch.nn.Module"]),
+    "net-output-3d": (
+        (*TRAIN, "--net", "user_nets:ThreeDimensional"),
+        ["maps observations [2, 4] float32 to [2, 2, 3]", "[batch, features]"],
+    ),
+    "net-returns-state": ((*TRAIN, "--net", "user_nets:WithState"), ["returned a tuple", "--set lstm=N"]),
+    "net-kwargs-malformed": (
+        (*TRAIN, "--net", "user_nets:mlp", "--net-kwargs", "width"),
+        ["--net-kwargs expects KEY=VALUE items", "'width'"],
+    ),
+}
+
 MORE_USAGE_ERRORS = {
     **EARLIER_USAGE_ERRORS,
     **CONFIG_RANGES,
@@ -376,6 +405,7 @@ MORE_USAGE_ERRORS = {
     **OUTPUT_PATHS,
     **ABSURD_SIZES,
     **ARCH_OPTIONS,
+    **USER_NETS,
 }
 assert len(MORE_USAGE_ERRORS) == sum(
     map(
@@ -389,6 +419,7 @@ assert len(MORE_USAGE_ERRORS) == sum(
             OUTPUT_PATHS,
             ABSURD_SIZES,
             ARCH_OPTIONS,
+            USER_NETS,
         ),
     )
 ), "a case id is used twice"

@@ -106,7 +106,7 @@ def test_every_float_must_be_finite(algo):
             build_algo_config(algo, None, {f.name: "nan" if typing.get_origin(annotation) is not tuple else "nan,1"})
 
 
-WRONG_TYPE = {int: 2.5, float: (1.0,), bool: 1, str: 3}
+WRONG_TYPE = {int: 2.5, float: (1.0,), bool: 1, str: 3, dict[str, typing.Any]: [1]}
 
 
 @pytest.mark.parametrize("algo", ALGOS)

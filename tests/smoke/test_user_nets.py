@@ -1,0 +1,119 @@
+"""Networks of the user's own (`--net`, `rlfleet.nets.user`) under every algorithm, on the parallel architectures,
+and through checkpoints, `eval` and `--resume`; the factories are in tests/user_nets.py."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import user_nets
+
+from rlfleet import train
+from rlfleet.algos import algorithm_names, resolve
+from rlfleet.nets.models import ActorCritic, torch_default_init
+from rlfleet.nets.user import NetError, UserNet, net_path
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rlfleet.run.evaluate import evaluate_checkpoint
+
+CONTINUOUS = {"ddpg", "td3", "sac"}
+
+
+@pytest.mark.parametrize("algo", algorithm_names())
+def test_every_algorithm_puts_its_heads_on_the_user_network(algo):
+    """Each network the algorithm builds from observations (actor, critics, Q, their targets) starts with a copy of
+    the user's network; with `Scaled` (features × 2, which the NumPy fast path would miss) acting goes through torch
+    and equals the model's own forward."""
+    algo_cls, config_cls, _, _ = resolve(algo)
+    env = gym.make("Pendulum-v1" if algo in CONTINUOUS else "CartPole-v1")
+    agent = algo_cls(
+        config_cls(net="user_nets:Scaled", net_kwargs={"width": 8}), env.observation_space, env.action_space
+    )
+    nets = [m for m in vars(agent).values() if isinstance(m, torch.nn.Module)]
+    users = [u for net in nets for u in net.modules() if isinstance(u, UserNet)]
+    assert users and all(isinstance(u.net, user_nets.Scaled) and u.out_dim == 8 for u in users)
+    trained = {id(p) for u in users for p in u.parameters()}
+    optimized = {id(p) for name, v in vars(agent).items() if "opt" in name for g in v.param_groups for p in g["params"]}
+    assert trained & optimized, "the user network's parameters are trained"
+
+
+def test_the_user_network_acts_through_torch_and_keeps_its_initialisation():
+    space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    torch.manual_seed(0)
+    model = ActorCritic(space, 2, net="user_nets:mlp", net_kwargs={"width": 16}, ortho_init=False)
+    before = [p.clone() for p in model.actor_body.parameters()]
+    torch_default_init(model)  # what ortho_init=False does: never to the user's layers
+    assert all(torch.equal(a, b) for a, b in zip(before, model.actor_body.parameters(), strict=True))
+    assert model.numpy_forward(np.zeros((3, 4), np.float32)) is None  # a plain Sequential, yet never compiled
+
+
+def test_net_given_as_an_object_is_kept_as_its_import_path():
+    assert net_path(user_nets.mlp) == "user_nets:mlp" and net_path(user_nets.SmallCNN) == "user_nets:SmallCNN"
+    with pytest.raises(NetError, match="a lambda or a local function, which other processes"):
+        net_path(lambda space: torch.nn.Linear(4, 4))
+
+    def local(space):
+        return torch.nn.Linear(4, 4)
+
+    with pytest.raises(NetError, match="a lambda or a local function"):
+        net_path(local)
+    local.__module__, local.__qualname__ = "__main__", "local"
+    with pytest.raises(NetError, match="a class or function of the running script"):
+        net_path(local)
+
+
+def test_a_user_network_goes_through_checkpoint_eval_and_resume(run_opts, tmp_path):
+    first = train("ppo", "CartPole-v1", net=user_nets.mlp, net_kwargs={"width": 32}, steps=2_048, eval_every=2_048,
+                  eval_episodes=1, name="r", seed=1, **run_opts)  # fmt: skip
+    config = json.loads((first.run_dir / "config.json").read_text())
+    assert config["algo"]["net"] == "user_nets:mlp" and config["algo"]["net_kwargs"] == {"width": 32}
+    evaluated = evaluate_checkpoint(first.run_dir, episodes=2)
+    assert len(evaluated["returns"]) == 2
+    resumed = train(resume=first.run_dir, steps=4_096, progress=False)
+    assert resumed["env_steps"] >= 4_096
+    payload = load_checkpoint(first.run_dir / "checkpoints" / "latest.pt")
+    assert payload["algo"]["model"]["actor_body.net.1.weight"].shape == (32, 4)  # the user's layers are saved
+
+
+def test_a_checkpoint_whose_user_network_is_gone_or_changed_is_one_line(run_opts, tmp_path):
+    run = train("dqn", "CartPole-v1", net="user_nets:mlp", net_kwargs={"width": 16}, steps=600, eval_every=600,
+                eval_episodes=1, name="r", **run_opts)  # fmt: skip
+    latest = run.run_dir / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(latest)
+    save_checkpoint(latest, {**payload, "algo_config": {**payload["algo_config"], "net": "gone_pkg.nets:encoder"}})
+    with pytest.raises(CheckpointError, match=r"'gone_pkg.nets:encoder' does not import: .*No module named 'gone_pkg'"):
+        evaluate_checkpoint(latest, episodes=1)
+    save_checkpoint(latest, {**payload, "algo_config": {**payload["algo_config"], "net_kwargs": {"width": 8}}})
+    mismatch = (
+        r"^checkpoint .* does not fit rlfleet's dqn \(RuntimeError: size mismatch for body\.net\.1\.weight: "
+        r"copying a param with shape torch\.Size\(\[16, 4\]\)"
+    )
+    with pytest.raises(CheckpointError, match=mismatch):
+        evaluate_checkpoint(latest, episodes=1)
+
+
+@pytest.mark.parametrize(
+    "algo, arch, options",
+    [("a2c", "data_parallel", {"workers": 2}), ("dqn", "apex", {"actors": 2, "learning_starts": 200})],
+)
+def test_the_parallel_architectures_build_the_user_network_in_their_worker_processes(algo, arch, options, run_opts):
+    """The workers import the network by its path (they load the learner's weights, which only the user's network
+    fits) and act with it: the run reaches its budget."""
+    overrides = {"learning_starts": options.pop("learning_starts")} if "learning_starts" in options else {}
+    result = train(algo, "CartPole-v1", arch=arch, net="user_nets:Scaled", steps=2_000, eval_every=2_000,
+                   eval_episodes=1, overrides=overrides, **options, **run_opts)  # fmt: skip
+    assert result["env_steps"] >= 2_000
+
+
+def test_a_user_cnn_on_minatar_and_an_lstm_on_a_user_network(run_opts):
+    pytest.importorskip("minatar")
+    cnn = train("ppo", "MinAtar/Breakout-v1", net="user_nets:SmallCNN", steps=512, eval_every=512, eval_episodes=1,
+                overrides={"n_envs": 4, "rollout_len": 64}, **run_opts)  # fmt: skip
+    assert cnn["env_steps"] >= 512
+    recurrent = train("a2c", "rlfleet/CartPoleNoVel-v1", net="user_nets:mlp", net_kwargs={"width": 16}, steps=1_000,
+                      eval_every=1_000, eval_episodes=1, overrides={"lstm": 16}, **run_opts)  # fmt: skip
+    assert recurrent["env_steps"] >= 1_000
+    state = load_checkpoint(recurrent.run_dir)["algo"]["model"]
+    assert state["actor_body.net.1.weight"].shape == (16, 2) and "core.cell.weight_ih" in state
