@@ -14,14 +14,6 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`pytest -n 2`, `--dist loadgroup`), the Ray tests run one after another on one worker: they
-    share one Ray instance per module, and the `auto` ones would see another module's instance."""
-    for item in items:
-        if item.path.parent.name == "ray":
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)

@@ -1,9 +1,13 @@
 """The `ray` backend's tests share one Ray instance per test module (starting one takes seconds). Its processes
-must be able to import the tests' helper roles (`spawned`), so the tests folder is on their PYTHONPATH."""
+must be able to import the tests' helper roles (`spawned`), so the tests folder is on their PYTHONPATH. Under
+pytest-xdist (`pytest -n 2`) one Ray module runs at a time, whichever worker has it: each instance and cluster is the
+machine's only one while it runs, as the `auto` tests need (`one_ray_module_at_a_time`)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,15 @@ def with_tests_on_path(env: dict[str, str]) -> dict[str, str]:
     env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, env.get("PYTHONPATH")) if p)
     return env
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_ray_module_at_a_time():
+    """An exclusive lock on a file for as long as the module runs (autouse: set up before the module's Ray instance or
+    cluster); a worker of another module waits for it. The lock goes with the process, should it die."""
+    with open(Path(tempfile.gettempdir()) / "rlfleet-ray-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="module")
