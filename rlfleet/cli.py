@@ -39,8 +39,9 @@ def _train(args: argparse.Namespace) -> int:
                 "--env-kwargs KEY=VALUE ...)"
             )
         given["env_kwargs"] = parse_env_kwargs(items)
-    if "net_kwargs" in given:
-        given["net_kwargs"] = parse_env_kwargs(given["net_kwargs"], "--net-kwargs")
+    for key in ("net_kwargs", "actor_net_kwargs", "critic_net_kwargs"):
+        if key in given:
+            given[key] = parse_env_kwargs(given[key], "--" + key.replace("_", "-"))
     if args.resume:  # what may not change must equal the saved run (`resumed_config`): ALGO and --set included
         if args.set:
             given["overrides"] = parse_overrides(args.set)
@@ -275,21 +276,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="keyword arguments of the env (gymnasium.make), one or more per flag, the flag repeatable: "
         "--env-kwargs map_name=8x8 is_slippery=false; values are typed: true/false, numbers, none, 'text', [1, 2]",
     )
-    t.add_argument(
-        "--net",
-        default=argparse.SUPPRESS,
-        metavar="MODULE:FACTORY",
-        help="a network of your own as the encoder: package.module:factory, called with the observation space and "
+    nets = {
+        "net": "a network of your own as the encoder: package.module:factory, called with the observation space and "
         "the --net-kwargs, returning a torch module from observations to features [batch, F] (docs/networks.md)",
-    )
-    t.add_argument(
-        "--net-kwargs",
-        action="extend",
-        nargs="+",
-        default=argparse.SUPPRESS,
-        metavar="KEY=VALUE",
-        help="keyword arguments of the --net factory, typed as --env-kwargs are",
-    )
+        "actor-net": "ddpg, td3, sac: a whole actor of your own, called with the observation and action spaces "
+        "(docs/networks.md)",
+        "critic-net": "ddpg, td3, sac: a whole critic of your own, (observations, actions) to Q, built once per critic",
+    }
+    for name, text in nets.items():
+        t.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="MODULE:FACTORY", help=text)
+        t.add_argument(
+            f"--{name}-kwargs",
+            action="extend",
+            nargs="+",
+            default=argparse.SUPPRESS,
+            metavar="KEY=VALUE",
+            help=f"keyword arguments of the --{name} factory, typed as --env-kwargs are",
+        )
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)

@@ -43,7 +43,8 @@ def train(
     >>> result = rlfleet.train("ppo", "CartPole-v1", net=my_package.nets.Encoder, net_kwargs={"width": 128})
 
     `net` (a network of your own: a factory, or its import path "package.module:factory") and `net_kwargs` are
-    the algorithm's config fields of those names (`rlfleet.nets.user`), taken here by name as `--net` is.
+    the algorithm's config fields of those names (`rlfleet.nets.user`), taken here by name as `--net` is; so are
+    `actor_net`, `critic_net` and their `_kwargs` (ddpg, td3, sac: whole modules of your own).
     """
     options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}  # saved as text
     options = _user_net_as_overrides(options)
@@ -126,20 +127,24 @@ def _default_option(arch: str | None, key: str) -> Any:
     return None if f is None or f.default is dataclasses.MISSING else f.default
 
 
+USER_NETS = ("net", "actor_net", "critic_net")
+"""The algorithms' config fields that name a network of the user's own, which `train` also takes by name."""
+
+
 def _user_net_as_overrides(options: dict[str, Any]) -> dict[str, Any]:
-    """`net` and `net_kwargs` given by name moved into `overrides`, the algorithm's config fields they are; `net` as
-    its import path, which is what the run keeps and other processes import."""
-    if "net" not in options and "net_kwargs" not in options:
+    """`net`, `actor_net`, `critic_net` and their `_kwargs` given by name moved into `overrides`, the algorithm's
+    config fields they are; a network as its import path, which is what the run keeps and other processes import."""
+    given = [key for key in options if key.removesuffix("_kwargs") in USER_NETS]
+    if not given:
         return options
     options = dict(options)
     overrides = dict(options.get("overrides") or {})
-    if "net" in options:
+    for key in given:
+        value = options.pop(key)
         try:
-            overrides["net"] = net_path(options.pop("net"))
+            overrides[key] = value if key.endswith("_kwargs") else net_path(value, key)
         except NetError as exc:
             raise ConfigError(str(exc)) from None
-    if "net_kwargs" in options:
-        overrides["net_kwargs"] = options.pop("net_kwargs")
     options["overrides"] = overrides
     return options
 

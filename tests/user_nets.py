@@ -71,3 +71,38 @@ class WithState(nn.Module):
 
 
 NOT_CALLABLE = 3
+
+
+class Actor(nn.Module):
+    """A whole actor (`--actor-net`): observations to A numbers (ddpg, td3) or 2A (sac: mean and log σ)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, width: int = 64, gaussian: bool = False):
+        super().__init__()
+        outputs = int(action_space.shape[0]) * (2 if gaussian else 1)
+        size = int(np.prod(obs_space.shape))
+        self.net = nn.Sequential(nn.Linear(size, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+        self.out = nn.Linear(width, outputs)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.out(self.net(obs.float()))
+
+
+class Critic(nn.Module):
+    """A whole critic (`--critic-net`): observations and actions to Q, `[batch, 1]`."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, width: int = 64):
+        super().__init__()
+        size = int(np.prod(obs_space.shape)) + int(action_space.shape[0])
+        self.net = nn.Sequential(
+            nn.Linear(size, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+        )
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([obs.float(), act], dim=-1))
+
+
+class PairCritic(Critic):
+    """A critic that gives two values per pair: wrong."""
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return super().forward(obs, act).repeat(1, 2)

@@ -9,6 +9,7 @@ from typing import Any
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.envs.kwargs import keyword_args_problem
 from rlfleet.fields import MAX_ENVS, bounded, checked
+from rlfleet.nets.continuous import UserNets
 from rlfleet.nets.user import factory_problem
 
 
@@ -22,6 +23,32 @@ class NetOptions:
     algorithm's heads (and an LSTM core with `lstm`) sit on top. "": the built-in encoders (`encoder`, `hidden`)."""
     net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
     """Keyword arguments of the `net` factory (bools, numbers, strings, None, and lists and dicts of them)."""
+
+
+@dataclass
+class ActorCriticNetOptions(NetOptions):
+    """The user-network fields of the algorithms with a separate actor and critics (ddpg, td3, sac): whole modules of
+    the user's own in their place, as Stable-Baselines3 and Tianshou allow."""
+
+    actor_net: str = checked("", check=factory_problem)
+    """A whole actor of your own: `package.module:factory`, called with the observation space, the policy's action
+    space ([-1, 1]^A) and `actor_net_kwargs`, returning a module from observations to A numbers (ddpg, td3: the
+    action before the tanh) or 2A (sac: the Gaussian's mean and log σ before the squashing); in place of `net` for the
+    actor. "": the built-in actor."""
+    actor_net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
+    """Keyword arguments of the `actor_net` factory."""
+    critic_net: str = checked("", check=factory_problem)
+    """A whole critic of your own: `package.module:factory`, called with the observation and action spaces and
+    `critic_net_kwargs` once per critic (TD3 and SAC have two), returning a module from a batch of observations and
+    one of actions (in [-1, 1]) to Q values, `[batch]` or `[batch, 1]`. "": the built-in critics."""
+    critic_net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
+    """Keyword arguments of the `critic_net` factory."""
+
+    def user_nets(self) -> UserNets:
+        """The user's networks these fields name, as the continuous agents' networks take them."""
+        return UserNets(
+            self.net, self.net_kwargs, self.actor_net, self.actor_net_kwargs, self.critic_net, self.critic_net_kwargs
+        )
 
 
 @dataclass

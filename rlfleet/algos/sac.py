@@ -34,7 +34,7 @@ from torch import nn
 from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.algos.options import NetOptions, ReplayOptions
+from rlfleet.algos.options import ActorCriticNetOptions, ReplayOptions
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
 from rlfleet.data.batch import Batch, obs_len
@@ -48,7 +48,7 @@ from rlfleet.optim.step import optimize
 
 
 @dataclass
-class Config(NetOptions, NormOptions, ReplayOptions):
+class Config(ActorCriticNetOptions, NormOptions, ReplayOptions):
     """SAC hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
     tau: float = bounded(0.01, gt=0, le=1)
@@ -125,10 +125,11 @@ class SAC:
             raise ValueError("batch_size must be >= 1, tau in (0, 1] and alpha > 0")
         self.cfg = cfg
         self.bounds = ActionBounds(box)
+        user = cfg.user_nets()
         self.actor = SquashedGaussianActor(
-            obs_dim, self.act_dim, cfg.hidden, cfg.activation, cfg.sde, cfg.sde_init_std, cfg.net, cfg.net_kwargs
+            obs_dim, self.act_dim, cfg.hidden, cfg.activation, cfg.sde, cfg.sde_init_std, user
         )
-        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, 2, cfg.net, cfg.net_kwargs)
+        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, 2, user)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.auto_alpha)
         self.target_entropy = -cfg.target_entropy_scale * self.act_dim

@@ -31,7 +31,7 @@ from torch import nn
 from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
-from rlfleet.algos.options import NetOptions, PriorityOptions, ReplayOptions, make_replay_buffer
+from rlfleet.algos.options import ActorCriticNetOptions, PriorityOptions, ReplayOptions, make_replay_buffer
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
 from rlfleet.data.batch import Batch, obs_len
@@ -45,7 +45,7 @@ from rlfleet.optim.step import optimize
 
 
 @dataclass
-class DPGOptions(NetOptions, PriorityOptions, NormOptions, ReplayOptions):
+class DPGOptions(ActorCriticNetOptions, PriorityOptions, NormOptions, ReplayOptions):
     """What DDPG and TD3 share (with DDPG's defaults): the deterministic actor and its exploration noise, the
     critics' learning rate and targets, the networks, over replay."""
 
@@ -154,10 +154,9 @@ class TD3:
         if cfg.batch_size < 1 or self.policy_delay() < 1 or not 0.0 < cfg.tau <= 1.0:
             raise ValueError("batch_size and policy_delay must be >= 1 and tau in (0, 1]")
         self.bounds = ActionBounds(box)
-        self.actor = DeterministicActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation, cfg.net, cfg.net_kwargs)
-        self.critic = QEnsemble(
-            obs_dim, self.act_dim, cfg.hidden, cfg.activation, n=self.critics, net=cfg.net, net_kwargs=cfg.net_kwargs
-        )
+        user = cfg.user_nets()
+        self.actor = DeterministicActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation, user)
+        self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, self.critics, user)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.device = place(self, device)  # networks on the learner's device before the optimizer

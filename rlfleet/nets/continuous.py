@@ -7,14 +7,15 @@ actors are plain MLPs, so acting runs in NumPy (`rlfleet.nets.fast`) without PyT
 Observations are given as a size (a flat `Box`) or as their space: any space `FlatInput` takes (one-hots,
 dict entries side by side) reaches the actors and critics as one float vector. With `net` (a user network's import
 path, `rlfleet.nets.user`), the actor's body is the user's network and each critic has one of its own, whose
-features the critic's MLP takes beside the action (as Stable-Baselines3's features extractor); such actors act
-through PyTorch.
+features the critic's MLP takes beside the action (as Stable-Baselines3's features extractor); `UserNets` may also
+name a whole actor and whole critics of the user's. Actors with a user's network act through PyTorch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -27,7 +28,7 @@ from rlfleet.data.batch import map_obs, obs_len
 from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput, flat_size
 from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import LOG_STD_RANGE, StateDependentNoise
-from rlfleet.nets.user import UserNet
+from rlfleet.nets.user import UserCritic, UserNet
 
 _LOG_2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -66,21 +67,45 @@ def _flat_mlp(obs: Obs, hidden: Sequence[int], activation: str) -> MLP:
     return body
 
 
-def _body(
-    obs: Obs, hidden: Sequence[int], activation: str, net: str, net_kwargs: dict[str, Any] | None
-) -> MLP | UserNet:
-    """An actor's body: the user's network where `net` names one, else `_flat_mlp`."""
-    return _user_net(obs, net, net_kwargs) if net else _flat_mlp(obs, hidden, activation)
+@dataclass(frozen=True)
+class UserNets:
+    """The user's networks of an off-policy continuous agent (`rlfleet.nets.user`), each an import path: an encoder
+    under the built-in heads (`net`), a whole actor (`actor`) and whole critics (`critic`, one built per member)."""
+
+    net: str = ""
+    net_kwargs: dict[str, Any] = field(default_factory=dict)
+    actor: str = ""
+    actor_kwargs: dict[str, Any] = field(default_factory=dict)
+    critic: str = ""
+    critic_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def _user_net(obs: Obs, net: str, net_kwargs: dict[str, Any] | None) -> UserNet:
+def _space(obs: Obs, path: str) -> gym.Space[Any]:
     if not isinstance(obs, gym.Space):
-        raise ValueError(f"a user network (net={net}) needs the observation space, not a size ({obs})")
-    return UserNet(obs, net, net_kwargs)
+        raise ValueError(f"a user network ({path}) needs the observation space, not a size ({obs})")
+    return obs
+
+
+def _policy_space(act_dim: int) -> gym.spaces.Box:
+    """The actions the networks see: the policy's [-1, 1]^A (`ActionBounds` maps them to the env's)."""
+    return gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32)
+
+
+def _actor_parts(
+    obs: Obs, act_dim: int, outputs: int, hidden: Sequence[int], activation: str, user: UserNets
+) -> tuple[MLP | UserNet, nn.Module]:
+    """An actor's body and head: the user's whole actor (its `outputs` numbers, no head), a linear head on the user's
+    encoder, or on `_flat_mlp`."""
+    if user.actor:
+        actor = UserNet(_space(obs, user.actor), user.actor, user.actor_kwargs, _policy_space(act_dim), outputs)
+        return actor, nn.Identity()
+    body = UserNet(_space(obs, user.net), user.net, user.net_kwargs) if user.net else _flat_mlp(obs, hidden, activation)
+    return body, nn.Linear(body.out_dim, outputs)
 
 
 class DeterministicActor(nn.Module):
-    """μ(s) = tanh(MLP(s)) in [-1, 1]^A (DDPG, TD3); with `net`, tanh of a linear head on the user's network."""
+    """μ(s) = tanh(MLP(s)) in [-1, 1]^A (DDPG, TD3); with `user.net`, tanh of a linear head on the user's network;
+    with `user.actor`, tanh of the user's actor."""
 
     def __init__(
         self,
@@ -88,12 +113,10 @@ class DeterministicActor(nn.Module):
         act_dim: int,
         hidden: Sequence[int] = (64, 64),
         activation: str = "relu",
-        net: str = "",
-        net_kwargs: dict[str, Any] | None = None,
+        user: UserNets | None = None,
     ):
         super().__init__()
-        self.body: MLP | UserNet = _body(obs, hidden, activation, net, net_kwargs)
-        self.head = nn.Linear(self.body.out_dim, act_dim)
+        self.body, self.head = _actor_parts(obs, act_dim, act_dim, hidden, activation, user or UserNets())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.head(self.body(obs)))
@@ -129,14 +152,15 @@ class SquashedGaussianActor(nn.Module):
         activation: str = "relu",
         sde: bool = False,
         sde_init_std: float = math.exp(-3),
-        net: str = "",
-        net_kwargs: dict[str, Any] | None = None,
+        user: UserNets | None = None,
     ):
         super().__init__()
+        user = user or UserNets()
+        if sde and user.actor:
+            raise ValueError(f"sde makes its noise from the actor's features, which --actor-net {user.actor} keeps")
         self.act_dim = act_dim
-        self.body: MLP | UserNet = _body(obs, hidden, activation, net, net_kwargs)
+        self.body, self.head = _actor_parts(obs, act_dim, act_dim if sde else 2 * act_dim, hidden, activation, user)
         self.sde = sde
-        self.head = nn.Linear(self.body.out_dim, act_dim if sde else 2 * act_dim)
         self.noise = StateDependentNoise(self.body.out_dim, act_dim, sde_init_std) if sde else None
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +193,7 @@ class SquashedGaussianActor(nn.Module):
                 out = (out if self.sde else self.head(out)).numpy()
         if self.noise is not None:
             features = out
+            assert isinstance(self.head, nn.Linear)  # gSDE: never a user's whole actor
             weight, bias = self.head.weight.detach().numpy(), self.head.bias.detach().numpy()
             mean = np.clip(features @ weight.T + bias, -SDE_MEAN_CLIP, SDE_MEAN_CLIP)
             if explore:
@@ -188,8 +213,8 @@ class QEnsemble(nn.Module):
     `forward(obs, act)` returns `[K, B]`. Twin critics (TD3, SAC) cost one pass instead of two. With
     `detach=True` the weights are detached: gradients reach the actions (an actor's loss) but not the
     critics. Each member is initialised as an independent `nn.Linear` stack (PyTorch's default init). With
-    `net`, each member has the user's network of its own (`encoders`), and its MLP takes those features beside the
-    action.
+    `user.net`, each member has the user's network of its own (`encoders`), and its MLP takes those features beside
+    the action; with `user.critic`, the members are the user's whole critics (`members`), called one after another.
     """
 
     def __init__(
@@ -199,8 +224,7 @@ class QEnsemble(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "relu",
         n: int = 2,
-        net: str = "",
-        net_kwargs: dict[str, Any] | None = None,
+        user: UserNets | None = None,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -210,10 +234,18 @@ class QEnsemble(nn.Module):
         self.n = n
         self.activation = ACTIVATIONS[activation]()
         self.inputs = flat_inputs(obs)
-        encoders = [_user_net(obs, net, net_kwargs) for _ in range(n)] if net else []
+        user = user or UserNets()
+        critic_space = _space(obs, user.critic) if user.critic else None
+        self.members = nn.ModuleList(
+            [UserCritic(critic_space, _policy_space(act_dim), user.critic, user.critic_kwargs) for _ in range(n)]
+            if critic_space is not None
+            else []
+        )
+        own_encoders = user.net and not user.critic
+        encoders = [UserNet(_space(obs, user.net), user.net, user.net_kwargs) for _ in range(n)] if own_encoders else []
         self.encoders = nn.ModuleList(encoders)
         features = encoders[0].out_dim if encoders else obs_size(obs)
-        sizes = [features + act_dim, *hidden, 1]
+        sizes = [] if user.critic else [features + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
@@ -222,6 +254,8 @@ class QEnsemble(nn.Module):
             self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        if len(self.members):  # the user's whole critics, one after another
+            return torch.stack([_call(member, (obs, act), detach) for member in self.members])
         if len(self.encoders):  # each critic's features of its own, beside the action
             with torch.set_grad_enabled(torch.is_grad_enabled() and not detach):
                 features = torch.stack([encoder(obs) for encoder in self.encoders])
@@ -238,3 +272,13 @@ class QEnsemble(nn.Module):
             if i < last:
                 h = self.activation(h)
         return h.squeeze(-1)
+
+
+def _call(module: nn.Module, args: tuple[Any, ...], detach: bool) -> torch.Tensor:
+    """`module(*args)`, with its parameters detached if `detach` (gradients reach the inputs, not the module)."""
+    if not detach:
+        out: torch.Tensor = module(*args)
+        return out
+    params = {name: p.detach() for name, p in module.named_parameters()}
+    detached: torch.Tensor = torch.func.functional_call(module, params, args)
+    return detached

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rlfleet.nets.encoders import FlatInput
-from rlfleet.nets.user import UserNet
+from rlfleet.nets.user import UserModule
 
 _ACTIVATIONS: dict[type, Callable[[np.ndarray], np.ndarray]] = {
     nn.Tanh: np.tanh,
@@ -33,7 +33,7 @@ Op = tuple[np.ndarray | None, np.ndarray | None, Callable[[np.ndarray], np.ndarr
 def _flat_modules(module: nn.Module) -> list[nn.Module] | None:
     """The module as a flat list of Linear / activation layers (Flatten and Identity dropped), or None (a user
     network always: its forward may be anything)."""
-    if isinstance(module, UserNet):
+    if isinstance(module, UserModule):
         return None
     if isinstance(module, nn.Sequential):
         out: list[nn.Module] = []

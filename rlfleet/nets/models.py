@@ -29,7 +29,7 @@ from rlfleet.nets.heads import (
     ValueHead,
 )
 from rlfleet.nets.recurrent import LSTMCore, State
-from rlfleet.nets.user import UserNet
+from rlfleet.nets.user import UserModule
 
 
 def leading_dims(obs: Any, space: gym.Space) -> int:
@@ -60,7 +60,9 @@ def torch_default_init(model: nn.Module) -> None:
     parameters of their own, and a σ layer (`GaussianHead.std_linear`) keeps its initialisation, whose bias
     carries it."""
     keep = {id(m.std_linear) for m in model.modules() if isinstance(m, GaussianHead) and m.std_linear is not None}
-    keep |= {id(m) for user in model.modules() if isinstance(user, UserNet) for m in user.modules()}  # the user's own
+    keep |= {
+        id(m) for user in model.modules() if isinstance(user, UserModule) for m in user.modules()
+    }  # the user's own
     for module in model.modules():
         if isinstance(module, nn.Linear | nn.Conv2d | nn.LSTMCell) and id(module) not in keep:
             module.reset_parameters()

@@ -24,12 +24,12 @@ class NetError(ValueError):
     """A user network that cannot be imported, built or used: one line naming the path and the problem."""
 
 
-def import_factory(path: str) -> Callable[..., Any]:
+def import_factory(path: str, option: str = "--net") -> Callable[..., Any]:
     """The callable that `path` ("package.module:factory", the factory possibly a dotted attribute) names; a
-    `NetError` that says what is wrong with the path otherwise."""
+    `NetError` that says what is wrong with the path (given as `option`) otherwise."""
     problem = factory_problem(path)
     if problem is not None:
-        raise NetError(f"--net {path}: {problem}")
+        raise NetError(f"{option} {path}: {problem}")
     module_name, _, attr = path.partition(":")
     obj: Any = importlib.import_module(module_name)
     for name in attr.split("."):
@@ -59,69 +59,116 @@ def factory_problem(path: str) -> str | None:
     return None
 
 
-def net_path(net: Any) -> str:
+def net_path(net: Any, field: str = "net") -> str:
     """The import path of a user network given as a path or as the factory itself (a class or a function defined at
     the top level of an importable module: the path is what runs keep and other processes import)."""
     if isinstance(net, str):
         return net
     module, name = getattr(net, "__module__", None), getattr(net, "__qualname__", None)
     if not callable(net) or not isinstance(module, str) or not isinstance(name, str):
-        raise NetError(f"net={net!r}: give a factory (a class or function that builds a torch module) or its path")
+        raise NetError(f"{field}={net!r}: give a factory (a class or function that builds a torch module) or its path")
     if "<" in name or module == "__main__":
         where = "a lambda or a local function" if "<" in name else "a class or function of the running script"
         raise NetError(
-            f"net={module}.{name} is {where}, which other processes, --resume and eval cannot import: define it at "
+            f"{field}={module}.{name} is {where}, which other processes, --resume and eval cannot import: define it at "
             "the top level of a module on the Python path and pass it (or its path, package.module:factory)"
         )
     path = f"{module}:{name}"
     if import_factory(path) is not net:
-        raise NetError(f"net={path} does not import back as the same object; pass its path instead")
+        raise NetError(f"{field}={path} does not import back as the same object; pass its path instead")
     return path
 
 
-class UserNet(nn.Module):
-    """The module a user factory builds for an observation space, and its number of features (`out_dim`), found by
-    passing two sample observations through it. rlfleet never re-initialises its parameters, and never acts
-    through it in NumPy (the fast path is for the built-in MLPs)."""
+class UserModule(nn.Module):
+    """A module a user factory built (`net`: the module itself, `path`: its factory's import path). rlfleet never
+    re-initialises its parameters, and never acts through it in NumPy (the fast path is for the built-in MLPs)."""
 
-    def __init__(self, obs_space: gym.Space[Any], path: str, kwargs: dict[str, Any] | None = None):
+    def __init__(self, path: str, kwargs: dict[str, Any] | None, args: tuple[Any, ...], option: str):
         super().__init__()
-        factory = import_factory(path)
+        factory = import_factory(path, option)
         try:
-            module = factory(obs_space, **(kwargs or {}))
+            module = factory(*args, **(kwargs or {}))
         except Exception as exc:  # the user's factory may raise anything
-            raise NetError(f"--net {path}: the factory raised {_one_line(exc)}") from None
+            raise NetError(f"{option} {path}: the factory raised {_one_line(exc)}") from None
         if not isinstance(module, nn.Module):
-            raise NetError(f"--net {path}: the factory returned a {type(module).__name__}, not a torch.nn.Module")
-        self.path = path
-        self.net = module
-        self.out_dim = self._probe(obs_space)
+            raise NetError(f"{option} {path}: the factory returned a {type(module).__name__}, not a torch.nn.Module")
+        self.path, self.option, self.net = path, option, module
 
-    def _probe(self, obs_space: gym.Space[Any]) -> int:
-        sample = sample_batch(obs_space, 2)
+    def _probe(self, inputs: tuple[Any, ...], shown: str) -> torch.Tensor:
+        """The module's output for two sample inputs (`shown` in messages), which must be one floating-point tensor
+        with a row per sample."""
         try:
             with torch.no_grad():
-                out = self.net(sample)
+                out = self.net(*inputs)
         except Exception as exc:  # the user's forward may raise anything
-            raise NetError(
-                f"--net {self.path}: its module failed on a batch of observations {_shapes(sample)} ({_one_line(exc)})"
-            ) from None
+            raise NetError(f"{self.option} {self.path}: its module failed on {shown} ({_one_line(exc)})") from None
         if isinstance(out, tuple):
             raise NetError(
-                f"--net {self.path}: its module returned a tuple; a network here returns features only, "
-                "[batch, features] (recurrence: --set lstm=N puts an LSTM core on top of it)"
+                f"{self.option} {self.path}: its module returned a tuple; a network here returns one tensor "
+                "(recurrence: --set lstm=N puts an LSTM core on top of a --net)"
             )
-        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2 or not out.is_floating_point():
-            shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise NetError(
-                f"--net {self.path}: its module maps observations {_shapes(sample)} to {shape}; the heads need "
-                "floating-point features [batch, features], here [2, F]"
-            )
-        return int(out.shape[1])
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() == 0 or len(out) != 2:
+            raise NetError(f"{self.option} {self.path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
+        return out
+
+    wanted = ""
+    """What the module must return, as its errors say."""
+
+
+class UserNet(UserModule):
+    """A user's network under the algorithm's heads (`--net`): the factory gets the observation space and the module
+    maps a batch of observations to features; `out_dim`, their number, is found by passing two sample observations.
+    As a whole actor (`--actor-net`, with `action_space` and `outputs`), the factory also gets the action space and the
+    module must give `outputs` numbers per observation."""
+
+    def __init__(
+        self,
+        obs_space: gym.Space[Any],
+        path: str,
+        kwargs: dict[str, Any] | None = None,
+        action_space: gym.Space[Any] | None = None,
+        outputs: int | None = None,
+    ):
+        option = "--net" if action_space is None else "--actor-net"
+        args = (obs_space,) if action_space is None else (obs_space, action_space)
+        super().__init__(path, kwargs, args, option)
+        self.wanted = (
+            "the heads need floating-point features [batch, features], here [2, F]"
+            if outputs is None
+            else f"the actor must give [batch, {outputs}], here [2, {outputs}]"
+        )
+        sample = sample_batch(obs_space, 2)
+        shown = f"observations {_shapes(sample)}"
+        out = self._probe((sample,), shown)
+        if out.dim() != 2 or (outputs is not None and out.shape[1] != outputs):
+            raise NetError(f"{option} {path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
+        self.out_dim = int(out.shape[1])
 
     def forward(self, obs: Any) -> torch.Tensor:
         out: torch.Tensor = self.net(obs)
         return out
+
+
+class UserCritic(UserModule):
+    """A user's whole critic (`--critic-net`): the factory gets the observation and action spaces, and the module maps
+    a batch of observations and one of actions (in [-1, 1], float32) to Q values, `[batch]` or `[batch, 1]`."""
+
+    wanted = "a critic must give one value per pair, [batch] or [batch, 1], here [2] or [2, 1]"
+
+    def __init__(
+        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], path: str, kwargs: dict[str, Any] | None
+    ):
+        super().__init__(path, kwargs, (obs_space, action_space), "--critic-net")
+        act = torch.as_tensor(np.stack([action_space.sample() for _ in range(2)]), dtype=torch.float32)
+        sample = sample_batch(obs_space, 2)
+        shown = f"observations {_shapes(sample)} and actions {_shapes(act)}"
+        out = self._probe((sample, act), shown)
+        if out.numel() != 2:
+            raise NetError(f"--critic-net {path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
+
+    def forward(self, obs: Any, act: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(obs, act)
+        return out.reshape(-1)
 
 
 def sample_batch(space: gym.Space[Any], n: int) -> Any:
@@ -130,6 +177,10 @@ def sample_batch(space: gym.Space[Any], n: int) -> Any:
         return {key: sample_batch(sub, n) for key, sub in space.spaces.items()}
     batch = torch.as_tensor(np.stack([np.asarray(space.sample()) for _ in range(n)]))
     return batch.float() if batch.dtype == torch.float64 else batch
+
+
+def _shown(out: Any) -> str:
+    return str(list(out.shape)) if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
 
 
 def _shapes(batch: Any) -> str:

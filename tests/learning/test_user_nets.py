@@ -16,3 +16,12 @@ def test_a_user_mlp_solves_cartpole(algo, width, run_opts):
                    eval_every=2_000, **run_opts)  # fmt: skip
     assert result["solved"], f"{algo} with a user MLP: {result.result}"
     assert result["eval_return_mean"] >= 475
+
+
+def test_sac_with_a_user_actor_and_user_critics_solves_pendulum(run_opts):
+    """The user's whole actor (mean and log σ) and twin critics, as wide as SAC's own MLPs, in their place: solved
+    within 1.5x the budget of SAC's own networks (tests/learning/test_continuous.py)."""
+    result = train("sac", "Pendulum-v1", actor_net="user_nets:Actor", actor_net_kwargs={"gaussian": True},
+                   critic_net="user_nets:Critic", seed=0, steps=12_000, eval_every=2_000, **run_opts)  # fmt: skip
+    assert result["solved"], f"sac with a user actor and critics: {result.result}"
+    assert result["eval_return_mean"] >= -250

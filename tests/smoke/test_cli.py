@@ -390,6 +390,32 @@ USER_NETS = {
         ["maps observations [2, 4] float32 to [2, 2, 3]", "[batch, features]"],
     ),
     "net-returns-state": ((*TRAIN, "--net", "user_nets:WithState"), ["returned a tuple", "--set lstm=N"]),
+    "actor-net-outputs": (
+        ("train", "sac", "--env", "Pendulum-v1", "--logdir", "runs", "--actor-net", "user_nets:Actor"),
+        ["--actor-net user_nets:Actor", "maps observations [2, 3] float32 to [2, 1]", "[batch, 2]"],
+    ),
+    "critic-net-two-values": (
+        ("train", "td3", "--env", "Pendulum-v1", "--logdir", "runs", "--critic-net", "user_nets:PairCritic"),
+        ["--critic-net user_nets:PairCritic", "to [2, 2]", "[batch] or [batch, 1]"],
+    ),
+    "actor-net-with-sde": (
+        (
+            "train",
+            "sac",
+            "--env",
+            "Pendulum-v1",
+            "--logdir",
+            "runs",
+            "--set",
+            "sde=true",
+            "--actor-net",
+            "user_nets:Actor",
+            "--actor-net-kwargs",
+            "gaussian=true",
+        ),
+        ["sde makes its noise from the actor's features"],
+    ),  # fmt: skip
+    "actor-net-on-ppo": ((*TRAIN, "--actor-net", "user_nets:Actor"), ["unknown config key 'actor_net' for ppo"]),
     "net-kwargs-malformed": (
         (*TRAIN, "--net", "user_nets:mlp", "--net-kwargs", "width"),
         ["--net-kwargs expects KEY=VALUE items", "'width'"],

@@ -117,3 +117,24 @@ def test_a_user_cnn_on_minatar_and_an_lstm_on_a_user_network(run_opts):
     assert recurrent["env_steps"] >= 1_000
     state = load_checkpoint(recurrent.run_dir)["algo"]["model"]
     assert state["actor_body.net.1.weight"].shape == (16, 2) and "core.cell.weight_ih" in state
+
+
+@pytest.mark.parametrize("algo", sorted(CONTINUOUS))
+def test_a_whole_actor_and_critics_of_the_user_take_the_built_in_ones_place(algo, run_opts):
+    """ddpg, td3, sac: the user's actor (tanh or the squashing rlfleet's) and one user critic per member; the actor's
+    loss reaches the actions through the critics, never the critics' weights; the run updates and checkpoints."""
+    algo_cls, config_cls, _, _ = resolve(algo)
+    env = gym.make("Pendulum-v1")
+    user = {"actor_net": "user_nets:Actor", "actor_net_kwargs": {"gaussian": algo == "sac", "width": 32}}
+    agent = algo_cls(config_cls(**user, critic_net="user_nets:Critic"), env.observation_space, env.action_space)
+    assert isinstance(agent.actor.body.net, user_nets.Actor) and isinstance(agent.actor.head, torch.nn.Identity)
+    members = agent.critic.members
+    assert len(members) == agent.critic.n and all(isinstance(m.net, user_nets.Critic) for m in members)
+    assert not list(agent.critic.weights)  # no built-in critic beside them
+    obs, act = torch.zeros(5, 3), torch.zeros(5, 1, requires_grad=True)
+    agent.critic(obs, act, detach=True).sum().backward()
+    assert act.grad is not None and all(p.grad is None for p in agent.critic.parameters())
+    result = train(algo, "Pendulum-v1", **user, critic_net="user_nets:Critic", steps=600, eval_every=600,
+                   eval_episodes=1, overrides={"learning_starts": 200, "random_steps": 200}, **run_opts)  # fmt: skip
+    state = load_checkpoint(result.run_dir)["algo"]
+    assert {key.split(".")[1] for key in state["critic"]} == {str(k) for k in range(agent.critic.n)}  # members.K.net
