@@ -53,6 +53,7 @@ FAR_GOAL_RUNS = {
 
 
 @pytest.mark.learning
+@pytest.mark.slow  # -m slow: CI keeps SAC with gSDE on MountainCarContinuous above
 @pytest.mark.parametrize("algo", sorted(FAR_GOAL_RUNS))
 def test_correlated_exploration_reaches_a_far_goal(algo, run_opts):
     """`sparse_env:FarGoal-v0` pays +100 only at a goal 40 units away, which takes a push of about 0.45 or more held

@@ -514,3 +514,17 @@ def test_a_sigstopped_service_actor_is_killed_as_hung_and_its_callers_survive(
     assert re.search(rf"{name} 1 died:\nno answer for \d+ s \(hung\), so it was killed\nrestarting it", log), log
     assert "worker" not in log, log  # no role was killed as hung (nor died)
     assert result["stopped_by"] == "steps" and result["env_steps"] >= options["steps"], result.result
+
+
+def test_a_user_network_is_built_by_the_ray_actors_from_its_import_path(run_opts, tmp_path, monkeypatch):
+    """The actors import the network by its path (the tests folder is on their PYTHONPATH) and the run goes on with
+    it; a path that imports in the driver only (its folder on the driver's sys.path alone) ends the run with the
+    actors' import error, once the restarts are spent."""
+    result = train("a2c", "CartPole-v1", arch="data_parallel", workers=2, backend="ray", net="user_nets:Scaled",
+                   steps=2_000, eval_every=2_000, eval_episodes=1, **run_opts)  # fmt: skip
+    assert result["env_steps"] >= 2_000
+    (tmp_path / "driver_only_nets.py").write_text("from user_nets import mlp\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(WorkerFailure, match=r"driver_only_nets"):
+        train("a2c", "CartPole-v1", arch="data_parallel", workers=2, backend="ray", net="driver_only_nets:mlp",
+              max_restarts=1, steps=2_000, eval_every=2_000, eval_episodes=1, name="d", **run_opts)  # fmt: skip

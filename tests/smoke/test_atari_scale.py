@@ -19,7 +19,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_every_experiment_writes_its_runs_tables_and_curves(tmp_path):
     out = tmp_path / "scale"
-    options = ["--minutes", "0.12", "--workers", "2", "--learners", "2", "--actors", "1", "--eval-every", "2000"]
+    options = ["--minutes", "0.2", "--workers", "2", "--learners", "2", "--actors", "1", "--eval-every", "2000"]
     done = run("all", "--env", "MinAtar/Breakout-v1", *options, "--eval-episodes", "2", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -230,7 +230,7 @@ RUN_NAMES = {
 # files a command reads: checkpoint, run folder, dataset, metrics; missing, empty, corrupt, wrong kind
 FILE_ARGUMENTS = {
     "eval-folder-without-checkpoint": (("eval", "adir"), ["adir", "no checkpoint"]),
-    "eval-incomplete-checkpoint": (("eval", "loose.pt"), ["loose.pt", "does not fit"]),
+    "eval-incomplete-checkpoint": (("eval", "loose.pt"), ["loose.pt", "written by another version", "lacks arch"]),
     "eval-a-dataset": (("eval", "demos.npz"), ["demos.npz", "checkpoint"]),
     "eval-checkpoints-folder": (("eval", "runs/old/checkpoints"), ["runs/old/checkpoints", "no checkpoint"]),
     "expert-garbage": (
@@ -472,6 +472,7 @@ def usage_error_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedPr
         proc = rlfleet(*USAGE_ERRORS[case][0], cwd=folder, timeout=90)
         return case, (proc, before, tree(folder))
 
+    tmp_path_factory.getbasetemp()  # made once, before the threads: its first call empties the folder xdist gives
     with ThreadPoolExecutor(max_workers=3) as pool:
         return dict(pool.map(run, USAGE_ERRORS))
 

@@ -49,7 +49,7 @@ def wait_for_workers(proc: subprocess.Popen, run: Path, n: int, timeout: float =
     "algo, arch, steps",
     [
         pytest.param("a2c", "data_parallel", 200_000, marks=pytest.mark.slow),  # -m slow: tests/drills.py kills these
-        ("dqn", "data_parallel", 20_000),
+        pytest.param("dqn", "data_parallel", 20_000, marks=pytest.mark.slow),
         pytest.param("a2c", "grad_parallel", 200_000, marks=pytest.mark.slow),
     ],
 )

@@ -96,7 +96,10 @@ def test_a_checkpoint_whose_user_network_is_gone_or_changed_is_one_line(run_opts
 
 @pytest.mark.parametrize(
     "algo, arch, options",
-    [("a2c", "data_parallel", {"workers": 2}), ("dqn", "apex", {"actors": 2, "learning_starts": 200})],
+    [  # -m slow: data_parallel's, which tests/ray/test_ray_backend.py runs with Ray actors
+        pytest.param("a2c", "data_parallel", {"workers": 2}, marks=pytest.mark.slow),
+        ("dqn", "apex", {"actors": 2, "learning_starts": 200}),
+    ],
 )
 def test_the_parallel_architectures_build_the_user_network_in_their_worker_processes(algo, arch, options, run_opts):
     """The workers import the network by its path (they load the learner's weights, which only the user's network
