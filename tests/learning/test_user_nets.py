@@ -25,3 +25,12 @@ def test_sac_with_a_user_actor_and_user_critics_solves_pendulum(run_opts):
                    critic_net="user_nets:Critic", seed=0, steps=12_000, eval_every=2_000, **run_opts)  # fmt: skip
     assert result["solved"], f"sac with a user actor and critics: {result.result}"
     assert result["eval_return_mean"] >= -250
+
+
+def test_an_lstm_on_a_user_mlp_solves_cartpole_without_velocities(run_opts):
+    """rlfleet's LSTM core on top of the user's MLP (the built-in encoder's shape) with A2C's `lstm` preset: solved
+    within the built-in recurrent agent's budget (tests/learning/test_recurrent.py)."""
+    result = train("a2c", "rlfleet/CartPoleNoVel-v1", preset="lstm", net="user_nets:mlp", seed=0, steps=150_000,
+                   eval_every=10_000, **run_opts)  # fmt: skip
+    assert result["solved"], f"a2c with an LSTM on a user MLP: {result.result}"
+    assert result["eval_return_mean"] >= 475

@@ -96,9 +96,15 @@ def test_a_checkpoint_whose_user_network_is_gone_or_changed_is_one_line(run_opts
 
 @pytest.mark.parametrize(
     "algo, arch, options",
-    [  # -m slow: data_parallel's, which tests/ray/test_ray_backend.py runs with Ray actors
-        pytest.param("a2c", "data_parallel", {"workers": 2}, marks=pytest.mark.slow),
+    [  # -m slow: data_parallel's, which also runs with Ray actors in tests/ray/test_ray_backend.py
         ("dqn", "apex", {"actors": 2, "learning_starts": 200}),
+        ("a3c", "hogwild", {"workers": 2}),
+        ("a2c", "grad_parallel", {"workers": 2}),
+        ("a2c", "async_grad", {"workers": 2}),
+        ("a2c", "param_server", {"workers": 2, "shards": 2}),
+        ("ppo", "allreduce", {"workers": 2}),
+        ("a2c", "gossip", {"learners": 2}),
+        pytest.param("a2c", "data_parallel", {"workers": 2}, marks=pytest.mark.slow),
     ],
 )
 def test_the_parallel_architectures_build_the_user_network_in_their_worker_processes(algo, arch, options, run_opts):
