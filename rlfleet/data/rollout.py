@@ -33,7 +33,8 @@ class RolloutStorage:
             value = np.asarray(value)
             arr = np.zeros((self.length, *value.shape), dtype=value.dtype)
             self._data[key] = arr
-        return arr  # type: ignore[return-value]
+        assert isinstance(arr, np.ndarray)  # a flat key's slot (dict observations are filled entry by entry)
+        return arr
 
     def write(self, t: int, **fields: np.ndarray | dict[str, np.ndarray]) -> None:
         """Write step t of every named field (each with leading dim N); dict values are nested fields."""
