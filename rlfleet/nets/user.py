@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfleet.data.batch import map_obs, stack_obs
+
 
 class NetError(ValueError):
     """A user network that cannot be imported, built or used: one line naming the path and the problem."""
@@ -27,36 +29,34 @@ class NetError(ValueError):
 def import_factory(path: str, option: str = "--net") -> Callable[..., Any]:
     """The callable that `path` ("package.module:factory", the factory possibly a dotted attribute) names; a
     `NetError` that says what is wrong with the path (given as `option`) otherwise."""
-    problem = factory_problem(path)
-    if problem is not None:
+    factory, problem = _resolve(path)
+    if factory is None:
         raise NetError(f"{option} {path}: {problem}")
-    module_name, _, attr = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for name in attr.split("."):
-        obj = getattr(obj, name)
-    factory: Callable[..., Any] = obj
     return factory
 
 
 def factory_problem(path: str) -> str | None:
     """What is wrong with a user network's import path (None: it names a callable). The `checked` test of the
     algorithms' `net` field ("" for none is fine)."""
-    if path == "":
-        return None
+    return None if path == "" else _resolve(path)[1]
+
+
+def _resolve(path: str) -> tuple[Callable[..., Any] | None, str | None]:
+    """(the callable `path` names, None), or (None, what is wrong with the path)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        return "is not package.module:factory (a module path, a colon, the factory's name in the module)"
+        return None, "is not package.module:factory (a module path, a colon, the factory's name in the module)"
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may fail in any way while it imports
-        return f"does not import: module {module_name!r} raised {_one_line(exc)}"
+        return None, f"does not import: module {module_name!r} raised {_one_line(exc)}"
     for name in attr.split("."):
         if not hasattr(obj, name):
-            return f"does not import: module {module_name!r} has no {attr!r}"
+            return None, f"does not import: module {module_name!r} has no {attr!r}"
         obj = getattr(obj, name)
     if not callable(obj):
-        return f"names an object of type {type(obj).__name__}, not a callable that builds a torch module"
-    return None
+        return None, f"names an object of type {type(obj).__name__}, not a callable that builds a torch module"
+    return obj, None
 
 
 def net_path(net: Any, field: str = "net") -> str:
@@ -173,10 +173,12 @@ class UserCritic(UserModule):
 
 def sample_batch(space: gym.Space[Any], n: int) -> Any:
     """`n` observations of `space` as a network receives them: tensors, float64 made float32, a dict for a Dict."""
-    if isinstance(space, gym.spaces.Dict):
-        return {key: sample_batch(sub, n) for key, sub in space.spaces.items()}
-    batch = torch.as_tensor(np.stack([np.asarray(space.sample()) for _ in range(n)]))
-    return batch.float() if batch.dtype == torch.float64 else batch
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        t = torch.as_tensor(x)
+        return t.float() if t.dtype == torch.float64 else t
+
+    return map_obs(tensor, stack_obs([space.sample() for _ in range(n)]))
 
 
 def _shown(out: Any) -> str:
