@@ -25,7 +25,7 @@ CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress")
 
 def _train(args: argparse.Namespace) -> int:
     from rlfleet.envs.kwargs import parse_env_kwargs
-    from rlfleet.launch import train
+    from rlfleet.launch import USER_NETS, train
     from rlfleet.run.config import ConfigError, parse_overrides
 
     given = {k: v for k, v in vars(args).items() if k not in CLI_ONLY}  # only the options on the command line
@@ -39,7 +39,7 @@ def _train(args: argparse.Namespace) -> int:
                 "--env-kwargs KEY=VALUE ...)"
             )
         given["env_kwargs"] = parse_env_kwargs(items)
-    for key in ("net_kwargs", "actor_net_kwargs", "critic_net_kwargs"):
+    for key in (f"{net}_kwargs" for net in USER_NETS):
         if key in given:
             given[key] = parse_env_kwargs(given[key], "--" + key.replace("_", "-"))
     if args.resume:  # what may not change must equal the saved run (`resumed_config`): ALGO and --set included
