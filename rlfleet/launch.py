@@ -13,17 +13,21 @@ from rlfleet.algos import resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
+from rlfleet.envs.kwargs import env_info
 from rlfleet.nets.user import NetError, net_path
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
 from rlfleet.run.config import (
     RUN_FIELDS,
     ConfigError,
     RunConfig,
+    build_algo_config,
+    build_options,
     check_known_options,
+    check_run_config,
     parse_field,
     saved_run_config,
 )
-from rlfleet.run.runner import RunBase, RunResult
+from rlfleet.run.runner import RunBase, RunResult, build_algorithm
 
 
 def train(
@@ -55,10 +59,68 @@ def train(
         return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
+    cfg = _run_config(algo, env, options)
+    return _runner(cfg)(cfg, callbacks=callbacks).run()
+
+
+def train_from(
+    payload: dict[str, Any],
+    run_dir: str | Path,
+    algo: str,
+    env: str,
+    *,
+    callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    **options: Any,
+) -> RunResult:
+    """Train `algo` on `env` with `options` (as `train` takes them) in `run_dir`, going on from another run's
+    checkpoint `payload`: its networks, optimizer moments and counters (env steps, evaluations), with this run's
+    hyperparameters (`load_algo_state`). The envs start new episodes and a replay starts empty: what is taken is
+    the donor's learner, not its data. Population-based training's exploit (`rlfleet tune --scheduler pbt`)."""
+    cfg = _run_config(algo, env, options)
+    learner = {k: v for k, v in payload.items() if k in LEARNER_STATE}
+    return _runner(cfg)(cfg, resume_from=learner, run_dir=Path(run_dir), callbacks=callbacks).run()
+
+
+LEARNER_STATE = ("format", "run_config", "algo_config", "algo", "env_steps", "state", "obs_norm", "reward_norm")
+"""What of a checkpoint `train_from` takes: the learner and the counters, not the envs, the collector or the replay."""
+
+
+@dataclasses.dataclass
+class CheckedRun:
+    """A run's configuration as `check_run` resolved it."""
+
+    cfg: RunConfig
+    options: Any  # the architecture's `Options`
+    algo: Any  # the algorithm, built on the CPU
+    total_steps: int
+    eval_every: int
+
+
+def check_run(algo: str, env: str, **options: Any) -> CheckedRun:
+    """What `train(algo, env, **options)` checks before it writes anything, without running it: the algorithm, the
+    architecture and its options, every run option, the env and its keyword arguments, the algorithm's config, and
+    the algorithm built for the env's spaces (on the CPU). A problem is the one line `train` would give."""
+    cfg = _run_config(algo, env, options)
+    runner = _runner(cfg)
+    check_run_config(cfg)
+    opts = build_options(runner.Options, cfg.options, cfg.arch)
+    info = env_info(cfg.env, cfg.env_kwargs)
+    algo_cfg, _ = build_algo_config(
+        cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, runner.presets
+    )
+    if cfg.n_envs is not None:
+        algo_cfg.n_envs = cfg.n_envs
+    built = build_algorithm(cfg, algo_cfg, info, cfg.seed, "cpu")
+    total = cfg.steps if cfg.steps is not None else algo_cfg.total_steps
+    return CheckedRun(cfg, opts, built, total, runner.eval_interval(cfg.eval_every, total))
+
+
+def _run_config(algo: str, env: str, options: dict[str, Any]) -> RunConfig:
+    """The `RunConfig` of `train(algo, env, **options)`: run options as its fields, the rest as the architecture's."""
+    options = _user_net_as_overrides(options)
     run = {k: v for k, v in options.items() if k in RUN_FIELDS}
     arch_options = {k: v for k, v in options.items() if k not in RUN_FIELDS}
-    cfg = RunConfig(algo=algo, env=env, options=arch_options, **run)
-    return _runner(cfg)(cfg, callbacks=callbacks).run()
+    return RunConfig(algo=algo, env=env, options=arch_options, **run)
 
 
 RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress"}) | {

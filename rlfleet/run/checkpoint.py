@@ -105,11 +105,23 @@ def run_folder_of(path: str | Path) -> Path:
 
 def load_algo_state(algo: Any, payload: dict[str, Any], checkpoint: str | Path, name: str) -> None:
     """`algo.load_state_dict(payload["algo"])`, a `CheckpointError` naming the checkpoint and the first problem when
-    the saved state does not fit the algorithm (another version's networks or counters)."""
+    the saved state does not fit the algorithm (another version's networks or counters).
+
+    The config decides the hyperparameters, the checkpoint the state: each optimizer keeps the hyperparameters of
+    its parameter groups as the algorithm's config built them (`lr`, `betas`, ...; torch's `load_state_dict` would
+    put the saved ones back), and takes its moments and step counts from the checkpoint. On a resume the two are
+    the same; a run started from another run's checkpoint with another config (population-based training's
+    exploit) trains with its own. A learning rate annealed over the run is set from the step count before each
+    update either way."""
+    optimizers = [v for v in vars(algo).values() if isinstance(v, torch.optim.Optimizer)]
+    built = [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups] for opt in optimizers]
     try:
         algo.load_state_dict(payload["algo"])
     except MISFITS as exc:
         raise misfit(checkpoint, name, exc) from None
+    for opt, groups in zip(optimizers, built, strict=True):
+        for group, hyperparameters in zip(opt.param_groups, groups, strict=True):
+            group.update(hyperparameters)
 
 
 MISFITS = (TypeError, ValueError, KeyError, RuntimeError)

@@ -227,8 +227,8 @@ def check_run_config(cfg: RunConfig) -> None:
     check_fields(cfg, run_option)
 
 
-def _parse_value(text: str, annotation: Any, key: str) -> Any:
-    """Turn `--set` text into the field's type."""
+def parse_value(text: str, annotation: Any, key: str) -> Any:
+    """Turn `--set` text (or any option's text) into the type `annotation` declares."""
     if isinstance(annotation, str):
         annotation = eval(annotation, {"tuple": tuple, "int": int, "float": float, "str": str, "bool": bool})  # noqa: S307
     origin = typing.get_origin(annotation)
@@ -253,7 +253,7 @@ def _parse_value(text: str, annotation: Any, key: str) -> Any:
             args = [a for a in typing.get_args(annotation) if a is not type(None)]
             if text.lower() == "none":
                 return None
-            return _parse_value(text, args[0], key)
+            return parse_value(text, args[0], key)
     except (ValueError, OverflowError):
         expected = annotation.__name__ if isinstance(annotation, type) else annotation
         raise ConfigError(f"bad value {text!r} for {key} (expected {expected})") from None
@@ -266,7 +266,7 @@ def parse_field(algo: str, key: str, text: str) -> Any:
     fields = config_fields(config_cls)
     if key not in fields:
         raise ConfigError(f"unknown config key {key!r} for {algo}; valid keys: {', '.join(sorted(fields))}")
-    return _parse_value(text, typing.get_type_hints(config_cls)[key], key)
+    return parse_value(text, typing.get_type_hints(config_cls)[key], key)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

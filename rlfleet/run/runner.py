@@ -154,6 +154,20 @@ def run_log(run_dir: Path) -> Iterator[None]:
             handler.close()
 
 
+def build_algorithm(cfg: RunConfig, algo_cfg: Any, info: dict[str, Any], seed: int, device: Any) -> Any:
+    """Algorithm `cfg.algo` built with `algo_cfg` for the env's spaces (`info`: `env_info`); a space it does not
+    take is one `UnsupportedSpaceError`, a config value it rejects one `ConfigError`."""
+    algo_cls = resolve(cfg.algo)[0]
+    try:
+        return algo_cls(algo_cfg, info["observation_space"], info["action_space"], seed=seed, device=device)
+    except UnsupportedSpaceError:
+        raise
+    except UnsupportedObservationError as exc:  # one the encoders cannot take: a space error, not the config's
+        raise UnsupportedSpaceError(f"{cfg.env}: {exc}") from None
+    except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
+        raise ConfigError(f"bad {cfg.algo} config: {exc}") from None
+
+
 class RunBase(abc.ABC):
     """What every architecture's run shares: the resolved configs, the algorithm, the run folder, greedy
     evaluation on separate envs, the bookkeeping after each update (logging, evaluation, best/latest
@@ -211,7 +225,7 @@ class RunBase(abc.ABC):
         fit_preset_replay(self.algo_cfg, cfg.overrides, info["observation_space"], self.preset)
         self.cfg = cfg
         self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
-        self.eval_every = cfg.eval_every or max(self.min_eval_every, self.total_steps // 50)
+        self.eval_every = self.eval_interval(cfg.eval_every, self.total_steps)
         self.eval_max_steps = episode_bound(info["max_episode_steps"], cfg.eval_max_steps)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         # a CNN learner: images, and an algorithm whose `encoder` makes CNNs of them (ddpg, td3, sac have none)
@@ -257,6 +271,11 @@ class RunBase(abc.ABC):
         self.stopped_by = "steps"
         self._cut_noted = False  # `_note_cut` has said so in this invocation
 
+    @classmethod
+    def eval_interval(cls, eval_every: int | None, total_steps: int) -> int:
+        """Env steps between evaluations: `--eval-every`, else max(`min_eval_every`, total steps / 50)."""
+        return eval_every or max(cls.min_eval_every, total_steps // 50)
+
     def replay_updates(
         self, around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
     ) -> dict[str, Any]:
@@ -277,17 +296,7 @@ class RunBase(abc.ABC):
 
     def build_algo(self, seed: int) -> Any:
         """A fresh algorithm object with this run's config (architectures build one per worker)."""
-        info = self.env_info
-        try:
-            return self.algo_cls(
-                self.algo_cfg, info["observation_space"], info["action_space"], seed=seed, device=self.device
-            )
-        except UnsupportedSpaceError:
-            raise
-        except UnsupportedObservationError as exc:  # one the encoders cannot take: a space error, not the config's
-            raise UnsupportedSpaceError(f"{self.cfg.env}: {exc}") from None
-        except ValueError as exc:  # a config value the algorithm rejects (unknown encoder, activation, ...)
-            raise ConfigError(f"bad {self.cfg.algo} config: {exc}") from None
+        return build_algorithm(self.cfg, self.algo_cfg, self.env_info, seed, self.device)
 
     def make_obs_stats(self) -> ObsStats | None:
         """The running observation statistics of a run with `obs_norm` (None without): training envs update
