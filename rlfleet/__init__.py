@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["train", "RunResult", "__version__"]
+__all__ = ["train", "tune", "RunResult", "__version__"]
 
 if TYPE_CHECKING:
     from rlfleet.launch import train
     from rlfleet.run.runner import RunResult
+    from rlfleet.tuning.sweep import tune
 
 
 def __getattr__(name: str) -> Any:
@@ -18,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from rlfleet.launch import train
 
         return train
+    if name == "tune":
+        from rlfleet.tuning.sweep import tune
+
+        return tune
     if name == "RunResult":
         from rlfleet.run.runner import RunResult
 

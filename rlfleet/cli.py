@@ -20,28 +20,38 @@ MAX_STEPS_HELP = (
     "steps an episode may take in an env without a time limit of its own (a greedy policy may loop forever); "
     "an episode cut there counts with the return it had (default: the run's --eval-max-steps, 27000)"
 )
-CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress")
+CLI_ONLY = ("command", "func", "algo", "set", "resume", "no_progress", "search")
 
 
-def _train(args: argparse.Namespace) -> int:
+def _given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options on the command line of `train` or `tune` (no defaults: those live in their dataclasses), with
+    `--env-kwargs` and the networks' `--*-kwargs` typed."""
     from rlfleet.envs.kwargs import parse_env_kwargs
-    from rlfleet.launch import USER_NETS, train
-    from rlfleet.run.config import ConfigError, parse_overrides
+    from rlfleet.launch import USER_NETS
+    from rlfleet.run.config import ConfigError
 
-    given = {k: v for k, v in vars(args).items() if k not in CLI_ONLY}  # only the options on the command line
+    given = {k: v for k, v in vars(args).items() if k not in CLI_ONLY}
     if args.no_progress:
         given["progress"] = False
     if "env_kwargs" in given:
         items = given["env_kwargs"]
         if not args.algo and not args.resume and "=" not in items[-1]:  # `--env-kwargs a=1 ppo` took ALGO for an item
             raise ConfigError(
-                f"--env-kwargs takes KEY=VALUE items, got {items[-1]!r}: put ALGO first (rlfleet train ALGO --env ID "
-                "--env-kwargs KEY=VALUE ...)"
+                f"--env-kwargs takes KEY=VALUE items, got {items[-1]!r}: put ALGO first (rlfleet {args.command} ALGO "
+                "--env ID --env-kwargs KEY=VALUE ...)"
             )
         given["env_kwargs"] = parse_env_kwargs(items)
     for key in (f"{net}_kwargs" for net in USER_NETS):
         if key in given:
             given[key] = parse_env_kwargs(given[key], "--" + key.replace("_", "-"))
+    return given
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlfleet.launch import train
+    from rlfleet.run.config import ConfigError, parse_overrides
+
+    given = _given_options(args)
     if args.resume:  # what may not change must equal the saved run (`resumed_config`): ALGO and --set included
         if args.set:
             given["overrides"] = parse_overrides(args.set)
@@ -64,6 +74,29 @@ def _train(args: argparse.Namespace) -> int:
     )
     if r.get("exploration_hint"):  # a continuous-control run that never beat doing nothing
         print(r["exploration_hint"])
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from rlfleet.run.config import parse_overrides
+    from rlfleet.tuning.sweep import tune
+
+    given = _given_options(args)
+    if args.set:
+        given["overrides"] = parse_overrides(args.set)
+    result = tune(args.algo, given.pop("env", None), search=args.search or [], resume=args.resume, **given)
+    if result.interrupted:
+        print(
+            f"rlfleet: the sweep was interrupted; each trial kept its checkpoint: rlfleet tune --resume "
+            f"{result.sweep_dir} goes on",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+    if result.best is None:
+        print(
+            "rlfleet: error: no trial made an evaluation (see trials.csv and the sweep's tune/ folder)", file=sys.stderr
+        )
+        return 1
     return 0
 
 
@@ -259,15 +292,12 @@ def _add_field(group, cls: type, name: str, doc: str) -> None:
         group.add_argument(flag, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=doc)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rlfleet", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="train an agent")
-    t.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
-    _add_train_options(t)
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field (see its file)")
-    t.add_argument(
+def _add_run_inputs(parser: argparse.ArgumentParser) -> None:
+    """`--set`, `--env-kwargs` and the networks of the user's own, which `train` and `tune` take."""
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="set an algorithm config field (see its file)"
+    )
+    parser.add_argument(
         "--env-kwargs",
         action="extend",
         nargs="+",
@@ -284,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         "critic-net": "ddpg, td3, sac: a whole critic of your own, (observations, actions) to Q, built once per critic",
     }
     for name, text in nets.items():
-        t.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="MODULE:FACTORY", help=text)
-        t.add_argument(
+        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="MODULE:FACTORY", help=text)
+        parser.add_argument(
             f"--{name}-kwargs",
             action="extend",
             nargs="+",
@@ -293,9 +323,46 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help=f"keyword arguments of the --{name} factory, typed as --env-kwargs are",
         )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rlfleet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train an agent")
+    t.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
+    _add_train_options(t)
+    _add_run_inputs(t)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)
+
+    tu = sub.add_parser(
+        "tune",
+        help="sweep hyperparameters on Ray Tune (each trial an rlfleet run)",
+        description="Sweep an algorithm's hyperparameters on Ray Tune: every trial is an rlfleet run folder under "
+        "the sweep folder (docs/tuning.md).",
+    )
+    tu.add_argument("algo", nargs="?", help="algorithm name (see `rlfleet list`)")
+    tu.add_argument(
+        "--search",
+        action="append",
+        metavar="NAME=DIST(ARGS)",
+        help="a searched name and its distribution, repeatable: lr=loguniform(1e-4,1e-2), ent_coef=uniform(0,0.02), "
+        "n_steps=randint(32,256) (both ends included), gamma=choice(0.99,0.995); NAME is a config field, a run "
+        "option, an architecture option or env_kwargs.KEY",
+    )
+    from rlfleet.tuning.spec import TuneOptions
+
+    sweep_group = tu.add_argument_group("sweep options")
+    for f in dataclasses.fields(TuneOptions):
+        if f.name not in ("address", "progress"):  # --address: the train options have it; --no-progress by hand
+            _add_field(sweep_group, TuneOptions, f.name, _field_help(TuneOptions, f.name))
+    _add_train_options(tu)
+    _add_run_inputs(tu)
+    tu.add_argument("--resume", metavar="SWEEP_DIR", help="go on with an interrupted sweep (its trials resume too)")
+    tu.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    tu.set_defaults(func=_tune)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint greedily")
     e.add_argument("checkpoint", help="checkpoint file or run folder")

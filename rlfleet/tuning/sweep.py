@@ -1,0 +1,456 @@
+"""`rlfleet tune`: a hyperparameter sweep on Ray Tune, every trial an ordinary rlfleet run.
+
+A sweep folder holds:
+
+    sweep.json        what the sweep is (algorithm, env, search space, scheduler, the trials' fixed options)
+    trials/<id>/      one run folder per trial (config.json, metrics.csv, checkpoints/, result.json, curves.png):
+                      `rlfleet plot`, `eval` and `train --resume` take any of them
+    tune/             Ray Tune's own record of the experiment, which `rlfleet tune --resume SWEEP` restores
+    trials.csv        one row per trial: its searched values, final and best evaluation, steps, how it ended
+    summary.md        the same table, and the best trial as a ready `rlfleet train` command
+    scatter.png       the final score against each searched value, one point per trial (the A3C paper's Figure 2)
+    curves.png        every trial's evaluation return against env steps
+    ray.log           what Ray printed
+
+Trials report after every evaluation (`Reporter`): the evaluation's mean, standard deviation and the best so far,
+the env steps and the evaluation count, which is the time unit of the schedulers (ASHA and HyperBand stop weak
+trials at evaluation milestones; PBT perturbs every `perturbation_interval` evaluations). A trial saves its run's
+checkpoint at every report, so a trial stopped by the scheduler, paused by HyperBand or ended by Ctrl-C keeps its
+checkpoint and goes on from it when it runs again. With PBT a trial also hands Tune its learner (weights, optimizer
+moments, counters); an exploited trial goes on from the donor's learner with its own perturbed config
+(`rlfleet.launch.train_from`) and records the exploit in `trials/<id>/exploits.jsonl`.
+
+Trials run on the sweep's Ray: a private instance on 127.0.0.1 (as `--backend ray` starts one), or a cluster
+joined with `--address` (whose nodes must all see the sweep folder, as Ray Tune's storage requires). A trial is
+one Ray Tune actor reserving `--cpus-per-trial` CPUs; a parallel architecture's roles run as local processes of
+that trial on its node (default reservation: one CPU per role).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import logging
+import math
+import os
+import signal
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rlfleet.arch.parallel import RAY_OPTIONS
+from rlfleet.fields import ConfigError, check_fields, single_folder_name
+from rlfleet.run.paths import check_output_folder
+from rlfleet.tuning.space import Param, apply, parse_space
+from rlfleet.tuning.spec import (
+    EXPLOITS,
+    SPEC_FILE,
+    TIME_ATTR,
+    TUNE_FOLDER,
+    Sweep,
+    SweepResult,
+    TuneOptions,
+    options_cls,
+)
+
+# ---------------------------------------------------------------------------------------------- checks
+TUNE_NEEDS = ("ray", "fsspec", "pandas", "pyarrow", "requests")
+"""What `import ray.tune` needs (Ray's `tune` extra), found without importing Ray: a private instance binds its
+listeners to 127.0.0.1 only if Ray is first imported after that is set (`rlfleet.backends.ray_instance`)."""
+
+
+def _check_installed() -> None:
+    missing = [name for name in TUNE_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"rlfleet tune needs Ray Tune, an extra ({', '.join(missing)} missing): "
+                          "pip install -e '.[tune]'")  # fmt: skip
+
+
+def _check_trial_options(options: dict[str, Any]) -> None:
+    """Refuse the run options that a sweep owns or a trial cannot take, one line each."""
+    if options.get("resume"):
+        raise ConfigError("--resume of rlfleet tune takes a sweep folder (its trials resume with it)")
+    backend = options.get("backend", "local")
+    if backend == "ray" or any(k in options for k in RAY_OPTIONS if k != "address"):
+        raise ConfigError(
+            "a trial's roles run as local processes of its Ray Tune actor: drop --backend ray and its options "
+            "(--address places the whole sweep on a cluster; --cpus-per-trial sets what a trial reserves)"
+        )
+    if backend not in ("local", "serial"):
+        raise ConfigError(f"--backend {backend}: a trial's roles run with the local or serial backend")
+
+
+def _check_space(algo: str, env: str, params: list[Param], options: dict[str, Any], pbt: bool) -> Any:
+    """Every value a trial may get, checked as `rlfleet train` checks it before anything is written: the sweep's
+    options with all searched names at their first extreme, then each name at its other one. With PBT, a trial's
+    learner must load into a network built with any other trial's values. Returns the first check's result."""
+    from rlfleet.launch import check_run
+    from rlfleet.run.checkpoint import CheckpointError, load_algo_state
+
+    low = {p.name: p.extremes()[0] for p in params}
+    base = check_run(algo, env, **apply(params, low, options))
+    for p in params:
+        other = check_run(algo, env, **apply(params, {**low, p.name: p.extremes()[1]}, options))
+        if pbt:
+            try:
+                load_algo_state(other.algo, {"algo": base.algo.state_dict()}, "a trial's learner", algo)
+            except CheckpointError as exc:
+                detail = str(exc).split("(", 1)[-1].rstrip(")")
+                raise ConfigError(
+                    f"--scheduler pbt cannot search {p.name}: a trial's learner would not load into the network of a "
+                    f"trial with another {p.name} ({detail}); search it with fifo, asha or hyperband"
+                ) from None
+    return base
+
+
+def _sweep_folder(logdir: str, name: str | None, algo: str, env: str) -> Path:
+    problem = single_folder_name(name)
+    if problem is not None:
+        raise ConfigError(f"--name {name!r} {problem}")
+    check_output_folder(logdir, "--logdir")
+    if name is None:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in env)
+        name = f"tune-{algo}-{safe}-{datetime.now():%Y%m%d-%H%M%S}"
+    folder = Path(logdir) / name
+    check_output_folder(folder, "sweep folder")
+    if folder.exists() and any(folder.iterdir()):
+        raise ConfigError(f"sweep folder {folder} already exists; rlfleet tune --resume {folder} goes on with it")
+    return folder.resolve()
+
+
+def read_sweep(folder: str | Path) -> Sweep:
+    """The sweep of a sweep folder (`sweep.json`); a folder that holds none is one `ConfigError`."""
+    path = Path(folder) / SPEC_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"{folder} is not a sweep folder (no {SPEC_FILE}): --resume takes the folder rlfleet tune made"
+        )
+    try:
+        return Sweep.from_json(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------- the trial
+class Reporter:
+    """A run callback that reports to Ray Tune after every evaluation (and saves the run's checkpoint first). A
+    report that Tune answers by stopping the trial (the scheduler's decision, the sweep's end, Ctrl-C) stops the run
+    politely: its final checkpoint and result.json are written."""
+
+    def __init__(self, trial_id: str, with_learner: bool):
+        self.trial_id = trial_id
+        self.with_learner = with_learner  # PBT: hand Tune the learner at every report
+        self.reported = -1  # the evaluation count last reported
+        self.trainer: Any = None
+        self.stopped = False
+
+    def __call__(self, info: dict[str, Any]) -> bool:
+        trainer = self.trainer = info["trainer"]
+        if self.reported < 0:  # a resumed trial reported its evaluations so far before
+            self.reported = trainer.state["evals"]
+            return False
+        if trainer.state["evals"] == self.reported:
+            return False
+        trainer.save()
+        return self.report(trainer)
+
+    def report(self, trainer: Any) -> bool:
+        """Report the latest evaluation; True when Tune ends the trial."""
+        from ray import tune
+
+        self.reported = trainer.state["evals"]
+        last = trainer.state["last_eval"]
+        metrics = {
+            "eval/return_mean": last["mean"],
+            "eval/return_std": last["std"],
+            "eval/return_best": trainer.state["best_eval"],
+            "env_steps": trainer.env_steps,
+            TIME_ATTR: trainer.state["evals"],
+            "solved": trainer.state["solved_at_step"] is not None,
+        }
+        try:
+            if not self.with_learner:
+                tune.report(metrics)
+                return False
+            with tempfile.TemporaryDirectory(prefix="rlfleet-learner-") as folder:
+                from rlfleet.run.checkpoint import save_checkpoint
+
+                save_checkpoint(Path(folder) / "learner.pt", trainer._payload(with_data=False))
+                (Path(folder) / "trial.json").write_text(
+                    json.dumps({"trial": self.trial_id, "env_steps": trainer.env_steps})
+                )
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))  # copied to the sweep's storage
+            return False
+        except SystemExit:  # how Ray Tune ends a trial blocked in its report
+            self.stopped = True
+            return True
+
+    def final(self) -> None:
+        """Report the run's last evaluation if the run made one after the last report (the one that solved it, or
+        the final one at its last step)."""
+        trainer = self.trainer
+        if trainer is not None and not self.stopped and trainer.state["evals"] > max(self.reported, 0):
+            self.report(trainer)
+
+
+def run_trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
+    """One trial (Ray Tune's function trainable): the run of the sweep's options with the trial's `config`, in
+    `trials/<trial id>`; a trial that runs again (the sweep resumed, HyperBand's pause) resumes its run, and a PBT
+    trial given another trial's learner goes on from it."""
+    from ray import tune
+
+    from rlfleet.launch import train, train_from
+    from rlfleet.run.checkpoint import load_checkpoint
+
+    spec = Sweep.from_json(sweep)
+    os.chdir(spec.cwd)  # not the trial's folder in Tune's record, where Ray Tune starts it
+    trial_id = tune.get_context().get_trial_id()
+    options = {**spec.trial_options(config, trial_id), "progress": False}
+    run_dir = spec.trials_dir / trial_id
+    reporter = Reporter(trial_id, with_learner=spec.tune.scheduler == "pbt")
+    given = tune.get_checkpoint()
+    donor: tuple[dict[str, Any], dict[str, Any]] | None = None
+    if given is not None:
+        with given.as_directory() as folder:
+            meta = json.loads((Path(folder) / "trial.json").read_text())
+            if meta["trial"] != trial_id:
+                donor = (meta, load_checkpoint(Path(folder) / "learner.pt"))
+    if donor is not None:
+        meta, payload = donor
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record = {"trial": meta["trial"], "env_steps": meta["env_steps"], "config": config}
+        with open(run_dir / EXPLOITS, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+        train_from(payload, run_dir, spec.algo, spec.env, callbacks=[reporter], **options)
+    elif (run_dir / "checkpoints" / "latest.pt").is_file():
+        train(resume=run_dir, callbacks=[reporter], progress=False)
+    else:
+        train(spec.algo, spec.env, logdir=str(spec.trials_dir), name=trial_id, callbacks=[reporter], **options)
+    reporter.final()
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+def tune(
+    algo: str | None = None,
+    env: str | None = None,
+    *,
+    search: list[str] | tuple[str, ...] = (),
+    resume: str | Path | None = None,
+    logdir: str = "runs",
+    name: str | None = None,
+    **options: Any,
+) -> SweepResult:
+    """Sweep `algo`'s hyperparameters on `env` with Ray Tune; each trial an rlfleet run.
+
+    >>> rlfleet.tune("ppo", "CartPole-v1", search=["lr=loguniform(1e-4,1e-2)"], trials=8, scheduler="asha")
+    >>> rlfleet.tune("a3c", "CartPole-v1", search=["lr=loguniform(1e-4,1e-2)"], trials=20, workers=2)
+    >>> rlfleet.tune(resume="runs/tune-ppo-CartPole-v1-20261127-101500")
+
+    `search` items are `NAME=DIST(ARGS)` (`rlfleet.tuning.space`). `options` are `TuneOptions` fields (`trials`,
+    `scheduler`, `metric`, `mode`, `max_concurrent`, `cpus_per_trial`, `grace_period`, `perturbation_interval`,
+    `address`, `progress`) and, beside them, the `rlfleet.train` options every trial shares (`steps`, `arch`,
+    `workers`, `overrides`, `env_kwargs`, ...). Everything is checked before anything is written."""
+    _check_installed()
+    tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
+    given_tune = {k: v for k, v in options.items() if k in tune_fields}
+    train_options = {k: v for k, v in options.items() if k not in tune_fields}
+    if resume is not None:
+        return _resume(resume, algo, env, search, train_options, given_tune)
+    if algo is None or env is None:
+        raise ConfigError("tune needs an algorithm and an env (or resume=SWEEP_DIR)")
+    if not search:
+        raise ConfigError("tune needs something to search: --search NAME=DIST(ARGS), e.g. lr=loguniform(1e-4,1e-2)")
+    opts = TuneOptions(**given_tune)
+    check_fields(opts, lambda f: "--" + f.name.replace("_", "-"))
+    _check_trial_options(train_options)
+    from rlfleet.launch import USER_NETS, _user_net_as_overrides
+
+    if any(k.removesuffix("_kwargs") in USER_NETS for k in train_options):
+        train_options = _user_net_as_overrides(train_options)  # a network as its import path, which trials import
+    params = parse_space(list(search), algo, options_cls(algo, train_options))
+    checked_run = _check_space(algo, env, params, train_options, pbt=opts.scheduler == "pbt")
+    if opts.cpus_per_trial is None:
+        opts.cpus_per_trial = float(getattr(checked_run.options, "workers", 1))
+    if opts.address:
+        from rlfleet.backends.ray_backend import RayBackend
+
+        RayBackend.check_options(_ray_options(opts))  # something answers there, it is Ray, it takes our token
+    folder = _sweep_folder(logdir, name, algo, env)
+    horizon = math.ceil(checked_run.total_steps / checked_run.eval_every)
+    spec = Sweep(algo, env, [p.text for p in params], train_options, opts, str(folder), horizon)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=2, default=str))
+    return _run(spec, restore=False)
+
+
+def _resume(
+    folder: str | Path,
+    algo: str | None,
+    env: str | None,
+    search: list[str] | tuple[str, ...],
+    train_options: dict[str, Any],
+    given_tune: dict[str, Any],
+) -> SweepResult:
+    """Go on with the sweep in `folder` (Ray Tune's restore: unfinished and failed trials run again, each resuming
+    its run from its checkpoint). Only where it runs may change (`address`, `progress`)."""
+    spec = read_sweep(folder)
+    fixed = {k: v for k, v in given_tune.items() if k not in ("address", "progress")}
+    if algo or env or search or train_options or fixed:
+        named = [*(["ALGO"] if algo else []), *(["--env"] if env else []), *(["--search"] if search else []),
+                 *("--" + k.replace("_", "-") for k in [*train_options, *fixed])]  # fmt: skip
+        raise ConfigError(
+            f"a resumed sweep keeps its configuration ({SPEC_FILE}); give only --address or --no-progress with "
+            f"--resume, not {', '.join(named)}"
+        )
+    if not (Path(spec.folder) / TUNE_FOLDER / "tuner.pkl").is_file():  # what `Tuner.can_restore` looks for
+        raise ConfigError(f"{folder} holds no Ray Tune experiment to restore (its {TUNE_FOLDER}/ is missing or empty)")
+    spec.tune.address = given_tune.get("address", "")
+    spec.tune.progress = given_tune.get("progress", True)
+    if spec.tune.address:
+        from rlfleet.backends.ray_backend import RayBackend
+
+        RayBackend.check_options(_ray_options(spec.tune))
+    return _run(spec, restore=True)
+
+
+def _ray_options(opts: TuneOptions) -> Any:
+    """The options the `ray` backend connects with: the sweep's address, and CPUs for one trial at least."""
+    return SimpleNamespace(address=opts.address, workers=1, cpus_per_role=opts.cpus_per_trial or 1.0,
+                           gpus_per_role=0.0, placement="")  # fmt: skip
+
+
+TUNE_ENV = {
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # each trial's run folder has its metrics and TensorBoard events
+    "RAY_AIR_NEW_OUTPUT": "0",  # Ray Tune's classic reporter, which verbose=0 silences
+}
+"""Ray Tune's settings for a sweep, read by its driver."""
+
+
+def _run(spec: Sweep, restore: bool) -> SweepResult:
+    """Connect to Ray, run (or restore) the Ray Tune experiment, write the summary; Ray is left as it was found."""
+    from rlfleet.backends.ray_backend import RayBackend
+
+    os.environ.update(TUNE_ENV)
+    folder = Path(spec.folder)
+    backend = RayBackend(_ray_options(spec.tune), run_dir=folder)
+    try:
+        from ray import tune
+
+        from rlfleet.tuning.report import ProgressCallback, summarize
+
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, sweep=spec.to_json()), {"cpu": spec.tune.cpus_per_trial or 1.0}
+        )
+        progress = ProgressCallback(spec)
+        with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept():
+            warnings.filterwarnings("ignore", message="Consider boosting PBT performance")  # a function trainable
+            grid = _tuner(spec, trainable, progress, restore).fit()
+            progress.close()
+            return summarize(spec, grid)
+    finally:
+        backend.close()
+
+
+def _tuner(spec: Sweep, trainable: Any, progress: Any, restore: bool) -> Any:
+    """Ray Tune's `Tuner` of the sweep: a new experiment in the sweep's `tune/`, or the one there restored."""
+    from ray import tune
+    from ray.tune.search import BasicVariantGenerator
+
+    folder = Path(spec.folder)
+    if restore:
+        return tune.Tuner.restore(str(folder / TUNE_FOLDER), trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space={p.name: p.domain() for p in spec.params},
+        tune_config=tune.TuneConfig(
+            num_samples=spec.tune.trials,
+            search_alg=BasicVariantGenerator(random_state=int(spec.options.get("seed", 0))),  # the sweep's seed
+            scheduler=_scheduler(spec),
+            max_concurrent_trials=spec.tune.max_concurrent,
+            reuse_actors=False,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_FOLDER,
+            storage_path=str(folder),
+            verbose=0,
+            callbacks=[progress],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=_learners_kept(spec)),
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+
+
+def _learners_kept(spec: Sweep) -> int | None:
+    """How many of its learners (PBT's checkpoints) each trial's Tune record keeps: a donor's learner is the one it
+    reported at its last perturbation, up to `perturbation_interval` reports before a weaker trial takes it."""
+    if spec.tune.scheduler != "pbt":
+        return None  # nothing is reported with a checkpoint
+    return 2 * _perturbation_interval(spec) + 2
+
+
+def _perturbation_interval(spec: Sweep) -> int:
+    return spec.tune.perturbation_interval or max(1, spec.max_evaluations // 10)
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """The handlers of SIGINT and SIGUSR1 as they were before Ray Tune's run, which sets its own (its first Ctrl-C
+    ends the sweep with every trial's state saved) and leaves them in place unless one came."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in kept.items():
+                if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                    signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _tune_log(path: Path) -> Iterator[None]:
+    """Ray Tune's own lines (warnings, hints, a failed trial's traceback) go to the sweep's ray.log; the terminal
+    shows rlfleet's line per trial and the summary."""
+    loggers = [logging.getLogger(n) for n in ("ray.tune", "ray.train", "ray.air")]
+    saved = [(lg.propagate, lg.level) for lg in loggers]
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for lg in loggers:
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+        lg.addHandler(handler)
+    try:
+        yield
+    finally:
+        for lg, (propagate, level) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.propagate, lg.level = propagate, level
+        handler.close()
+
+
+def _scheduler(spec: Sweep) -> Any:
+    """Ray Tune's scheduler for the sweep, on the evaluation clock (`TIME_ATTR`)."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
+
+    opts, horizon = spec.tune, max(1, spec.max_evaluations)
+    common: dict[str, Any] = {"time_attr": TIME_ATTR, "metric": opts.metric, "mode": opts.better}
+    if opts.scheduler == "asha":
+        grace = min(opts.grace_period or max(1, horizon // 8), horizon)
+        return ASHAScheduler(max_t=horizon, grace_period=grace, reduction_factor=4, **common)
+    if opts.scheduler == "hyperband":
+        return HyperBandScheduler(max_t=horizon, reduction_factor=3, **common)
+    if opts.scheduler == "pbt":
+        return PopulationBasedTraining(
+            perturbation_interval=_perturbation_interval(spec),
+            hyperparam_mutations={p.name: p.domain() for p in spec.params},
+            quantile_fraction=0.25,
+            resample_probability=0.25,
+            **common,
+        )
+    return FIFOScheduler()  # type: ignore[no-untyped-call]  # Ray Tune leaves its __init__ unannotated
