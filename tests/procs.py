@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _SCRIPT = Path(sys.executable).with_name("rlfleet")
@@ -88,3 +90,18 @@ def stop_process(pid: int) -> None:
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
         assert time.monotonic() < deadline, f"{pid} did not stop"
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def rlfleet_session(args: list, cwd: Path) -> Iterator[subprocess.Popen]:
+    """`rlfleet ARGS` started in a session of its own, as from a terminal (a Ctrl-C to its process group reaches all of
+    it), its output captured; whatever of the session is alive at the end is killed."""
+    proc = subprocess.Popen([*RLFLEET, *map(str, args)], cwd=cwd, start_new_session=True, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(proc.pid)

@@ -19,7 +19,8 @@ from rlfleet.run.plot import MetricsError, read_metrics
 from rlfleet.tuning.space import Param
 from rlfleet.tuning.spec import EXPLOITS, TUNE_FOLDER, Sweep, SweepResult
 
-FINISHED = {"steps": "finished", "solved": "solved", "time_limit": "time limit"}
+ENDED = {"solved": "solved", "time_limit": "time limit"}
+"""How a trial's run that ended of itself says so (one that ran its steps: "finished")."""
 ERROR_CHARS = 120  # of a failed trial's error in the table (its traceback is in the sweep's tune/ folder)
 SHOWN_ROWS = 20  # of the table on the terminal (the files have all)
 
@@ -124,8 +125,8 @@ def train_command(algo: str, env: str, options: dict[str, Any]) -> str:
     return shlex.join(parts)
 
 
-def _trial_rows(spec: Sweep, grid: Any) -> tuple[list[dict[str, Any]], bool]:
-    """One row per trial, and whether any trial has not ended (the sweep was interrupted)."""
+def _trial_rows(spec: Sweep, grid: Any, interrupted: bool) -> tuple[list[dict[str, Any]], bool]:
+    """One row per trial, and whether any trial has not ended (the sweep was `interrupted` before it could)."""
     params = spec.params
     rows, unfinished = [], False
     saved = saved_statuses(Path(spec.folder) / TUNE_FOLDER)
@@ -134,18 +135,20 @@ def _trial_rows(spec: Sweep, grid: Any) -> tuple[list[dict[str, Any]], bool]:
         status = saved.get(trial.trial_id, trial.status)
         run_dir = spec.trials_dir / trial.trial_id
         result_file = run_dir / "result.json"
-        result = json.loads(result_file.read_text()) if result_file.is_file() else {}
+        result = _read_json(result_file)
+        at_end = max(result.get("env_steps", 0), last.get("env_steps", 0)) >= _total_steps(run_dir)
         if status == "ERROR":
             error = _first_error_line(trial)
             how = f"error: {error}" if error else "error"
-        elif status != "TERMINATED":
-            how, unfinished = "unfinished", True
-        elif result.get("stopped_by") == "interrupted" and result.get("env_steps", 0) < _total_steps(run_dir):
+        elif status in ("PENDING", "RUNNING") or (status == "PAUSED" and interrupted and not at_end):
+            how, unfinished = "unfinished", True  # --resume goes on with it (a sweep's end leaves HyperBand's
+            # losers PAUSED: stopped by the scheduler, below)
+        elif result.get("stopped_by") in ENDED:
+            how = ENDED[result["stopped_by"]]
+        elif at_end:
+            how = "finished"  # (HyperBand may pause, ASHA stop, a trial at its last evaluation: its end)
+        else:  # stopped at a report (its result.json may not have been written before its actor ended)
             how = "stopped by the scheduler"
-        elif result.get("stopped_by") == "interrupted":  # stopped at its last evaluation: the run's end
-            how = "finished"
-        else:
-            how = FINISHED.get(result.get("stopped_by", ""), result.get("stopped_by", "ended"))
         score = last.get(spec.tune.metric)
         rows.append({
             "trial": trial.trial_id,
@@ -177,12 +180,18 @@ def saved_statuses(folder: Path) -> dict[str, str]:
         return {}
 
 
-def _total_steps(run_dir: Path) -> int:
-    """The env steps a trial's run was to take (its config.json)."""
+def _read_json(path: Path) -> dict[str, Any]:
+    """A trial's JSON file; {} where there is none (or half of one: its actor ended while it was written)."""
     try:
-        return int(json.loads((run_dir / "config.json").read_text())["total_steps"])
-    except (OSError, ValueError, KeyError):
-        return 0
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _total_steps(run_dir: Path) -> float:
+    """The env steps a trial's run was to take (its config.json; inf where it wrote none)."""
+    return float(_read_json(run_dir / "config.json").get("total_steps", math.inf))
 
 
 def _first_error_line(trial: Any) -> str:
@@ -221,11 +230,11 @@ def _aligned(table: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
 
 
-def summarize(spec: Sweep, grid: Any) -> SweepResult:
+def summarize(spec: Sweep, grid: Any, interrupted: bool) -> SweepResult:
     """Write `trials.csv`, `summary.md`, `scatter.png` and `curves.png`; print the table and the best trial's
     command; return the `SweepResult`."""
     folder, params, metric = Path(spec.folder), spec.params, spec.tune.metric
-    rows, unfinished = _trial_rows(spec, grid)
+    rows, unfinished = _trial_rows(spec, grid, interrupted)
     rows = _ranked(rows, spec.tune.better)
     names = [p.name for p in params]
     with open(folder / "trials.csv", "w", newline="") as f:
@@ -268,7 +277,7 @@ def summarize(spec: Sweep, grid: Any) -> SweepResult:
     if best is not None:
         print(f"best trial {best['trial']}: {metric} {_short(best['score'])}\n  {command}")
     print(f"sweep folder: {folder} (summary.md, trials.csv, {', '.join(plots)})")
-    return SweepResult(folder, rows, best, command, unfinished)
+    return SweepResult(folder, rows, best, command, interrupted or unfinished)
 
 
 # ---------------------------------------------------------------------------------------------- plots

@@ -349,11 +349,11 @@ def _run(spec: Sweep, restore: bool) -> SweepResult:
             tune.with_parameters(run_trial, sweep=spec.to_json()), {"cpu": spec.tune.cpus_per_trial or 1.0}
         )
         progress = ProgressCallback(spec)
-        with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept():
+        with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept() as interrupted:
             warnings.filterwarnings("ignore", message="Consider boosting PBT performance")  # a function trainable
             grid = _tuner(spec, trainable, progress, restore).fit()
             progress.close()
-            return summarize(spec, grid)
+            return summarize(spec, grid, interrupted.is_set())
     finally:
         backend.close()
 
@@ -371,9 +371,10 @@ def _tuner(spec: Sweep, trainable: Any, progress: Any, restore: bool) -> Any:
         param_space={p.name: p.domain() for p in spec.params},
         tune_config=tune.TuneConfig(
             num_samples=spec.tune.trials,
-            search_alg=BasicVariantGenerator(random_state=int(spec.options.get("seed", 0))),  # the sweep's seed
+            search_alg=BasicVariantGenerator(  # Tune ignores max_concurrent_trials beside a generator of one's own
+                max_concurrent=spec.tune.max_concurrent or 0, random_state=int(spec.options.get("seed", 0))
+            ),
             scheduler=_scheduler(spec),
-            max_concurrent_trials=spec.tune.max_concurrent,
             reuse_actors=False,
         ),
         run_config=tune.RunConfig(
@@ -400,13 +401,30 @@ def _perturbation_interval(spec: Sweep) -> int:
 
 
 @contextlib.contextmanager
-def _signal_handlers_kept() -> Iterator[None]:
-    """The handlers of SIGINT and SIGUSR1 as they were before Ray Tune's run, which sets its own (its first Ctrl-C
-    ends the sweep with every trial's state saved) and leaves them in place unless one came."""
+def _signal_handlers_kept() -> Iterator[threading.Event]:
+    """Yields the event that Ray Tune's handler of Ctrl-C sets (its first Ctrl-C ends the sweep with every trial's
+    state saved), and puts back the handlers of SIGINT and SIGUSR1 as they were before Ray Tune set its own, which it
+    leaves in place unless one came. Tune keeps the event to itself (`tune.run` returns as it does at a sweep's end),
+    so its maker is wrapped while the sweep runs."""
+    import ray.tune.tune as tune_run
+
     kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGUSR1)}
+    made = getattr(tune_run, "_setup_signal_catching", None)
+    interrupted = threading.Event()  # stays clear where this Ray Tune makes its event otherwise
+
+    def catching() -> threading.Event:
+        assert made is not None  # wrapped only where there is one
+        event: threading.Event = made()
+        interrupted.is_set = event.is_set  # type: ignore[method-assign]  # this sweep's event, read as ours
+        return event
+
+    if made is not None:
+        tune_run._setup_signal_catching = catching  # noqa: SLF001
     try:
-        yield
+        yield interrupted
     finally:
+        if made is not None:
+            tune_run._setup_signal_catching = made  # noqa: SLF001
         if threading.current_thread() is threading.main_thread():
             for sig, handler in kept.items():
                 if handler is not None:  # None: a handler not set from Python, which cannot be put back

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import RLFLEET, assert_nothing_left, kill_session, ray_processes
+from procs import RLFLEET, assert_nothing_left, ray_processes, rlfleet_session
 
 from rlfleet.cli import build_parser
 from rlfleet.run.checkpoint import load_checkpoint
@@ -83,32 +83,57 @@ def test_pbt_hands_a_weak_trial_a_strong_trials_learner_and_it_goes_on_from_it(r
         assert steps == sorted(set(steps)), "the curve goes on from the donor's step, once"
 
 
+def test_trials_of_a_parallel_architecture_reserve_a_cpu_per_role_and_run_as_many_at_a_time_as_asked(
+    ray_instance, tmp_path: Path
+):
+    result = tune("a3c", "CartPole-v1", search=["lr=choice(0.001,0.003)"], trials=2, max_concurrent=1, workers=2,
+                  steps=20_000, eval_every=5_000, logdir=str(tmp_path), name="a3c", progress=False)  # fmt: skip
+    assert read_sweep(tmp_path / "a3c").tune.cpus_per_trial == 2  # one CPU per role by default
+    spans = []
+    for row in result.trials:
+        run = Path(row["run_dir"])
+        config = json.loads((run / "config.json").read_text())
+        assert config["run"]["arch"] == "hogwild" and config["run"]["options"]["workers"] == 2
+        assert row["status"] in ("solved", "finished") and eval_steps(run)
+        spans.append(((run / "config.json").stat().st_mtime, (run / "result.json").stat().st_mtime))  # start, end
+    first, second = sorted(spans)
+    assert first[1] <= second[0], f"--max-concurrent 1 ran two trials at once: {spans}"
+
+
+def test_hyperband_pauses_trials_and_they_go_on_from_their_checkpoints(ray_instance, tmp_path: Path):
+    # 9 evaluations a run: HyperBand (η 3) puts 3 trials in a bracket of whole runs and 5 in one that halves at 3
+    result = tune("ppo", "CartPole-v1", search=[LR], trials=8, scheduler="hyperband", steps=9_000, eval_every=1_000,
+                  stop_return=float("inf"), logdir=str(tmp_path), name="hb", progress=False)  # fmt: skip
+    assert not result.interrupted and len(result.trials) == 8
+    statuses = [r["status"] for r in result.trials]
+    assert set(statuses) <= {"finished", "stopped by the scheduler"} and "stopped by the scheduler" in statuses
+    resumed = 0
+    for row in result.trials:
+        run = Path(row["run_dir"])
+        steps = eval_steps(run)
+        assert steps == sorted(set(steps)), "a paused trial goes on from its checkpoint, not from the start"
+        resumed += len(list((run / "tb").iterdir())) > 1  # a run that started again writes a second events file
+    assert resumed, "no trial was paused and went on"
+
+
 def test_ctrl_c_ends_every_trial_with_its_checkpoint_and_the_sweep_resumes(tmp_path: Path):
     before = set(ray_processes())
     sweep = tmp_path / "sweep"
     cmd = ["tune", "ppo", "--env", "CartPole-v1", "--search", LR, "--trials", "3", "--steps", "40000",
            "--stop-return", "inf", "--logdir", tmp_path, "--name", "sweep", "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen([*RLFLEET, *map(str, cmd)], cwd=tmp_path, start_new_session=True, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    sid = proc.pid
-    try:
+    with rlfleet_session(cmd, tmp_path) as proc:
         deadline = time.monotonic() + 180
         while not any(f.is_file() for f in sweep.glob("trials/*/checkpoints/latest.pt")):
             assert proc.poll() is None, f"the sweep ended early ({proc.returncode}):\n{proc.stderr.read()}"
             assert time.monotonic() < deadline, "no trial checkpoint after 180 s"
             time.sleep(0.2)
         started = set(ray_processes()) - before
-        os.killpg(sid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, f"exit {proc.returncode} after SIGINT:\n{err[-3000:]}"
         assert f"rlfleet tune --resume {sweep}" in err and "Traceback" not in err, err[-3000:]
         assert "unfinished" in out
-        assert_nothing_left(sid, started)
-    finally:
-        if proc.poll() is None:
-            os.killpg(sid, signal.SIGKILL)
-            proc.communicate()
-        kill_session(sid)
+        assert_nothing_left(proc.pid, started)
     interrupted = {}
     for run in sweep.glob("trials/*"):  # each trial that had started kept a checkpoint where it stopped
         saved = load_checkpoint(run)
