@@ -200,6 +200,8 @@ class RunBase(abc.ABC):
     eval_envs: VectorEnv
     """The evaluation envs (`make_eval_envs`, set by the architecture)."""
     _last_log: tuple[float, int]  # (time, env steps) of the last log row, from `start_logging` on
+    evals_at_start: int
+    """Evaluations the run had made when this invocation started (a resumed run's: its checkpoint's)."""
     _invocation_start: float
 
     def __init__(
@@ -374,7 +376,12 @@ class RunBase(abc.ABC):
         }
 
     def save(self, name: str = "latest") -> Path:
-        return save_checkpoint(self.run_dir / "checkpoints" / f"{name}.pt", self._payload(with_data=name == "latest"))
+        return self.save_to(self.run_dir / "checkpoints" / f"{name}.pt", with_data=name == "latest")
+
+    def save_to(self, path: Path, with_data: bool) -> Path:
+        """A checkpoint of the run at `path`: with its data (envs, collector, replay: what an exact resume needs), or
+        the learner and the counters alone (what `best.pt` holds, and what a sweep's PBT hands another trial)."""
+        return save_checkpoint(path, self._payload(with_data))
 
     # ----------------------------------------------------------------------------------------- services
     def eval_seed(self, step: int) -> int:
@@ -465,6 +472,7 @@ class RunBase(abc.ABC):
         """The run's logger and its start time (earlier by the time already spent when resuming: elapsed times
         are the run's totals). The time limit counts from now: it is a budget for this invocation."""
         logger = RunLogger(self.run_dir, self.total_steps, self.env_steps, self.cfg.progress)
+        self.evals_at_start = self.state["evals"]
         now = time.perf_counter()
         self._last_log = (now, self.env_steps)
         self._invocation_start = now

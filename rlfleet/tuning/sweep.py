@@ -147,15 +147,14 @@ class Reporter:
     def __init__(self, trial_id: str, with_learner: bool):
         self.trial_id = trial_id
         self.with_learner = with_learner  # PBT: hand Tune the learner at every report
-        self.reported = -1  # the evaluation count last reported
+        self.reported: int | None = None  # the evaluation count last reported
         self.trainer: Any = None
         self.stopped = False
 
     def __call__(self, info: dict[str, Any]) -> bool:
         trainer = self.trainer = info["trainer"]
-        if self.reported < 0:  # a resumed trial reported its evaluations so far before
-            self.reported = trainer.state["evals"]
-            return False
+        if self.reported is None:  # a resumed run reported the evaluations in its checkpoint before
+            self.reported = trainer.evals_at_start
         if trainer.state["evals"] == self.reported:
             return False
         trainer.save()
@@ -180,9 +179,7 @@ class Reporter:
                 tune.report(metrics)
                 return False
             with tempfile.TemporaryDirectory(prefix="rlfleet-learner-") as folder:
-                from rlfleet.run.checkpoint import save_checkpoint
-
-                save_checkpoint(Path(folder) / "learner.pt", trainer._payload(with_data=False))
+                trainer.save_to(Path(folder) / "learner.pt", with_data=False)
                 (Path(folder) / "trial.json").write_text(
                     json.dumps({"trial": self.trial_id, "env_steps": trainer.env_steps})
                 )
@@ -196,7 +193,7 @@ class Reporter:
         """Report the run's last evaluation if the run made one after the last report (the one that solved it, or
         the final one at its last step)."""
         trainer = self.trainer
-        if trainer is not None and not self.stopped and trainer.state["evals"] > max(self.reported, 0):
+        if trainer is not None and not self.stopped and trainer.state["evals"] > (self.reported or 0):
             self.report(trainer)
 
 
@@ -350,7 +347,7 @@ def _run(spec: Sweep, restore: bool) -> SweepResult:
         )
         progress = ProgressCallback(spec)
         with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept() as interrupted:
-            warnings.filterwarnings("ignore", message="Consider boosting PBT performance")  # a function trainable
+            warnings.filterwarnings("ignore", message="Consider boosting PBT performance")  # by reusing actors
             grid = _tuner(spec, trainable, progress, restore).fit()
             progress.close()
             return summarize(spec, grid, interrupted.is_set())
@@ -375,7 +372,7 @@ def _tuner(spec: Sweep, trainable: Any, progress: Any, restore: bool) -> Any:
                 max_concurrent=spec.tune.max_concurrent or 0, random_state=int(spec.options.get("seed", 0))
             ),
             scheduler=_scheduler(spec),
-            reuse_actors=False,
+            reuse_actors=False,  # a new process per trial (Tune's HyperBand stalls with reused function actors)
         ),
         run_config=tune.RunConfig(
             name=TUNE_FOLDER,
