@@ -24,6 +24,8 @@ SPEC_FILE = "sweep.json"
 TUNE_FOLDER = "tune"
 TRIALS_FOLDER = "trials"
 EXPLOITS = "exploits.jsonl"
+NODES_FILE = "nodes.json"  # in a trial's run folder: the Ray nodes it ran on
+NODES_FILE = "nodes.json"  # in a trial's run folder: the Ray nodes it ran on
 
 
 @dataclass

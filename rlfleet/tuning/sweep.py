@@ -51,6 +51,7 @@ from rlfleet.run.paths import check_output_folder
 from rlfleet.tuning.space import Param, apply, parse_space
 from rlfleet.tuning.spec import (
     EXPLOITS,
+    NODES_FILE,
     SPEC_FILE,
     TIME_ATTR,
     TUNE_FOLDER,
@@ -153,8 +154,9 @@ class Reporter:
 
     def __call__(self, info: dict[str, Any]) -> bool:
         trainer = self.trainer = info["trainer"]
-        if self.reported is None:  # a resumed run reported the evaluations in its checkpoint before
+        if self.reported is None:  # this invocation's first update; a resumed run reported its checkpoint's before
             self.reported = trainer.evals_at_start
+            _note_node(trainer.run_dir)
         if trainer.state["evals"] == self.reported:
             return False
         trainer.save()
@@ -231,6 +233,17 @@ def run_trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     else:
         train(spec.algo, spec.env, logdir=str(spec.trials_dir), name=trial_id, callbacks=[reporter], **options)
     reporter.final()
+
+
+def _note_node(run_dir: Path) -> None:
+    """Add the Ray node this trial runs on now to `trials/<id>/nodes.json` (a trial that runs again may run on
+    another: HyperBand's pause, a resumed sweep, PBT's exploit)."""
+    import ray
+
+    path = run_dir / NODES_FILE
+    nodes = json.loads(path.read_text()) if path.is_file() else []
+    nodes.append({"node": ray.get_runtime_context().get_node_id()})
+    path.write_text(json.dumps(nodes, indent=2))
 
 
 # ---------------------------------------------------------------------------------------------- the sweep

@@ -81,6 +81,23 @@ def test_a_cli_run_joins_the_cluster_through_address(cluster, tmp_path):
     assert len(cluster.list_all_nodes()) == 2  # the cluster is left running for whoever started it
 
 
+@pytest.mark.slow  # -m slow: CI has sweeps on a private instance (test_tune.py) and runs joining with --address
+def test_a_sweep_joins_the_cluster_through_address_and_its_trials_run_on_both_nodes(cluster, tmp_path):
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    proc = subprocess.run(
+        [*RLFLEET, "tune", "ppo", "--env", "CartPole-v1", "--search", "lr=loguniform(1e-4,1e-2)", "--trials", "4",
+         "--steps", "20000", "--address", cluster.address, "--logdir", str(tmp_path), "--name", "sweep",
+         "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = list((tmp_path / "sweep" / "trials").iterdir())
+    assert len(trials) == 4 and all((t / "result.json").is_file() for t in trials)
+    nodes = {n["node"] for t in trials for n in json.loads((t / "nodes.json").read_text())}
+    assert len(nodes) == 2, "4 trials of 1 CPU on 2 nodes of 2 CPUs ran on one node"
+    assert len(cluster.list_all_nodes()) == 2  # the cluster the sweep joined is still there
+
+
 @pytest.mark.parametrize(
     "auth, says",
     [
