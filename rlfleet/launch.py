@@ -13,21 +13,17 @@ from rlfleet.algos import resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
-from rlfleet.envs.kwargs import env_info
 from rlfleet.nets.user import NetError, net_path
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
 from rlfleet.run.config import (
     RUN_FIELDS,
     ConfigError,
     RunConfig,
-    build_algo_config,
-    build_options,
     check_known_options,
-    check_run_config,
     parse_field,
     saved_run_config,
 )
-from rlfleet.run.runner import RunBase, RunResult, build_algorithm
+from rlfleet.run.runner import ResolvedConfig, RunBase, RunResult, build_algorithm
 
 
 def train(
@@ -51,7 +47,7 @@ def train(
     `actor_net`, `critic_net` and their `_kwargs` (ddpg, td3, sac: whole modules of your own).
     """
     options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}  # saved as text
-    options = _user_net_as_overrides(options)
+    options = user_net_as_overrides(options)
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
@@ -85,39 +81,19 @@ LEARNER_STATE = ("format", "run_config", "algo_config", "algo", "env_steps", "st
 """What of a checkpoint `train_from` takes: the learner and the counters, not the envs, the collector or the replay."""
 
 
-@dataclasses.dataclass
-class CheckedRun:
-    """A run's configuration as `check_run` resolved it."""
-
-    cfg: RunConfig
-    options: Any  # the architecture's `Options`
-    algo: Any  # the algorithm, built on the CPU
-    total_steps: int
-    eval_every: int
-
-
-def check_run(algo: str, env: str, **options: Any) -> CheckedRun:
+def check_run(algo: str, env: str, **options: Any) -> tuple[ResolvedConfig, Any]:
     """What `train(algo, env, **options)` checks before it writes anything, without running it: the algorithm, the
-    architecture and its options, every run option, the env and its keyword arguments, the algorithm's config, and
-    the algorithm built for the env's spaces (on the CPU). A problem is the one line `train` would give."""
+    architecture and its options, every run option, the env and its keyword arguments, the algorithm's config
+    (`RunBase.resolve_config`), and the algorithm built for the env's spaces on the CPU. Returns the resolved
+    configuration and the algorithm; a problem is the one line `train` would give."""
     cfg = _run_config(algo, env, options)
-    runner = _runner(cfg)
-    check_run_config(cfg)
-    opts = build_options(runner.Options, cfg.options, cfg.arch)
-    info = env_info(cfg.env, cfg.env_kwargs)
-    algo_cfg, _ = build_algo_config(
-        cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, runner.presets
-    )
-    if cfg.n_envs is not None:
-        algo_cfg.n_envs = cfg.n_envs
-    built = build_algorithm(cfg, algo_cfg, info, cfg.seed, "cpu")
-    total = cfg.steps if cfg.steps is not None else algo_cfg.total_steps
-    return CheckedRun(cfg, opts, built, total, runner.eval_interval(cfg.eval_every, total))
+    resolved = _runner(cfg).resolve_config(cfg)
+    return resolved, build_algorithm(cfg, resolved.algo_cfg, resolved.env_info, cfg.seed, "cpu")
 
 
 def _run_config(algo: str, env: str, options: dict[str, Any]) -> RunConfig:
     """The `RunConfig` of `train(algo, env, **options)`: run options as its fields, the rest as the architecture's."""
-    options = _user_net_as_overrides(options)
+    options = user_net_as_overrides(options)
     run = {k: v for k, v in options.items() if k in RUN_FIELDS}
     arch_options = {k: v for k, v in options.items() if k not in RUN_FIELDS}
     return RunConfig(algo=algo, env=env, options=arch_options, **run)
@@ -193,7 +169,7 @@ USER_NETS = ("net", "actor_net", "critic_net")
 """The algorithms' config fields that name a network of the user's own, which `train` also takes by name."""
 
 
-def _user_net_as_overrides(options: dict[str, Any]) -> dict[str, Any]:
+def user_net_as_overrides(options: dict[str, Any]) -> dict[str, Any]:
     """`net`, `actor_net`, `critic_net` and their `_kwargs` given by name moved into `overrides`, the algorithm's
     config fields they are; a network as its import path, which is what the run keeps and other processes import."""
     given = [key for key in options if key.removesuffix("_kwargs") in USER_NETS]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,19 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def notes_at(level: int) -> Iterator[None]:
+    """The run's notes (this module's log: the preset picked, a replay fitted to memory, ...) only from `level` up
+    while the block runs: for checks that resolve the same configuration again."""
+    kept = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(kept)
+
 
 AUTO_THREADS = "auto"
 """`torch_threads` resolved at run start by `resolve_torch_threads`."""

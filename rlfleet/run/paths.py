@@ -8,6 +8,7 @@ command did not write.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,3 +63,9 @@ def check_output_file(
         if not os.access(path, os.W_OK):
             raise ConfigError(f"{what} {path} is not writable")
     return path
+
+
+def name_part(text: str) -> str:
+    """`text` as a part of a folder name: every run of characters other than letters, digits, `.`, `_` and `-` one
+    `_` (`ALE/Pong-v5` -> `ALE_Pong-v5`)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 import signal
 import threading
 import time
@@ -55,7 +54,7 @@ from rlfleet.run.config import log as notes
 from rlfleet.run.evaluate import cut_note, episode_bound, evaluate
 from rlfleet.run.hints import exploration_hint
 from rlfleet.run.logger import RunLogger
-from rlfleet.run.paths import check_output_folder
+from rlfleet.run.paths import check_output_folder, name_part
 from rlfleet.run.plot import plot_runs
 
 LOG_EVERY = 1_000  # env steps between training-metric log lines
@@ -110,7 +109,7 @@ def workers_ignore_sigint() -> Iterator[None]:
 
 
 def _run_name(cfg: RunConfig) -> str:
-    env = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.env)
+    env = name_part(cfg.env)
     return f"{cfg.algo}-{env}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
@@ -168,6 +167,18 @@ def build_algorithm(cfg: RunConfig, algo_cfg: Any, info: dict[str, Any], seed: i
         raise ConfigError(f"bad {cfg.algo} config: {exc}") from None
 
 
+@dataclass
+class ResolvedConfig:
+    """A run's configuration as `RunBase.resolve_config` resolved it."""
+
+    opts: Any  # the architecture's `Options`
+    env_info: dict[str, Any]
+    algo_cfg: Any
+    preset: str | None
+    total_steps: int
+    eval_every: int
+
+
 class RunBase(abc.ABC):
     """What every architecture's run shares: the resolved configs, the algorithm, the run folder, greedy
     evaluation on separate envs, the bookkeeping after each update (logging, evaluation, best/latest
@@ -211,23 +222,13 @@ class RunBase(abc.ABC):
         run_dir: Path | None = None,
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
-        check_run_config(cfg)  # every option's type and range, as RunConfig declares them
-        self.opts = build_options(self.Options, cfg.options, cfg.arch)
-        info = env_info(cfg.env, cfg.env_kwargs)  # the variant's spaces and family; a keyword it refuses: one line
-        self.env_info = info
-        algo_cls, _, _, _ = resolve(cfg.algo)
-        self.algo_cls = algo_cls
-        self.algo_cfg, self.preset = build_algo_config(
-            cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, self.presets
-        )
-        if cfg.n_envs is not None:
-            self.algo_cfg.n_envs = cfg.n_envs
-        if not self.runs_normalisation:
-            drop_preset_normalisation(self.algo_cfg, cfg.overrides, cfg.arch, self.preset)
-        fit_preset_replay(self.algo_cfg, cfg.overrides, info["observation_space"], self.preset)
+        resolved = self.resolve_config(cfg)
+        self.opts, self.env_info, self.algo_cfg, self.preset = (
+            resolved.opts, resolved.env_info, resolved.algo_cfg, resolved.preset
+        )  # fmt: skip
+        info = self.env_info
         self.cfg = cfg
-        self.total_steps = cfg.steps if cfg.steps is not None else self.algo_cfg.total_steps
-        self.eval_every = self.eval_interval(cfg.eval_every, self.total_steps)
+        self.total_steps, self.eval_every = resolved.total_steps, resolved.eval_every
         self.eval_max_steps = episode_bound(info["max_episode_steps"], cfg.eval_max_steps)
         self.checkpoint_every = cfg.checkpoint_every or 10 * self.eval_every
         # a CNN learner: images, and an algorithm whose `encoder` makes CNNs of them (ddpg, td3, sac have none)
@@ -274,9 +275,25 @@ class RunBase(abc.ABC):
         self._cut_noted = False  # `_note_cut` has said so in this invocation
 
     @classmethod
-    def eval_interval(cls, eval_every: int | None, total_steps: int) -> int:
-        """Env steps between evaluations: `--eval-every`, else max(`min_eval_every`, total steps / 50)."""
-        return eval_every or max(cls.min_eval_every, total_steps // 50)
+    def resolve_config(cls, cfg: RunConfig) -> ResolvedConfig:
+        """The run's configuration resolved on this architecture, before anything is built or written: every run
+        option checked, the architecture's `Options`, the env's spaces and family (a keyword it refuses: one line),
+        the algorithm's config (preset, `--set`, `--n-envs`; a preset's normalisation off where workers step their
+        own envs; a preset's replay fitted to the machine's memory), the steps and the evaluation interval."""
+        check_run_config(cfg)  # every option's type and range, as RunConfig declares them
+        opts = build_options(cls.Options, cfg.options, cfg.arch)
+        info = env_info(cfg.env, cfg.env_kwargs)
+        algo_cfg, preset = build_algo_config(
+            cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, cls.presets
+        )
+        if cfg.n_envs is not None:
+            algo_cfg.n_envs = cfg.n_envs
+        if not cls.runs_normalisation:
+            drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
+        fit_preset_replay(algo_cfg, cfg.overrides, info["observation_space"], preset)
+        total_steps = cfg.steps if cfg.steps is not None else algo_cfg.total_steps
+        eval_every = cfg.eval_every or max(cls.min_eval_every, total_steps // 50)
+        return ResolvedConfig(opts, info, algo_cfg, preset, total_steps, eval_every)
 
     def replay_updates(
         self, around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext

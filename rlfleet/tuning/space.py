@@ -64,9 +64,6 @@ class Param:
             return tune.randint(self.args[0], self.args[1] + 1)  # Tune's upper end is excluded, ours included
         return tune.choice(list(self.args))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"text": self.text}
-
 
 def _split_args(text: str) -> list[str]:
     """Comma-separated arguments, commas inside brackets or quotes kept (`choice((64,64),(128,128))`)."""

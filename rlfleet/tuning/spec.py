@@ -4,6 +4,7 @@ returns (`SweepResult`), and the names of the sweep folder's parts (see `rlfleet
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -78,7 +79,7 @@ class Sweep:
     """Where the sweep started: each trial runs there, so that relative paths (`--dataset`) mean what they meant."""
     created: str = field(default_factory=lambda: f"{datetime.now():%Y-%m-%d %H:%M:%S}")
 
-    @property
+    @functools.cached_property
     def params(self) -> list[Param]:
         return parse_space(self.search, self.algo, options_cls(self.algo, self.options))
 

@@ -47,7 +47,9 @@ from typing import Any
 
 from rlfleet.arch.parallel import RAY_OPTIONS
 from rlfleet.fields import ConfigError, check_fields, single_folder_name
-from rlfleet.run.paths import check_output_folder
+from rlfleet.run.config import notes_at
+from rlfleet.run.paths import check_output_folder, name_part
+from rlfleet.run.runner import ResolvedConfig
 from rlfleet.tuning.space import Param, apply, parse_space
 from rlfleet.tuning.spec import (
     EXPLOITS,
@@ -88,27 +90,30 @@ def _check_trial_options(options: dict[str, Any]) -> None:
         raise ConfigError(f"--backend {backend}: a trial's roles run with the local or serial backend")
 
 
-def _check_space(algo: str, env: str, params: list[Param], options: dict[str, Any], pbt: bool) -> Any:
+def _check_space(algo: str, env: str, params: list[Param], options: dict[str, Any], pbt: bool) -> ResolvedConfig:
     """Every value a trial may get, checked as `rlfleet train` checks it before anything is written: the sweep's
-    options with all searched names at their first extreme, then each name at its other one. With PBT, a trial's
-    learner must load into a network built with any other trial's values. Returns the first check's result."""
+    options with all searched names at their first extreme, then each name at its other one (their notes, such as
+    the preset picked, said once). With PBT, a trial's learner must load into a network built with any other trial's
+    values. Returns the first configuration, resolved."""
     from rlfleet.launch import check_run
     from rlfleet.run.checkpoint import CheckpointError, load_algo_state
 
     low = {p.name: p.extremes()[0] for p in params}
-    base = check_run(algo, env, **apply(params, low, options))
-    for p in params:
-        other = check_run(algo, env, **apply(params, {**low, p.name: p.extremes()[1]}, options))
-        if pbt:
+    resolved, base = check_run(algo, env, **apply(params, low, options))
+    with notes_at(logging.WARNING):
+        for p in params:
+            _, other = check_run(algo, env, **apply(params, {**low, p.name: p.extremes()[1]}, options))
+            if not pbt:
+                continue
             try:
-                load_algo_state(other.algo, {"algo": base.algo.state_dict()}, "a trial's learner", algo)
+                load_algo_state(other, {"algo": base.state_dict()}, "a trial's learner", algo)
             except CheckpointError as exc:
                 detail = str(exc).split("(", 1)[-1].rstrip(")")
                 raise ConfigError(
                     f"--scheduler pbt cannot search {p.name}: a trial's learner would not load into the network of a "
                     f"trial with another {p.name} ({detail}); search it with fifo, asha or hyperband"
                 ) from None
-    return base
+    return resolved
 
 
 def _sweep_folder(logdir: str, name: str | None, algo: str, env: str) -> Path:
@@ -117,8 +122,7 @@ def _sweep_folder(logdir: str, name: str | None, algo: str, env: str) -> Path:
         raise ConfigError(f"--name {name!r} {problem}")
     check_output_folder(logdir, "--logdir")
     if name is None:
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in env)
-        name = f"tune-{algo}-{safe}-{datetime.now():%Y%m%d-%H%M%S}"
+        name = f"tune-{algo}-{name_part(env)}-{datetime.now():%Y%m%d-%H%M%S}"
     folder = Path(logdir) / name
     check_output_folder(folder, "sweep folder")
     if folder.exists() and any(folder.iterdir()):
@@ -280,20 +284,19 @@ def tune(
     opts = TuneOptions(**given_tune)
     check_fields(opts, lambda f: "--" + f.name.replace("_", "-"))
     _check_trial_options(train_options)
-    from rlfleet.launch import USER_NETS, _user_net_as_overrides
+    from rlfleet.launch import user_net_as_overrides
 
-    if any(k.removesuffix("_kwargs") in USER_NETS for k in train_options):
-        train_options = _user_net_as_overrides(train_options)  # a network as its import path, which trials import
+    train_options = user_net_as_overrides(train_options)  # a network as its import path, which sweep.json keeps
     params = parse_space(list(search), algo, options_cls(algo, train_options))
-    checked_run = _check_space(algo, env, params, train_options, pbt=opts.scheduler == "pbt")
+    resolved = _check_space(algo, env, params, train_options, pbt=opts.scheduler == "pbt")
     if opts.cpus_per_trial is None:
-        opts.cpus_per_trial = float(getattr(checked_run.options, "workers", 1))
+        opts.cpus_per_trial = float(getattr(resolved.opts, "workers", 1))
     if opts.address:
         from rlfleet.backends.ray_backend import RayBackend
 
         RayBackend.check_options(_ray_options(opts))  # something answers there, it is Ray, it takes our token
     folder = _sweep_folder(logdir, name, algo, env)
-    horizon = math.ceil(checked_run.total_steps / checked_run.eval_every)
+    horizon = math.ceil(resolved.total_steps / resolved.eval_every)
     spec = Sweep(algo, env, [p.text for p in params], train_options, opts, str(folder), horizon)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=2, default=str))
@@ -359,11 +362,11 @@ def _run(spec: Sweep, restore: bool) -> SweepResult:
             tune.with_parameters(run_trial, sweep=spec.to_json()), {"cpu": spec.tune.cpus_per_trial or 1.0}
         )
         progress = ProgressCallback(spec)
-        with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept() as interrupted:
+        with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept() as ctrl_c:
             warnings.filterwarnings("ignore", message="Consider boosting PBT performance")  # by reusing actors
             grid = _tuner(spec, trainable, progress, restore).fit()
             progress.close()
-            return summarize(spec, grid, interrupted.is_set())
+            return summarize(spec, grid, any(event.is_set() for event in ctrl_c))
     finally:
         backend.close()
 
@@ -411,27 +414,26 @@ def _perturbation_interval(spec: Sweep) -> int:
 
 
 @contextlib.contextmanager
-def _signal_handlers_kept() -> Iterator[threading.Event]:
-    """Yields the event that Ray Tune's handler of Ctrl-C sets (its first Ctrl-C ends the sweep with every trial's
-    state saved), and puts back the handlers of SIGINT and SIGUSR1 as they were before Ray Tune set its own, which it
-    leaves in place unless one came. Tune keeps the event to itself (`tune.run` returns as it does at a sweep's end),
-    so its maker is wrapped while the sweep runs."""
+def _signal_handlers_kept() -> Iterator[list[threading.Event]]:
+    """Yields a list that receives the event Ray Tune's handler of Ctrl-C sets (its first Ctrl-C ends the sweep with
+    every trial's state saved), and puts back the handlers of SIGINT and SIGUSR1 as they were before Ray Tune set its
+    own, which it leaves in place unless one came. Tune keeps the event to itself (`tune.run` returns as it does at a
+    sweep's end), so its maker is wrapped while the sweep runs."""
     import ray.tune.tune as tune_run
 
     kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGUSR1)}
     made = getattr(tune_run, "_setup_signal_catching", None)
-    interrupted = threading.Event()  # stays clear where this Ray Tune makes its event otherwise
+    events: list[threading.Event] = []  # stays empty where this Ray Tune makes its event otherwise
 
     def catching() -> threading.Event:
         assert made is not None  # wrapped only where there is one
-        event: threading.Event = made()
-        interrupted.is_set = event.is_set  # type: ignore[method-assign]  # this sweep's event, read as ours
-        return event
+        events.append(made())
+        return events[-1]
 
     if made is not None:
         tune_run._setup_signal_catching = catching  # noqa: SLF001
     try:
-        yield interrupted
+        yield events
     finally:
         if made is not None:
             tune_run._setup_signal_catching = made  # noqa: SLF001
