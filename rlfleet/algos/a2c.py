@@ -27,7 +27,14 @@ import torch
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.noise import SDEMatrices
 from rlfleet.algos.options import NetOptions, SDEOptions
-from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
+from rlfleet.algos.spaces import (
+    POLICY_ACTIONS,
+    action_bounds,
+    check_action_mask,
+    check_action_space,
+    policy_actions,
+    to_env_actions,
+)
 from rlfleet.algos.updates import clip_norm, sequence_batch, unroll_sequences
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
@@ -188,6 +195,7 @@ class A2C:
         self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
     ):
         action_space = check_action_space(action_space, "a2c", self.action_spaces)
+        check_action_mask(obs_space, action_space, "a2c")
         self.cfg = cfg
         image = has_image(obs_space)
         self.model = ActorCritic(

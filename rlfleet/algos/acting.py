@@ -16,23 +16,32 @@ from rlfleet.nets.fast import (
     gaussian_log_prob,
     sample_gaussian,
 )
-from rlfleet.nets.heads import MultiCategoricalHead, SDEGaussianHead
+from rlfleet.nets.heads import MultiCategoricalHead, SDEGaussianHead, masked_logits
 from rlfleet.nets.models import ActorCritic, QNetwork
 
 
-def epsilon_greedy(q: np.ndarray, eps: np.ndarray | float, rng: np.random.Generator) -> np.ndarray:
-    """Greedy actions from `[B, A]` values, each replaced by a uniform one with probability eps (per row).
+def epsilon_greedy(
+    q: np.ndarray, eps: np.ndarray | float, rng: np.random.Generator, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """Greedy actions from `[B, A]` values, each replaced by a uniform one with probability eps (per row); with
+    a bool `[B, A]` `mask` of legal actions (`action_mask_of`), both the greedy and the uniform one among those.
 
     With eps 0 in every row (evaluation) nothing is drawn: evaluating, however often, never moves the
     exploration stream, so a run that evaluates once more (stopping at its time limit) explores on as one
     that did not."""
-    actions: np.ndarray = q.argmax(-1)
+    actions: np.ndarray = masked_logits(q, mask).argmax(-1)
     if not np.any(eps):
         return actions
     batch, n_actions = q.shape
     explore = rng.random(batch) < eps
     if np.any(explore):
-        actions = np.where(explore, rng.integers(n_actions, size=batch), actions)
+        if mask is None:
+            uniform = rng.integers(n_actions, size=batch)
+        else:  # the k-th legal action of each row, k uniform below the row's count of them (at least 1)
+            legal = mask.sum(-1)
+            k = np.minimum((rng.random(batch) * legal).astype(np.int64), legal - 1)  # u · n may round up to n
+            uniform = (mask.cumsum(-1) > k[:, None]).argmax(-1)
+        actions = np.where(explore, uniform, actions)
     return actions
 
 

@@ -21,7 +21,7 @@ import torch
 
 from rlfleet.algos.acting import policy_step
 from rlfleet.algos.options import NetOptions
-from rlfleet.algos.spaces import action_bounds, check_action_space, to_env_actions
+from rlfleet.algos.spaces import action_bounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import linear
 from rlfleet.data.batch import Batch
 from rlfleet.device import place
@@ -74,6 +74,7 @@ class BC:
         self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
     ):
         action_space = check_action_space(action_space, "bc", self.action_spaces)
+        check_action_mask(obs_space, action_space, "bc")
         self.cfg = cfg
         self.model = ActorCritic(
             obs_space,

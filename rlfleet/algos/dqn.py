@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from rlfleet.algos.acting import epsilon_greedy, obs_tensor, q_values
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.options import NetOptions, PriorityOptions, make_replay_buffer
-from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
+from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_mask, check_action_space
 from rlfleet.algos.updates import hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
@@ -40,6 +40,7 @@ from rlfleet.data.returns import sequence_nstep
 from rlfleet.device import acting, host, module_device, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore, State
 from rlfleet.optim.make import make_optimizer
@@ -200,6 +201,7 @@ class DQN:
         self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
     ):
         discrete = cast(gym.spaces.Discrete, check_action_space(action_space, "dqn", self.action_spaces))
+        check_action_mask(obs_space, action_space, "dqn")
         if cfg.target_update_every < 1 or cfg.batch_size < 1:
             raise ValueError("target_update_every and batch_size must be >= 1")
         if cfg.lstm < 0 or cfg.burn_in < 0 or cfg.train_len < 1:
@@ -240,12 +242,13 @@ class DQN:
         self, obs: np.ndarray, state: Any = None, explore: bool = True
     ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         eps = self.eps if explore else 0.0
+        legal = action_mask_of(obs)
         if self.q.core is None:
-            return epsilon_greedy(q_values(self.q, obs), eps, self.rng), {}, state
+            return epsilon_greedy(q_values(self.q, obs), eps, self.rng, legal), {}, state
         q_net = acting(self.q)
         with torch.inference_mode():
             q, state = q_net.unroll(obs_tensor(obs, module_device(q_net)), state)
-        return epsilon_greedy(host(q), eps, self.rng), {}, state
+        return epsilon_greedy(host(q), eps, self.rng, legal), {}, state
 
     def reset_state(self, state: State, done: np.ndarray) -> State:
         """The recurrent state with the envs in `done` (their episodes just ended) back at zeros."""
@@ -273,11 +276,8 @@ class DQN:
         b = batch.to_torch(self.device)
         q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():  # the online net's pass over s' (double) keeps no graph: the backward is over B rows
-            next_q_target = self.q_target(b.next_obs)
-            if self.cfg.double:  # the online net picks the next action, the target net values it
-                next_v = next_q_target.gather(1, self.q(b.next_obs).argmax(1, keepdim=True)).squeeze(1)
-            else:
-                next_v = next_q_target.max(1).values
+            next_q_online = self.q(b.next_obs) if self.cfg.double else None
+            next_v = self._next_value(self.q_target(b.next_obs), next_q_online, b.next_obs)
             y = b.rew + b.discount * (1.0 - b.terminated.float()) * next_v
         td = y - q
         loss = (b.weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
@@ -305,11 +305,8 @@ class DQN:
             # Q at each step's next observation, one step on from the state after that step
             nxt = map_obs(lambda x: x.flatten(0, 1), next_obs[burn:])
             next_q_target = self.q_target.unroll(nxt, (th[burn:].flatten(0, 1), tc[burn:].flatten(0, 1)))[0]
-            if self.cfg.double:
-                next_q_online = self.q.unroll(nxt, (h.flatten(0, 1), c.flatten(0, 1)))[0]
-                next_v = next_q_target.gather(1, next_q_online.argmax(1, keepdim=True)).squeeze(1)
-            else:
-                next_v = next_q_target.max(1).values
+            next_q_online = self.q.unroll(nxt, (h.flatten(0, 1), c.flatten(0, 1)))[0] if self.cfg.double else None
+            next_v = self._next_value(next_q_target, next_q_online, nxt)
             next_v = next_v.reshape(h.shape[:2]).T  # [B, train_len]
             ret_t, bootstrap_t, last_t = (torch.as_tensor(x, device=self.device) for x in (ret, bootstrap, last))
             y = ret_t + bootstrap_t * next_v.gather(1, last_t)
@@ -317,6 +314,19 @@ class DQN:
         loss = (b.weight.unsqueeze(1) * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
         return loss, metrics, host(td.abs().mean(1))
+
+    def _next_value(
+        self, next_q_target: torch.Tensor, next_q_online: torch.Tensor | None, next_obs: Any
+    ) -> torch.Tensor:
+        """The target net's value `[B]` of each next observation from its Q `[B, A]`: at the online net's best action
+        (Double DQN: its Q `next_q_online`) or its own max; over the legal actions where the observations carry them
+        (a terminal one that allows none counts as allowing all: it is not bootstrapped from anyway)."""
+        legal = action_mask_of(next_obs)
+        if next_q_online is not None:  # the online net picks the next action, the target net values it
+            best = masked_logits(next_q_online, legal).argmax(1, keepdim=True)
+            return next_q_target.gather(1, best).squeeze(1)
+        values: torch.Tensor = masked_logits(next_q_target, legal).max(1).values
+        return values
 
     @torch.no_grad()
     def priorities(self, batch: Batch) -> np.ndarray:

@@ -31,7 +31,7 @@ import torch
 
 from rlfleet.algos.acting import epsilon_greedy, q_values, sample_final_epsilons
 from rlfleet.algos.options import NetOptions
-from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_space
+from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_mask, check_action_space
 from rlfleet.algos.updates import SyncClock, clip_norm, hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import discounted_returns, td_targets
@@ -39,6 +39,7 @@ from rlfleet.data.rollout import Segment
 from rlfleet.device import place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize, set_lr
@@ -120,6 +121,7 @@ class NStepQ:
         if cfg.target not in TARGETS:
             raise ValueError(f"unknown target {cfg.target!r}; choose one of {TARGETS}")
         discrete = cast(gym.spaces.Discrete, check_action_space(action_space, cfg.target, self.action_spaces))
+        check_action_mask(obs_space, action_space, cfg.target)
         self.cfg = cfg
         self.q = QNetwork(
             obs_space,
@@ -143,11 +145,14 @@ class NStepQ:
     def act(
         self, obs: np.ndarray, state: Any = None, explore: bool = True
     ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
-        return epsilon_greedy(q_values(self.q, obs), self.eps if explore else 0.0, self.rng), {}, state
+        eps = self.eps if explore else 0.0
+        return epsilon_greedy(q_values(self.q, obs), eps, self.rng, action_mask_of(obs)), {}, state
 
     def _target_values(self, obs: np.ndarray, actions: np.ndarray | None = None) -> np.ndarray:
+        """Q⁻ of observations at `actions`, or its max over each one's legal actions (all, without a mask)."""
         q = q_values(self.q_target, obs)
-        values: np.ndarray = q.max(-1) if actions is None else q[np.arange(len(q)), actions]
+        legal = masked_logits(q, action_mask_of(obs))
+        values: np.ndarray = legal.max(-1) if actions is None else q[np.arange(len(q)), actions]
         return values
 
     def value(self, obs: np.ndarray, state: Any = None) -> np.ndarray:

@@ -20,7 +20,14 @@ import torch
 
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.options import NetOptions
-from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
+from rlfleet.algos.spaces import (
+    POLICY_ACTIONS,
+    action_bounds,
+    check_action_mask,
+    check_action_space,
+    policy_actions,
+    to_env_actions,
+)
 from rlfleet.algos.updates import clip_norm, minibatch_epochs
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
@@ -87,6 +94,7 @@ class PG:
         self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
     ):
         action_space = check_action_space(action_space, "pg", self.action_spaces)
+        check_action_mask(obs_space, action_space, "pg")
         self.cfg = cfg
         image = has_image(obs_space)
         self.model = ActorCritic(

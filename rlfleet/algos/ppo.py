@@ -27,7 +27,14 @@ import torch
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.noise import SDEMatrices
 from rlfleet.algos.options import NetOptions, SDEOptions
-from rlfleet.algos.spaces import POLICY_ACTIONS, action_bounds, check_action_space, policy_actions, to_env_actions
+from rlfleet.algos.spaces import (
+    POLICY_ACTIONS,
+    action_bounds,
+    check_action_mask,
+    check_action_space,
+    policy_actions,
+    to_env_actions,
+)
 from rlfleet.algos.updates import (
     clip_norm,
     explained_variance,
@@ -195,6 +202,7 @@ class PPO:
         self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
     ):
         action_space = check_action_space(action_space, "ppo", self.action_spaces)
+        check_action_mask(obs_space, action_space, "ppo")
         if cfg.minibatch_size < 1 or cfg.epochs < 1:
             raise ValueError("minibatch_size and epochs must be >= 1")
         self.cfg = cfg

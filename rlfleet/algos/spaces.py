@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from rlfleet.data.batch import Batch
 from rlfleet.envs.wrappers import has_action_start
+from rlfleet.nets.heads import ACTION_MASK, has_action_mask
 
 
 class UnsupportedSpaceError(ValueError):
@@ -61,6 +62,30 @@ def check_action_space(action_space: gym.Space[Any], algo: str, kinds: Sequence[
             "rlfleet.envs.wrappers.ZeroBasedActions (rlfleet's make_env does)"
         )
     return action_space
+
+
+def check_action_mask(obs_space: gym.Space[Any], action_space: gym.Space[Any], algo: str) -> None:
+    """Refuse observations that carry their legal actions (`has_action_mask`) where the algorithm would ignore
+    them (actions other than `Discrete`: it would take illegal actions unawares) or misread them (a mask that is
+    not one 0/1 entry per action, such as a float mask that obs_norm rescaled); an `UnsupportedSpaceError`
+    naming the problem."""
+    if not has_action_mask(obs_space):
+        return
+    mask = obs_space[ACTION_MASK]
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise UnsupportedSpaceError(
+            f"algorithm {algo!r} would ignore the observations' {ACTION_MASK!r}: masks of legal actions are for "
+            f"Discrete actions ({', '.join(algorithms_taking('Discrete'))}), but the env has {action_space}"
+        )
+    n = int(action_space.n)
+    zero_one = isinstance(mask, gym.spaces.MultiBinary) or (
+        isinstance(mask, gym.spaces.Box) and bool(np.all(mask.low >= 0) and np.all(mask.high <= 1))
+    )
+    if not zero_one or mask.shape != (n,):
+        raise UnsupportedSpaceError(
+            f"the observations' {ACTION_MASK!r} must be a Box of 0/1 or a MultiBinary of shape ({n},), one entry "
+            f"per action of {action_space} (1: legal), got {mask}"
+        )
 
 
 def algorithms_taking(kind: str) -> list[str]:

@@ -32,7 +32,7 @@ from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.algos.options import ActorCriticNetOptions, PriorityOptions, ReplayOptions, make_replay_buffer
-from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_space, to_env_actions
+from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
@@ -148,6 +148,7 @@ class TD3:
         self, cfg: Config, obs_space: gym.Space[Any], action_space: gym.Space[Any], seed: int = 0, device: str = "cpu"
     ):
         box = cast(gym.spaces.Box, check_action_space(action_space, self.name, self.action_spaces))
+        check_action_mask(obs_space, action_space, self.name)
         self.act_dim = int(box.shape[0])
         obs_dim = obs_space  # any space: the networks take it through a FlatInput
         self.cfg = cfg

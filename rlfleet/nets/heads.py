@@ -3,20 +3,75 @@
 Policies for every action space the on-policy agents take: categorical (`Discrete`), factorised categorical
 (`MultiDiscrete`: one categorical per entry), Bernoulli (`MultiBinary`: one per bit) and diagonal Gaussian
 (`Box`). The factorised ones sum log-probabilities and entropies over their factors, as `DiagGaussian` sums over
-its dims."""
+its dims.
+
+Legal actions: a `Dict` observation with an `ACTION_MASK` entry (turn-based games) says which of a `Discrete`
+action space's actions each observation allows; `action_mask_of` reads it and `masked_logits` takes the others out
+of a categorical policy (`ActorCritic`) or of Q values (ε-greedy acting and the Q-learners' targets), for acting and
+learning alike."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any, TypeGuard, TypeVar, cast, overload
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rlfleet.data.batch import Batch
 from rlfleet.nets.encoders import layer_init
+
+ACTION_MASK = "action_mask"
+"""The `Dict` observation entry that holds the legal actions, `[n]` of 0/1 (1: legal), PettingZoo's name for it."""
+MASKED_LOGIT = -1e8
+"""The logit (or Q value) of an illegal action: its probability is exactly 0 and nothing argmax-es to it, yet it stays
+finite, so entropies, log-probabilities and their gradients do too (−inf gives 0 · −inf = NaN in an entropy, and
+a float's lowest value overflows to −inf once two illegal log-probabilities are summed in a mean)."""
+Logits = TypeVar("Logits", np.ndarray, torch.Tensor)
+
+
+def has_action_mask(space: gym.Space[Any]) -> TypeGuard[gym.spaces.Dict]:
+    """Observations of `space` carry their legal actions (a `Dict` with an `ACTION_MASK` entry)."""
+    return isinstance(space, gym.spaces.Dict) and ACTION_MASK in space.spaces
+
+
+@overload
+def action_mask_of(obs: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray | None: ...
+@overload
+def action_mask_of(obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor | None: ...
+@overload
+def action_mask_of(obs: Batch) -> Any: ...
+def action_mask_of(obs: Any) -> Any:
+    """The legal actions of a batch of observations as a bool `[..., n]` array or tensor (as the observations are),
+    or None when they carry none.
+
+    A row with no legal action counts as all legal: an agent's last observation in a turn-based game (it lost, or
+    the game ended on another's move) may allow nothing, and its values are never bootstrapped from, but a max or a
+    softmax over no action at all would be −∞ or NaN."""
+    if not isinstance(obs, Batch | Mapping) or ACTION_MASK not in obs:
+        return None
+    mask = obs[ACTION_MASK]
+    if isinstance(mask, torch.Tensor):
+        legal = mask != 0
+        return legal | ~legal.any(-1, keepdim=True)
+    legal = np.asarray(mask) != 0
+    return legal | ~legal.any(-1, keepdims=True)
+
+
+def masked_logits(logits: Logits, mask: Logits | None) -> Logits:
+    """`[..., n]` logits (or Q values) with those of the actions `mask` (bool, from `action_mask_of`) leaves out
+    set to `MASKED_LOGIT`; unchanged without a mask. A softmax over them is the policy restricted to the legal
+    actions, an argmax or a max picks among those only, and no gradient reaches the illegal outputs."""
+    if mask is None:
+        return logits
+    if isinstance(logits, torch.Tensor):
+        assert isinstance(mask, torch.Tensor)  # masks come as the observations are, logits as the network is
+        return logits.masked_fill(~mask, MASKED_LOGIT)
+    return np.where(mask, logits, np.asarray(MASKED_LOGIT, dtype=logits.dtype))
 
 
 class SoftmaxCategorical:
@@ -68,9 +123,12 @@ class LogitsHead(nn.Module):
 
 
 class CategoricalHead(LogitsHead):
-    """Logits for a discrete policy."""
+    """Logits for a discrete policy; with a bool `mask` of the legal actions, the policy over those only."""
 
     distribution = SoftmaxCategorical
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> SoftmaxCategorical:
+        return SoftmaxCategorical(masked_logits(self.linear(features), mask))
 
 
 class MultiCategorical:

@@ -27,6 +27,9 @@ from rlfleet.nets.heads import (
     SDEGaussianHead,
     SoftmaxCategorical,
     ValueHead,
+    action_mask_of,
+    has_action_mask,
+    masked_logits,
 )
 from rlfleet.nets.recurrent import LSTMCore, State
 from rlfleet.nets.user import UserModule
@@ -80,6 +83,10 @@ class ActorCritic(nn.Module):
     recurrent state instead of `forward`. The layers are initialised orthogonally; `ortho_init=False` gives them
     PyTorch's default initialisation (`torch_default_init`). With `net` (`package.module:factory`), the user's
     network is the encoder (`UserNet`, built with `net_kwargs`), left as its factory initialised it.
+
+    Observations that carry their legal actions (`has_action_mask`; a categorical policy only) get the policy
+    over those: every pass, PyTorch or NumPy, masks the logits (`masked_logits`), so acting, the log-probabilities
+    it records and the losses all see the same restricted policy.
     """
 
     def __init__(
@@ -108,6 +115,9 @@ class ActorCritic(nn.Module):
                 f"the policy heads take Discrete, 1-D MultiDiscrete, 1-D MultiBinary and 1-D Box actions, "
                 f"not {action_space}"
             )
+        self.masked = has_action_mask(obs_space)
+        if self.masked and self.action_kind != "categorical":
+            raise ValueError(f"the observations' legal-action mask is for Discrete actions, not {action_space}")
         self.obs_space = obs_space
         self.actor_body = make_encoder(obs_space, encoder, hidden, activation, net, net_kwargs)
         features = self.actor_body.out_dim
@@ -146,7 +156,7 @@ class ActorCritic(nn.Module):
         if self.core is not None:
             raise ValueError("this ActorCritic has an LSTM core: call unroll(obs, state, starts)")
         features = self.actor_body(obs)
-        dist = self.policy(features)
+        dist = self._policy(features, obs)
         if self.value_head is None:
             return dist, None
         critic_features = features if self.critic_body is None else self.critic_body(obs)
@@ -173,7 +183,16 @@ class ActorCritic(nn.Module):
         out, state = self.core(features.reshape(steps, batch, -1), state, starts)
         out = out.reshape(steps * batch, -1)
         value = None if self.value_head is None else self.value_head(out)
-        return self.policy(out), value, state
+        return self._policy(out, obs), value, state
+
+    def _policy(self, features: torch.Tensor, obs: Any) -> Any:
+        """The policy of `[B, F]` features, over the legal actions of the observations (any leading dims, B in
+        all) that carry them."""
+        if not self.masked:
+            return self.policy(features)
+        mask = action_mask_of(obs)
+        mask = None if mask is None else mask.reshape(features.shape[0], -1)
+        return cast(CategoricalHead, self.policy)(features, mask)
 
     def numpy_forward(self, obs: np.ndarray) -> tuple[Any, np.ndarray | None] | None:
         """(policy parameters, values) computed in NumPy for MLP bodies (fast acting), or None otherwise.
@@ -188,7 +207,7 @@ class ActorCritic(nn.Module):
         out = self._np(obs)
         value = out.pop()[:, 0] if self.value_head is not None else None
         if not self.continuous:
-            return out[0], value
+            return (masked_logits(out[0], action_mask_of(obs)) if self.masked else out[0]), value
         policy = self.policy
         if isinstance(policy, SDEGaussianHead):  # the branch gives the features; the mean and std are functions of them
             features = out[0]
