@@ -13,6 +13,7 @@ from rlfleet.algos import resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import check_data_source
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
+from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.nets.user import NetError, net_path
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
 from rlfleet.run.config import (
@@ -192,7 +193,7 @@ def _runner(cfg: RunConfig) -> type[RunBase]:
     algo_cls = resolve(cfg.algo)[0]  # an unknown algorithm is reported as such, before the architecture
     if cfg.arch is None:
         cfg.arch = default_arch(cfg.algo)
-    runner = runner_class(cfg.arch)
+    runner = runner_class(cfg.arch, multi_agent=is_pettingzoo_id(cfg.env))
     check_data_source(cfg, algo_cls)  # --dataset/--expert and imitation algorithms go together
     others = {a: runner_class(a).Options for a in architecture_names()}  # to say where an unknown one belongs
     check_known_options(runner.Options, cfg.options, cfg.arch, others)

@@ -46,6 +46,13 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
 }
 
 
+MULTI_AGENT: dict[str, tuple[str, str]] = {
+    "single": ("rlfleet.arch.single", "MultiAgentSingleRunner"),
+    "data_parallel": ("rlfleet.arch.data_parallel", "MultiAgentDataParallelRunner"),
+}
+"""The architectures that take a PettingZoo env (multi-agent), and their runners."""
+
+
 def architecture_names() -> list[str]:
     return list(ARCHITECTURES)
 
@@ -54,10 +61,18 @@ def default_arch(algo: str) -> str:
     return DEFAULT_ARCH.get(algo, "single")
 
 
-def runner_class(arch: str) -> type[RunBase]:
-    """The runner class of an architecture, or a clear error naming the valid ones."""
+def runner_class(arch: str, multi_agent: bool = False) -> type[RunBase]:
+    """The runner class of an architecture (on a multi-agent env: its multi-agent runner), or a clear error naming
+    the valid ones."""
     if arch not in ARCHITECTURES:
         raise ConfigError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     module_name, cls_name, _ = ARCHITECTURES[arch]
+    if multi_agent:
+        if arch not in MULTI_AGENT:
+            raise ConfigError(
+                f"--arch {arch} does not take a PettingZoo env (several agents); the architectures that do: "
+                f"{', '.join(MULTI_AGENT)}"
+            )
+        module_name, cls_name = MULTI_AGENT[arch]
     cls: type[RunBase] = getattr(importlib.import_module(module_name), cls_name)
     return cls

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
@@ -61,14 +61,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken
+from rlfleet.algos import resolve
+from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Producer, Taken, WorkerSpec
+from rlfleet.arch.shared import LocalCopy
 from rlfleet.backends import RoleGroup
-from rlfleet.backends.shared_memory import StopFlag
+from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.batch import map_obs
 from rlfleet.data.buffer import Obs
 from rlfleet.data.rollout import Segment
+from rlfleet.envs.pettingzoo import make_agent_env
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.logger import RunLogger
+from rlfleet.run.multi_agent import MultiAgentCollector, Policies, TransitionLog
+from rlfleet.run.multi_agent_runner import AgentEnvs, MultiAgentRunBase
 
 AHEAD = {"rollout": 1, "replay": 2}  # items a sampler may have collected beyond what the learner learned from
 
@@ -316,3 +321,136 @@ class DataParallelRunner(ParallelRunner):
         for item in items:  # learned from: its sampler may collect the next one
             pool.release(item.worker, item.incarnation)
         return Taken([r for item in items for r in item.returns], metrics, updates)
+
+
+# ------------------------------------------------------------------------------------------------- multi-agent
+@dataclass
+class MultiAgentWorkerSpec(WorkerSpec):
+    """A sampler's spec on a PettingZoo env: the agents' spaces and the run's policy mapping besides."""
+
+    agents: Any = field(default=None, kw_only=True)
+    mapping: Any = field(default=None, kw_only=True)
+
+
+class MultiAgentSampler:
+    """A sampler on a PettingZoo env (a role as `Sampler` is one, without its vector env and algorithm): `n_envs`
+    copies of the env, the run's policies tied to the learner's networks, and a `MultiAgentCollector` whose trained
+    policies' transitions are sent as they came (each with its stream)."""
+
+    def __init__(
+        self,
+        spec: MultiAgentWorkerSpec,
+        shared: dict[str, torch.nn.Module],
+        weights: WeightVersion,
+        worker_id: int,
+        incarnation: int = 0,
+    ):
+        seed = spec.worker_seed(worker_id, incarnation)
+        torch.manual_seed(seed)
+        algo_cls = resolve(spec.algo)[0]
+        self.spec, self.worker_id, self.incarnation, self.weights = spec, worker_id, incarnation, weights
+        self.algo = Policies(
+            spec.agents, spec.mapping, lambda _, obs, act, s: algo_cls(spec.algo_cfg, obs, act, seed=s), seed
+        )
+        self.copy = LocalCopy(self.algo, shared, share_frozen=False)  # type: ignore[arg-type]  # networks by name
+        self.envs = AgentEnvs(make_agent_env(spec.env, **spec.env_kwargs) for _ in range(spec.algo_cfg.n_envs))
+        self.logs = {name: TransitionLog() for name in self.algo.trained}
+        self.collector = MultiAgentCollector(self.envs, self.algo, self.logs, seed)
+
+    def produce(self, global_steps: int, stop: StopFlag | None = None) -> Experience | None:
+        """`rollout_len` (rollout) or `train_freq` (replay) steps of every env copy with the current weights."""
+        cfg, c = self.spec.algo_cfg, self.collector
+        self.algo.schedule(global_steps, self.spec.total_steps)
+        version = self.weights.read(self.copy.pull, stop)
+        if version is None:
+            return None
+        before = c.env_steps
+        for _ in range(cfg.rollout_len if self.algo.data == "rollout" else cfg.train_freq):
+            c.step()
+        data = {"transitions": {n: log.take() for n, log in self.logs.items()}, "agents": c.pop_agent_returns()}
+        return Experience(self.worker_id, self.incarnation, version, c.env_steps - before, c.pop_new_returns(), data)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class MultiAgentDataParallelRunner(MultiAgentRunBase, ParallelRunner):
+    """The learner of a `data_parallel` run on a PettingZoo env. Each sampler steps `n_envs` copies of the env with
+    the run's policies and sends its trained policies' transitions, each with its stream (copy, agent); the
+    learner's data of a policy has a column for each (sampler, copy, agent), so a segment (rollout) holds every
+    sampler's agents, and a replay buffer's columns are theirs, as a `single` run with `workers × n_envs` env copies
+    has them. The learner learns from whatever its data holds after
+    each item (`learn`); a sampler may collect its next item as soon as its last one is taken in."""
+
+    arch = "data_parallel"
+    Options = ParallelOptions
+    waiting_for = "experience from the samplers"
+    restart_how = "with the learner's current weights"
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        self.agent_spec = self.worker_spec(
+            MultiAgentWorkerSpec, agents=self.env_info["agents"], mapping=self.algo.mapping
+        )
+        self.spec = self.agent_spec
+        self.start_backend()
+        self.data = self.policy_data(self.opts.workers * self.algo_cfg.n_envs)
+        self.incarnations: dict[int, int] = {}
+        self.new_agent_returns: dict[str, list[float]] = {}
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.eval_envs = self.make_eval_envs()
+        self._write_config({"workers": self.opts.workers})
+
+    def check_config(self) -> None:
+        super().check_config()
+        self.check_parallel(on_policy_only=False, uses_optimizer=False)
+
+    def start_workers(self, stop_flag: StopFlag, logger: RunLogger) -> RoleGroup:
+        make_sampler = partial(MultiAgentSampler, self.agent_spec, self.shared, self.weights)
+        return self.start_roles(make_sampler, stop_flag, AHEAD["rollout"])
+
+    def coordinate(self, pool: RoleGroup) -> Taken | None:
+        """The next item of any sampler: its transitions put into the learner's data, its sampler free to collect
+        the next one, then whatever the data holds learned from."""
+        item = pool.get_any(WAIT_S)
+        if item is None:
+            return None
+        version = self.weights.version
+        self.lags.append(version - item.version)
+        self.counter.add(item.steps)
+        self.count_returns(item.returns)
+        for agent, returns in item.data["agents"].items():
+            self.new_agent_returns.setdefault(agent, []).extend(returns)
+        restarted = self.incarnations.setdefault(item.worker, item.incarnation) != item.incarnation
+        self.incarnations[item.worker] = item.incarnation
+        for name, transitions in item.data["transitions"].items():
+            data = self.data[name]
+            if restarted:  # the sampler's envs began new episodes: the streams it had under way end
+                data.cut(lambda stream: isinstance(stream, tuple) and stream[0] == item.worker)
+            for stream, transition in transitions:
+                data.put((item.worker, stream), transition)
+        pool.release(item.worker, item.incarnation)
+        with self.publishing():
+            self.algo.schedule(self.env_steps, self.total_steps)
+            metrics, updates = self.learn(self.data)
+        return Taken(item.returns, metrics, updates)
+
+    def agent_returns(self) -> dict[str, list[float]]:
+        out, self.new_agent_returns = self.new_agent_returns, {}
+        return out
+
+    def log_row(self) -> dict[str, float]:
+        return {**ParallelRunner.log_row(self), **MultiAgentRunBase.log_row(self)}
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"version": self.weights.version}
+
+    def _restore_extra(self, saved: dict[str, Any]) -> None:
+        self.weights.set(int(saved.get("version", 0)))

@@ -19,6 +19,8 @@ from rlfleet.envs.normalize import normalize_observations, normalize_rewards
 from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import RunConfig
+from rlfleet.run.multi_agent import MultiAgentCollector
+from rlfleet.run.multi_agent_runner import MultiAgentRunBase, make_agent_envs
 from rlfleet.run.runner import RunBase, RunResult, StopRequest, workers_ignore_sigint
 
 
@@ -142,6 +144,89 @@ class SingleRunner(RunBase):
                     self.algo.schedule(c.env_steps, self.total_steps)
                     metrics = learn()
                     reason = self.after_update(logger, start, c.pop_new_returns(), c.returns, metrics, stop.requested)
+                    if reason is not None:
+                        stopped_by = reason
+                        break
+            self.finish(logger, start, stopped_by)
+        finally:
+            logger.close()
+            self.envs.close()
+            self.eval_envs.close()
+        return self.write_result(stopped_by, time.perf_counter() - start)
+
+
+class MultiAgentSingleRunner(MultiAgentRunBase):
+    """The `single` architecture on a PettingZoo env: one process steps `n_envs` copies of the env with every policy
+    of the run and each trained policy learns from its own agents' transitions (`rlfleet.run.multi_agent`). An
+    iteration is `rollout_len` steps (rollout algorithms: each finished segment learned from) or `train_freq` steps
+    (replay: `gradient_steps` updates), then the same bookkeeping as `SingleRunner`'s. A resumed run starts new
+    episodes (PettingZoo envs have no snapshot); its replay buffers are restored."""
+
+    single_process = True
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume_from: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
+    ):
+        super().__init__(cfg, resume_from, run_dir, callbacks)
+        copies = self.algo_cfg.n_envs
+        self.envs = make_agent_envs(cfg, copies)
+        self.eval_envs = self.make_eval_envs()
+        self.data = self.policy_data(copies)
+        self.collector = MultiAgentCollector(self.envs, self.algo, self.data, seed=cfg.seed)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self._write_config()
+
+    @property
+    def env_steps(self) -> int:
+        return self.collector.env_steps
+
+    @property
+    def episodes(self) -> int:
+        return self.collector.episodes
+
+    def agent_returns(self) -> dict[str, list[float]]:
+        return self.collector.pop_agent_returns()
+
+    def _payload(self, with_data: bool) -> dict[str, Any]:
+        payload = super()._payload(with_data)
+        payload["episodes"] = self.collector.episodes
+        if with_data:
+            payload["buffers"] = {n: d.buffer.state_dict() for n, d in self.data.items() if d.buffer is not None}
+        return payload
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.restore_policies(payload, self.run_dir)
+        self.state.update(payload["state"])
+        c = self.collector
+        c.env_steps = int(payload["env_steps"])
+        c.stats.episodes = int(payload.get("episodes", 0))
+        c.restart(seed=self.cfg.seed + c.env_steps)  # new episodes, not the first run's again
+        for name, state in payload.get("buffers", {}).items():
+            buffer = self.data[name].buffer if name in self.data else None
+            if buffer is not None:
+                buffer.load_state_dict(state)
+                buffer.mark_boundary(np.arange(self.data[name].lanes))
+
+    def run(self) -> RunResult:
+        steps = self.algo_cfg.rollout_len if self.algo.data == "rollout" else self.algo_cfg.train_freq
+        c = self.collector
+        logger, start = self.start_logging()
+        stopped_by = "steps"
+        try:
+            with StopRequest() as stop:
+                while c.env_steps < self.total_steps:
+                    self.algo.schedule(c.env_steps, self.total_steps)
+                    for _ in range(steps):
+                        c.step()
+                    metrics, updates = self.learn(self.data)
+                    reason = self.after_update(
+                        logger, start, c.pop_new_returns(), c.stats.returns, metrics, stop.requested, updates
+                    )
                     if reason is not None:
                         stopped_by = reason
                         break

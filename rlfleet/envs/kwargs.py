@@ -15,6 +15,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from rlfleet.envs import env_spec_info, make_env, make_vector_env, resolve_env_spec
 from rlfleet.envs.make import _is_atari_spec
+from rlfleet.envs.pettingzoo import PettingZooError, is_pettingzoo_id, pettingzoo_info
 from rlfleet.fields import ConfigError, nesting_problem
 
 __all__ = ["env_info", "env_keywords", "env_kwargs_problem", "parse_env_kwargs", "parse_env_value"]
@@ -157,7 +158,15 @@ def _step_once(env: str, env_kwargs: dict[str, Any]) -> None:
 def env_info(env: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """`env_spec_info` of the env built with the run's keyword arguments: its spaces and family are those of the
     variant. With keyword arguments the env is also reset and stepped once; a keyword it does not take or a
-    value it rejects is a one-line `ConfigError` (an unknown id or a missing dependency keeps its own error)."""
+    value it rejects is a one-line `ConfigError` (an unknown id or a missing dependency keeps its own error).
+    A PettingZoo id (`pettingzoo:MODULE`) gives `pettingzoo_info`."""
+    if is_pettingzoo_id(env):
+        try:
+            return pettingzoo_info(env, env_kwargs)
+        except PettingZooError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if not env_kwargs:
         try:
             return env_spec_info(env)

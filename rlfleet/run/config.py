@@ -19,6 +19,7 @@ from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_prese
 from rlfleet.device import device_problem
 from rlfleet.envs import VECTOR_MODES
 from rlfleet.envs.kwargs import env_kwargs_problem, parse_env_value
+from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.fields import (
     MAX_ENVS,
     MAX_ROLES,
@@ -78,6 +79,11 @@ EVAL_MAX_STEPS = 27_000
 the ALE's cap of 108,000 frames in agent steps (frame skip 4), the Atari evaluation convention and the longest time
 limit of the envs Gymnasium registers, so that an env without a limit of its own is never cut shorter than an Atari
 game; a policy that loops on a cheap env costs seconds of it."""
+
+
+def none_or_non_empty(value: Any) -> str | None:
+    """A `checked` test: None (the option is not given) or text that is not empty."""
+    return None if value is None else non_empty(value)
 
 
 @dataclass
@@ -145,6 +151,17 @@ class RunConfig:
     when there is one and the architecture takes a device (single, offline, data_parallel, grad_parallel,
     async_grad, apex), the CPU
     otherwise (see `rlfleet.device`); acting stays on the CPU for MLP policies."""
+    policies: str = checked("shared", one_of(("shared", "separate")))
+    """PettingZoo envs: one policy for all agents (shared) or one per agent (separate); `--policy-map` maps agents to
+    policies by name instead. Each agent's index is a one-hot beside its observation."""
+    policy_map: str | None = checked(None, check=none_or_non_empty)
+    """PettingZoo envs: agents to policies, 'PATTERN=POLICY,...' (fnmatch patterns, the first match wins):
+    'adversary_*=red,agent_*=blue'; the policy `random` picks uniformly among the legal actions."""
+    freeze: str | None = checked(None, check=none_or_non_empty)
+    """PettingZoo envs: policies that act but do not learn, comma-separated (they need --load-policy)."""
+    load_policy: str | None = checked(None, check=none_or_non_empty)
+    """PettingZoo envs: policies whose weights come from a multi-agent run's checkpoint of the same env,
+    'POLICY=CHECKPOINT[#SAVED_POLICY],...' (its policy of that name, SAVED_POLICY, or its only one)."""
     progress: bool = field(default=True, metadata={"option": "progress"})
     """Show a progress bar."""
 
@@ -237,8 +254,19 @@ def build_options(options_cls: type, values: dict[str, Any], arch: str | None) -
 
 
 def check_run_config(cfg: RunConfig) -> None:
-    """A one-line `ConfigError` for the first run option of a wrong type, not finite or out of its range."""
+    """A one-line `ConfigError` for the first run option of a wrong type, not finite or out of its range, or a
+    multi-agent option given for an env with one agent."""
     check_fields(cfg, run_option)
+    if not is_pettingzoo_id(cfg.env):
+        given = [k for k in MULTI_AGENT_FIELDS if getattr(cfg, k) != RUN_DEFAULTS[k]]
+        if given:
+            options = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ConfigError(f"{options}: for PettingZoo envs (--env pettingzoo:MODULE); {cfg.env} has one agent")
+
+
+MULTI_AGENT_FIELDS = ("policies", "policy_map", "freeze", "load_policy")
+"""The run options of multi-agent runs (`rlfleet.run.multi_agent`)."""
+RUN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
 
 
 def parse_value(text: str, annotation: Any, key: str) -> Any:

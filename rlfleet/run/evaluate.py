@@ -21,9 +21,11 @@ from rlfleet.algos import resolve
 from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
+from rlfleet.envs.pettingzoo import agent_spaces, is_pettingzoo_id, make_agent_env
 from rlfleet.fields import Bounds, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
 from rlfleet.run.config import EVAL_MAX_STEPS, saved_run_config
+from rlfleet.run.multi_agent import checkpoint_policies, evaluate_agents
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)
@@ -164,6 +166,8 @@ def evaluate_checkpoint(
         check_value("--max-steps", max_steps, int, MAX_STEPS)
     if video_dir is not None:
         check_output_folder(video_dir, "--video")
+    if is_pettingzoo_id(saved_run_config(load_checkpoint(checkpoint), checkpoint).get("env")):
+        return _evaluate_agents_checkpoint(checkpoint, episodes, seed, video_dir, max_steps)
     algo, run = load_agent(checkpoint)
     bound = checkpoint_bound(run, max_steps)
     if video_dir is None:
@@ -174,18 +178,31 @@ def evaluate_checkpoint(
             envs.close()
     else:
         result = _evaluate_on_video(algo, run, episodes, seed, bound, Path(video_dir))
-    returns = result.returns
+    return _record(checkpoint, run, result.returns, result.cut, result.max_steps, video_dir)
+
+
+def _record(
+    checkpoint: str | Path,
+    run: dict[str, Any],
+    returns: np.ndarray,
+    cut: int,
+    max_steps: int,
+    video_dir: str | Path | None,
+    **more: Any,
+) -> dict[str, Any]:
+    """What `evaluate_checkpoint` returns (and `rlfleet eval` prints)."""
     return {
         "checkpoint": str(checkpoint),
         "algo": run["algo"],
         "env": run["env"],
         "env_kwargs": run["env_kwargs"],
-        "episodes": episodes,
+        "episodes": len(returns),
         "return_mean": float(returns.mean()),
         "return_std": float(returns.std()),
         "returns": [float(r) for r in returns],
-        "max_steps": result.max_steps,
-        "episodes_cut": result.cut,
+        **more,
+        "max_steps": max_steps,
+        "episodes_cut": cut,
         "video_dir": str(video_dir) if video_dir else None,
     }
 
@@ -210,3 +227,49 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
         env.close()
         _save_gif(frames, video_dir / f"episode-{i}.gif")
     return Evaluation(returns, cut, bound)
+
+
+def _evaluate_agents_checkpoint(
+    checkpoint: str | Path, episodes: int, seed: int, video_dir: str | Path | None, max_steps: int | None
+) -> dict[str, Any]:
+    """`evaluate_checkpoint` of a multi-agent run: its policies in `episodes` copies of the env side by side, each
+    agent's return too; with `video_dir`, each copy's episode as `episode-<i>.gif`."""
+    payload = load_checkpoint(checkpoint)
+    run = saved_run_config(payload, checkpoint)
+    algo_cls, config_cls, _, _ = resolve(run["algo"])
+    try:
+        cfg = config_cls(**payload["algo_config"])
+        check_fields(cfg, lambda f: f"{run['algo']} config {f.name}")
+        policies = checkpoint_policies(
+            algo_cls, cfg, run, agent_spaces(run["env"], **run["env_kwargs"]), payload["algo"]
+        )
+    except MISFITS as exc:
+        raise misfit(checkpoint, run["algo"], exc) from None
+    bound = checkpoint_bound(run, max_steps)
+    render = "rgb_array" if video_dir is not None else None
+    if render is not None:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
+    envs = [make_agent_env(run["env"], render, **run["env_kwargs"]) for _ in range(episodes)]
+    frames: list[list[Any]] = [[] for _ in envs]
+    try:
+        on_step = (lambda c: frames[c].append(envs[c].render())) if render is not None else None
+        result = evaluate_agents(policies, envs, seed, bound, on_step)
+    finally:
+        for env in envs:
+            env.close()
+    if video_dir is not None:
+        Path(video_dir).mkdir(parents=True, exist_ok=True)
+        for i, episode in enumerate(frames):
+            if episode:
+                _save_gif(episode, Path(video_dir) / f"episode-{i}.gif", fps=10)
+    return _record(
+        checkpoint,
+        run,
+        result.returns,
+        result.cut,
+        bound,
+        video_dir,
+        agents={agent: float(r.mean()) for agent, r in result.agents.items()},
+        agent_returns={agent: [float(x) for x in r] for agent, r in result.agents.items()},
+        policy_map=policies.of_agent,
+    )

@@ -296,21 +296,27 @@ class RunBase(abc.ABC):
         return ResolvedConfig(opts, info, algo_cfg, preset, total_steps, eval_every)
 
     def replay_updates(
-        self, around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+        self,
+        around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        algo: Any = None,
+        buffer: ReplayBuffer | None = None,
     ) -> dict[str, Any]:
-        """`gradient_steps` updates of a replay algorithm on batches sampled from `self.buffer`, each inside
-        `around()` (a parallel learner publishes each one), each writing its new priorities back where the buffer
-        keeps them (prioritized replay); the last update's metrics."""
+        """`gradient_steps` updates of a replay algorithm (`self.algo`, or a multi-agent run's policy `algo`) on
+        batches sampled from its buffer (`self.buffer`, or `buffer`), each inside `around()` (a parallel learner
+        publishes each one), each writing its new priorities back where the buffer keeps them (prioritized replay);
+        the last update's metrics."""
         cfg = self.algo_cfg
-        assert self.buffer is not None  # replay architectures set it before they update
+        algo = self.algo if algo is None else algo
+        buffer = self.buffer if buffer is None else buffer
+        assert buffer is not None  # replay architectures set it before they update
         metrics: dict[str, Any] = {}
         for _ in range(cfg.gradient_steps):
-            batch = self.buffer.sample(cfg.batch_size)
+            batch = buffer.sample(cfg.batch_size)
             with around():
-                metrics = self.algo.update(batch)
+                metrics = algo.update(batch)
             priorities = metrics.pop("priorities", None)
-            if priorities is not None and isinstance(self.buffer, PrioritizedReplayBuffer):
-                self.buffer.update_priorities(batch.index, priorities)
+            if priorities is not None and isinstance(buffer, PrioritizedReplayBuffer):
+                buffer.update_priorities(batch.index, priorities)
         return metrics
 
     def build_algo(self, seed: int) -> Any:
@@ -408,16 +414,22 @@ class RunBase(abc.ABC):
         step: envs that seed a legacy `np.random.RandomState` take no larger seeds."""
         return (self.cfg.seed + 10_000 * (1 + step)) % 2**31
 
-    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
-        self.state["evals"] += 1
-        step = self.env_steps
+    def run_evaluation(self, step: int) -> tuple[np.ndarray, int, dict[str, float]]:
+        """The greedy evaluation at `step`: each episode's return, how many were cut at the step bound, and what else
+        to log with it (a multi-agent run: each agent's and each policy's return)."""
         result = evaluate(
             self.algo, self.eval_envs, self.cfg.eval_episodes, self.eval_seed(step), max_steps=self.eval_max_steps
         )
-        mean, std = float(result.returns.mean()), float(result.returns.std())
-        self.state["last_eval"] = {"step": step, "mean": mean, "std": std, "cut": result.cut}
-        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std, "eval/episodes_cut": result.cut}, elapsed)
-        self._note_cut(logger, result.cut)
+        return result.returns, result.cut, {}
+
+    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
+        self.state["evals"] += 1
+        step = self.env_steps
+        returns, cut, more = self.run_evaluation(step)
+        mean, std = float(returns.mean()), float(returns.std())
+        self.state["last_eval"] = {"step": step, "mean": mean, "std": std, "cut": cut}
+        logger.log(step, {"eval/return_mean": mean, "eval/return_std": std, "eval/episodes_cut": cut, **more}, elapsed)
+        self._note_cut(logger, cut)
         if mean > self.state["best_eval"]:
             self.state["best_eval"] = mean
             self.save("best")

@@ -25,6 +25,7 @@ from rlfleet.backends.ray_backend import RayBackend
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import ConfigError
+from rlfleet.run.evaluate import evaluate_checkpoint
 
 pytestmark = pytest.mark.usefixtures("ray_instance")
 
@@ -364,6 +365,17 @@ def test_a2c_solves_cartpole_with_two_ray_actors(arch, run_opts):
                    eval_every=5_000, **extra, **run_opts)  # fmt: skip
     assert result["solved"], f"a2c on {arch} with ray: {result.result}"
     assert result["eval_return_mean"] >= 475
+
+
+@pytest.mark.learning
+def test_dqn_on_tictactoe_with_two_ray_samplers_beats_a_random_player(run_opts):
+    """A multi-agent env on data_parallel with ray actors as samplers (tests/learning/test_multi_agent.py: the same
+    run on the local backend)."""
+    result = train("dqn", "pettingzoo:pettingzoo.classic.tictactoe_v3", arch="data_parallel", workers=2, n_envs=2,
+                   backend="ray", policy_map="player_1=learner,player_2=random", steps=20_000, seed=0,
+                   eval_every=20_000, **run_opts)  # fmt: skip
+    games = evaluate_checkpoint(result.run_dir, episodes=200, seed=123)["agent_returns"]["player_1"]
+    assert sum(g == 1.0 for g in games) >= 0.9 * len(games), result.result
 
 
 @pytest.mark.learning

@@ -1,0 +1,132 @@
+"""Multi-agent runs as a user starts them: bad input is one line (exit 2, nothing written), a run's per-agent
+metrics and result, checkpoint -> resume -> eval (with a video) round trip, a policy loaded from an earlier run and
+frozen keeps its weights, and `data_parallel` on the serial backend."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # test_cli's helpers, under --import-mode=importlib
+
+from test_cli import check_one_error_line, run_main, tree  # noqa: E402
+
+from rlfleet.launch import train  # noqa: E402
+from rlfleet.run.checkpoint import load_checkpoint  # noqa: E402
+
+TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+DQN_TTT = ("train", "dqn", "--env", TICTACTOE, "--logdir", "runs", "--no-progress")
+
+BAD_INPUT = {
+    "module-does-not-import": (
+        ("train", "ppo", "--env", "pettingzoo:pettingzoo.classic.tictactoe_v2", "--logdir", "runs"),
+        ["cannot import 'pettingzoo.classic.tictactoe_v2'", "did you mean pettingzoo.classic.tictactoe_v3"],
+    ),
+    "not-an-env-module": (
+        ("train", "ppo", "--env", "pettingzoo:json", "--logdir", "runs"),
+        ["json is not a PettingZoo env module"],
+    ),
+    "env-kwarg": (
+        ("train", "ppo", "--env", SPREAD, "--env-kwargs", "M=3", "--logdir", "runs"),
+        ["rejects --env-kwargs M=3", "unexpected keyword argument 'M'"],
+    ),
+    "agent-without-policy": ((*DQN_TTT, "--policy-map", "player_1=red"), ["leaves agent(s) player_2 without a policy"]),
+    "pattern-without-agent": ((*DQN_TTT, "--policy-map", "player_*=red,agent_*=blue"), ["'agent_*' matches no agent"]),
+    "frozen-without-weights": (
+        (*DQN_TTT, "--policy-map", "player_1=red,player_2=blue", "--freeze", "blue"),
+        ["--freeze blue: a frozen policy needs weights"],
+    ),
+    "freeze-unknown-policy": ((*DQN_TTT, "--freeze", "green"), ["--freeze names green", "its policies: shared"]),
+    "load-unreadable": (
+        (*DQN_TTT, "--policy-map", "player_1=red,player_2=blue", "--load-policy", "blue=garbage.pt"),
+        ["garbage.pt"],
+    ),
+    "single-agent-env": (
+        ("train", "ppo", "--env", "CartPole-v1", "--policies", "separate", "--logdir", "runs"),
+        ["--policies: for PettingZoo envs", "CartPole-v1 has one agent"],
+    ),  # fmt: skip
+    "architecture": (
+        (*DQN_TTT, "--arch", "apex"),
+        ["--arch apex does not take a PettingZoo env", "single, data_parallel"],
+    ),
+    "recurrent": (("train", "ppo", *DQN_TTT[2:], "--set", "lstm=64"), ["lstm > 0", "feed-forward"]),
+    "continuous-algorithm": (("train", "sac", "--env", TICTACTOE, "--logdir", "runs"), ["sac"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_multi_agent_input_is_one_line_and_writes_nothing(tmp_path: Path, monkeypatch, capsys, case: str):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    before = tree(tmp_path)
+    code = run_main(BAD_INPUT[case][0])
+    out, err = capsys.readouterr()
+    check_one_error_line(code, out, err, BAD_INPUT[case][1])
+    assert tree(tmp_path) == before, "a refused run created or changed files"
+
+
+def _metrics(run_dir: Path) -> set[str]:
+    with open(run_dir / "metrics.csv") as f:
+        return {row["key"] for row in csv.DictReader(f)}
+
+
+def test_a_run_logs_every_agent_and_resumes_and_evaluates_with_a_video(tmp_path: Path, monkeypatch, capsys):
+    opts = {"logdir": str(tmp_path), "progress": False, "eval_every": 1_000, "eval_episodes": 2}
+    first = train("ppo", SPREAD, steps=1_024, seed=0, name="spread", overrides={"n_envs": 2, "rollout_len": 64}, **opts)
+    keys = _metrics(first.run_dir)
+    for agent in ("agent_0", "agent_1", "agent_2"):
+        assert f"eval/agents/{agent}/return_mean" in keys and f"agents/{agent}/episodic_return" in keys
+    assert "eval/policies/shared/return_mean" in keys and "policies/shared/episodic_return" in keys
+    assert set(first["eval_agents"]) == {"agent_0", "agent_1", "agent_2"} and first["policy_map"]["agent_1"] == "shared"
+    resumed = train(resume=first.run_dir, steps=2_048, progress=False)
+    assert resumed["env_steps"] == 2_048 and resumed["episodes"] > first["episodes"]
+    monkeypatch.chdir(tmp_path)
+    assert run_main(("eval", first.run_dir, "--episodes", "2", "--video", "video")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["agents"]) == {"agent_0", "agent_1", "agent_2"} and len(out["returns"]) == 2
+    assert sorted(p.name for p in (tmp_path / "video").iterdir()) == ["episode-0.gif", "episode-1.gif"]
+
+
+def test_a_frozen_policy_loaded_from_an_earlier_run_keeps_its_weights(tmp_path: Path):
+    """Self-play against a fixed earlier self: player_2 plays the earlier run's policy and never learns."""
+    opts = {"logdir": str(tmp_path), "progress": False, "eval_episodes": 2}
+    earlier = train("dqn", TICTACTOE, steps=600, seed=0, name="earlier", overrides={"learning_starts": 100}, **opts)
+    source = load_checkpoint(earlier.run_dir)["algo"]["policies"]["shared"]
+    now = train("dqn", TICTACTOE, steps=1_500, seed=1, name="now", policy_map="player_1=learner,player_2=old",
+                freeze="old", load_policy=f"old={earlier.run_dir}/checkpoints/latest.pt#shared",
+                overrides={"learning_starts": 100}, **opts)  # fmt: skip
+    saved = load_checkpoint(now.run_dir)["algo"]["policies"]
+    assert now["trained_policies"] == ["learner"] and now["frozen_policies"] == ["old"]
+    for key, tensor in source["q"].items():
+        assert torch.equal(saved["old"]["q"][key], tensor), f"the frozen policy's {key} changed"
+    assert any(not torch.equal(saved["learner"]["q"][k], saved["old"]["q"][k]) for k in source["q"])
+
+
+def test_data_parallel_on_the_serial_backend_feeds_every_trained_policy(tmp_path: Path):
+    result = train("dqn", TICTACTOE, arch="data_parallel", workers=2, backend="serial", steps=2_000, seed=0,
+                   policies="separate", overrides={"learning_starts": 200}, logdir=str(tmp_path), progress=False,
+                   eval_episodes=2)  # fmt: skip
+    assert result["env_steps"] >= 2_000 and result["trained_policies"] == ["player_1", "player_2"]
+    assert result["updates"] > 0 and set(result["eval_agents"]) == {"player_1", "player_2"}
+
+
+@pytest.mark.parametrize(
+    ("env", "policies"),
+    [
+        ("pettingzoo:changing_agents_env", "shared"),  # agents leave and join mid-episode
+        ("pettingzoo:mpe2.simple_adversary_v3", "separate"),  # agents of different spaces, a policy each
+        ("pettingzoo:mpe2.simple_adversary_v3", "shared"),  # the same, their observations padded to one width
+    ],
+)
+def test_agents_that_change_or_differ_train_without_a_crash(tmp_path: Path, env: str, policies: str):
+    result = train("ppo", env, policies=policies, steps=600, seed=0, overrides={"n_envs": 2, "rollout_len": 25},
+                   logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
+    assert result["updates"] > 0 and result["env_steps"] >= 600
+    assert set(result["eval_agents"]) == set(result["policy_map"])

@@ -1,0 +1,220 @@
+"""Multi-agent pieces on real PettingZoo envs: the policy mapping and its errors, the AEC and parallel APIs behind
+one `AgentEnv`, each agent's transitions from its own action to its next one (rewards received in between, the
+other player's move included), lanes that wait for each other, shared policies' inputs (agent id, padding)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlfleet.envs.pettingzoo import AgentEnv, agent_spaces, make_agent_env
+from rlfleet.run.config import ConfigError
+from rlfleet.run.multi_agent import (
+    RANDOM,
+    MultiAgentCollector,
+    Policies,
+    PolicyData,
+    Transition,
+    evaluate_agents,
+    policy_mapping,
+)
+
+TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
+AGENTS = ["adversary_0", "agent_0", "agent_1"]
+
+
+def test_shared_separate_and_mapped_policies():
+    assert set(policy_mapping(AGENTS).of_agent.values()) == {"shared"}
+    assert policy_mapping(AGENTS, "separate").of_agent == {a: a for a in AGENTS}
+    mapping = policy_mapping(AGENTS, policy_map="adversary_*=red,*=blue")
+    assert mapping.of_agent == {"adversary_0": "red", "agent_0": "blue", "agent_1": "blue"}
+    assert mapping.trained == ["red", "blue"]
+    mapping = policy_mapping(AGENTS, policy_map="adversary_*=random,*=blue")
+    assert mapping.frozen == {RANDOM} and mapping.trained == ["blue"]
+    frozen = policy_mapping(AGENTS, policy_map="adversary_*=red,*=blue", freeze="red", load_policy="red=x.pt#blue")
+    assert frozen.trained == ["blue"] and frozen.loads == {"red": "x.pt#blue"}
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"policy_map": "adversary_*=red"}, "leaves agent(s) agent_0, agent_1 without a policy"),
+        ({"policy_map": "adversary_*=red,good_*=blue,*=red"}, "'good_*' matches no agent"),
+        ({"policy_map": "adversary_*"}, "takes KEY=VALUE items"),
+        ({"policy_map": "*=red", "freeze": "blue", "load_policy": "red=x.pt"}, "--freeze names blue"),
+        ({"policy_map": "adversary_*=red,*=blue", "freeze": "red"}, "a frozen policy needs weights"),
+        ({"policy_map": "*=random"}, "nothing to train"),
+        ({"policies": "each"}, "must be shared or separate"),
+        ({"load_policy": "random=x.pt", "policy_map": "*=random"}, "has no weights to load"),
+    ],
+)
+def test_a_mapping_problem_is_one_line(options, says):
+    with pytest.raises(ConfigError, match=says.replace("*", r"\*").replace("(", r"\(").replace(")", r"\)")):
+        policy_mapping(AGENTS, **options)
+
+
+def _greedy_game(env: AgentEnv, moves: list[int]) -> list:
+    """Play `moves` in turn; every AgentStep."""
+    env.reset(seed=0)
+    return [env.step({env.env.agent_selection: m}) for m in moves]
+
+
+def test_aec_turns_rewards_and_last_observations():
+    env = make_agent_env(TICTACTOE)
+    first = env.reset(seed=0)
+    assert list(first) == ["player_1"] and set(first["player_1"]) == {"observation", "action_mask"}
+    # player_1 takes the left column (0, 1, 2), player_2 plays 3 and 4 in between: player_1 wins on its third move
+    steps = _greedy_game(env, [0, 3, 1, 4, 2])
+    assert [list(s.acting) for s in steps[:4]] == [["player_2"], ["player_1"], ["player_2"], ["player_1"]]
+    assert steps[0].acting["player_2"]["action_mask"][0] == 0  # the square player_1 took is no longer legal
+    last = steps[-1]
+    assert last.over and not last.acting
+    assert last.rewards == {"player_2": -1.0, "player_1": 1.0}
+    assert {a: e[1:] for a, e in last.ended.items()} == {"player_1": (True, False), "player_2": (True, False)}
+
+
+def test_each_agent_learns_from_its_own_moves_to_its_next_one():
+    """In a turn-based game a player's transition runs from its move to its next one: its next observation is the
+    board after the opponent replied, its reward what it received meanwhile (the loss of the opponent's winning
+    move lands on the loser's last transition, which ends there)."""
+    spaces = agent_spaces(TICTACTOE)
+    mapping = policy_mapping(spaces.agents, policy_map="player_1=one,player_2=two")
+    policies = Policies(spaces, mapping, lambda *_: _Scripted(), seed=0)
+    moves = {"player_1": iter([0, 1, 8]), "player_2": iter([4, 2, 6])}  # player_2 wins on the diagonal 2-4-6
+    for name in ("one", "two"):
+        policies.algos[name].moves = moves
+    data = {name: PolicyData(None, lanes=1, buffer=_Rows()) for name in ("one", "two")}
+    collector = MultiAgentCollector([make_agent_env(TICTACTOE)], policies, data, seed=0)
+    for _ in range(6):
+        collector.step()
+    one, two = data["one"].buffer.rows, data["two"].buffer.rows
+    assert [r["act"] for r in one] == [0, 1, 8] and [r["act"] for r in two] == [4, 2, 6]
+    assert [r["rew"] for r in one] == [0, 0, -1] and [r["terminated"] for r in one] == [False, False, True]
+    assert [r["rew"] for r in two] == [0, 0, 1] and [r["terminated"] for r in two] == [False, False, True]
+    board = one[0]["next_obs"]["observation"]  # player_1's view after its first move and player_2's reply
+    assert board[..., 0].sum() == 1 and board[..., 1].sum() == 1
+    assert one[0]["next_obs"]["action_mask"].sum() == 7
+    assert collector.episodes == 1 and collector.stats.agents["player_2"][-1] == 1.0
+
+
+def test_columns_wait_for_each_other_so_a_row_holds_one_transition_of_every_column():
+    rows = _Rows()
+    data = PolicyData(None, lanes=2, buffer=rows)
+    for k in range(3):
+        data.put("a", Transition(np.float32(k), k, {}, 1.0, np.float32(k + 1)))
+    assert rows.rows == []  # column 1 has nothing yet
+    data.put("b", Transition(np.float32(10), 10, {}, 0.0, np.float32(11)))
+    data.put("b", Transition(np.float32(11), 11, {}, 0.0, np.float32(12), truncated=True))  # b's episode ends
+    assert [list(r["act"]) for r in rows.batches] == [[0, 10], [1, 11]]
+    assert len(data.queues[0]) == 1 and not data.queues[1]
+    data.put("c", Transition(np.float32(20), 20, {}, 0.0, np.float32(21)))  # a new stream: the free, shorter column
+    assert [list(r["act"]) for r in rows.batches][-1] == [2, 20] and data.column == {"a": 0, "c": 1}
+
+
+def test_agents_that_leave_and_join_mid_episode_learn_from_their_own_episodes():
+    """`runner` leaves after 3 steps, `late` joins at step 2, `stayer` stays 8: each agent's transitions are its own
+    (rewards 1 a step for action 1), every one of its episodes ends in its column, and no column runs away."""
+    env = "pettingzoo:changing_agents_env"
+    spaces = agent_spaces(env)
+    policies = Policies(spaces, policy_mapping(spaces.agents), lambda *_: _Scripted(always=1), 0)
+    rows = _Rows(all_lanes=True)
+    data = {"shared": PolicyData(None, lanes=3 * 2, buffer=rows)}
+    collector = MultiAgentCollector([make_agent_env(env) for _ in range(2)], policies, data, seed=0)
+    for _ in range(8 * 25):
+        collector.step()
+    assert collector.episodes == 50
+    assert {a: set(r) for a, r in collector.stats.agents.items()} == {"stayer": {8.0}, "runner": {3.0}, "late": {6.0}}
+    ends = sum(int((r["terminated"] | r["truncated"]).sum()) for r in rows.lanes)  # in rows
+    ends += sum(t.terminated or t.truncated for q in data["shared"].queues for t in q)  # and still queued
+    assert ends == 50 * 3 and not data["shared"].column  # every agent's every episode, ended in its column
+    assert max(len(q) for q in data["shared"].queues) <= 2 * 8  # the streams balance the columns
+    assert all(r["rew"].min() == 1.0 for r in rows.lanes)  # every transition is an agent's own action-1 step
+
+
+def test_a_shared_policy_sees_the_agent_id_and_longer_observations_are_padded():
+    spaces = agent_spaces(ADVERSARY)
+    assert spaces.observation["adversary_0"].shape != spaces.observation["agent_0"].shape
+    seen = {}
+    Policies(
+        spaces,
+        policy_mapping(spaces.agents),
+        lambda name, obs, act, seed: seen.setdefault(name, obs) and _Scripted(),
+        0,
+    )
+    policies = Policies(spaces, policy_mapping(spaces.agents), lambda *_: _Scripted(), 0)
+    width = max(s.shape[0] for s in spaces.observation.values())
+    assert seen["shared"].shape == (width + 3,)
+    x = policies.inputs["shared"].one("agent_1", np.ones(spaces.observation["agent_1"].shape[0], np.float32))
+    assert x.shape == (width + 3,) and list(x[-3:]) == [0, 0, 1]
+    separate = Policies(spaces, policy_mapping(spaces.agents, "separate"), lambda *_: _Scripted(), 0)
+    assert separate.inputs["agent_0"].space.shape == (spaces.observation["agent_0"].shape[0] + 3,)  # id, no padding
+    with pytest.raises(ConfigError, match="spaces differ"):
+        Policies(_unlike_spaces(), policy_mapping(["a", "b"]), lambda *_: _Scripted(), 0)
+
+
+def test_random_policy_never_picks_a_masked_action_and_evaluation_counts_each_agent():
+    spaces = agent_spaces(TICTACTOE)
+    policies = Policies(
+        spaces,
+        policy_mapping(spaces.agents, policy_map="player_1=me,player_2=random"),
+        lambda *_: _Scripted(first_legal=True),
+        0,
+    )
+    envs = [make_agent_env(TICTACTOE) for _ in range(20)]
+    result = evaluate_agents(policies, envs, seed=0, max_steps=100)
+    assert result.cut == 0 and set(result.agents) == {"player_1", "player_2"}
+    assert np.all(result.agents["player_1"] == -result.agents["player_2"])  # zero-sum; an illegal move would end it
+    assert np.array_equal(result.returns, result.agents["player_1"])  # the trained policy's agent
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+class _Scripted:
+    """A stand-in policy: plays the next move of its agent's script, the first legal square, or `always`."""
+
+    data = "replay"
+
+    def __init__(self, first_legal: bool = False, always: int | None = None):
+        self.moves: dict = {}
+        self.first_legal, self.always = first_legal, always
+
+    def act(self, obs, state=None, explore=True):
+        if self.always is not None:
+            return np.full(len(obs), self.always), {}, None
+        if self.first_legal:
+            return np.argmax(obs["action_mask"], axis=1), {}, None
+        agent = "player_1" if obs["observation"].sum() % 2 == 0 else "player_2"
+        return np.asarray([next(self.moves[agent])]), {}, None
+
+    def schedule(self, *_):
+        pass
+
+
+class _Rows:
+    """A replay buffer's `add`, kept row by row: lane 0's transitions as dicts (`rows`), every row's actions
+    (`batches`), and with `all_lanes` every row's rewards and ends (`lanes`)."""
+
+    def __init__(self, all_lanes: bool = False):
+        self.rows, self.batches, self.lanes, self.all_lanes = [], [], [], all_lanes
+
+    def add(self, obs, act, rew, next_obs, terminated, truncated):
+        self.batches.append({"act": act})
+        if self.all_lanes:
+            self.lanes.append({"rew": rew, "terminated": terminated, "truncated": truncated})
+        lane0 = lambda v: {k: x[0] for k, x in v.items()} if isinstance(v, dict) else v[0]  # noqa: E731
+        self.rows.append({"obs": lane0(obs), "act": int(act[0]), "rew": float(rew[0]), "next_obs": lane0(next_obs),
+                          "terminated": bool(terminated[0]), "truncated": bool(truncated[0])})  # fmt: skip
+
+    def mark_boundary(self, columns):
+        pass
+
+
+def _unlike_spaces():
+    from rlfleet.envs.pettingzoo import AgentSpaces
+
+    box, image = gym.spaces.Box(0, 1, (4,)), gym.spaces.Box(0, 255, (3, 8, 8), np.uint8)
+    return AgentSpaces(
+        ["a", "b"], {"a": box, "b": image}, {"a": gym.spaces.Discrete(2), "b": gym.spaces.Discrete(2)}, True, None
+    )
