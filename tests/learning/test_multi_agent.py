@@ -1,6 +1,7 @@
 """Multi-agent learning on PettingZoo envs within a CI budget: PPO with one policy shared by MPE simple_spread's three
 agents beats a random policy by a stated margin, and DQN as tic-tac-toe's first player beats a random second player
-in at least 90% of games, trained on `single` and on `data_parallel` with two sampler processes (docs/multi_agent.md,
+in at least 90% of games trained on `single`, and in at least 80% trained on `data_parallel` with two sampler
+processes (docs/multi_agent.md,
 "Tests"; the `ray` backend's run is in tests/ray/test_ray_backend.py)."""
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ VS_RANDOM = "player_1=learner,player_2=random"
 MARGIN = 4.0
 """What PPO must gain over the random policy's mean return per agent on simple_spread (−27.0 over 200 episodes; seeds 0
 and 1 reach −19.0 and −21.6 in 30k steps)."""
-WINS = 0.9
+WINS = {"single": 0.9, "data_parallel": 0.8}
+"""Games of 200 the first player must win: seeds 0-2 won 96.5-98.5% on single (deterministic for the seed) and
+92.5-98.5% on data_parallel (processes interleave freely, so a bound with room); random play wins about 58%."""
 
 
 def random_spread_return(episodes: int, seed: int = 0) -> float:
@@ -55,4 +58,4 @@ def test_dqn_beats_a_random_player_at_tictactoe(arch, run_opts):
     result = train("dqn", TICTACTOE, arch=arch, policy_map=VS_RANDOM, steps=20_000, seed=0, eval_every=20_000,
                    **parallel, **run_opts)  # fmt: skip
     assert result["trained_policies"] == ["learner"]
-    assert win_rate(result.run_dir) >= WINS, result.result
+    assert win_rate(result.run_dir) >= WINS[arch], result.result
