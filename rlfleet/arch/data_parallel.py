@@ -50,6 +50,7 @@ from, then the credits given back). No experience for 60 s (`STALL_S`) is report
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -350,7 +351,11 @@ class MultiAgentSampler:
         algo_cls = resolve(spec.algo)[0]
         self.spec, self.worker_id, self.incarnation, self.weights = spec, worker_id, incarnation, weights
         self.algo = Policies(
-            spec.agents, spec.mapping, lambda _, obs, act, s: algo_cls(spec.algo_cfg, obs, act, seed=s), seed
+            spec.agents,
+            spec.mapping,
+            lambda _, obs, act, s, lanes: algo_cls(dataclasses.replace(spec.algo_cfg, n_envs=lanes), obs, act, seed=s),
+            seed,
+            copies=spec.algo_cfg.n_envs,
         )
         self.copy = LocalCopy(self.algo, shared, share_frozen=False)  # type: ignore[arg-type]  # networks by name
         self.envs = AgentEnvs(make_agent_env(spec.env, **spec.env_kwargs) for _ in range(spec.algo_cfg.n_envs))

@@ -25,6 +25,7 @@ each agent's and each policy's return are logged beside it (`agents/<agent>/...`
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Sequence
@@ -229,8 +230,9 @@ def _policy_input(name: str, agents: list[str], spaces: AgentSpaces) -> PolicyIn
     return PolicyInput(space, {a: spaces.agents.index(a) for a in agents}, n_ids, width)
 
 
-Builder = Callable[[str, gym.Space, gym.Space, int], Any]
-"""(policy name, observation space, action space, seed) -> the run's algorithm built for them."""
+Builder = Callable[[str, gym.Space, gym.Space, int, int], Any]
+"""(policy name, observation space, action space, seed, lanes) -> the run's algorithm built for them, acting on
+`lanes` rows at a time (its `n_envs`: what it keeps per env, such as nstep_q's ε of each, is kept per lane)."""
 
 
 @dataclass
@@ -248,7 +250,7 @@ class Acted:
 class Policies:
     """The run's policies: an algorithm per policy (`random`: `RandomPolicy`), the agents each one acts for."""
 
-    def __init__(self, spaces: AgentSpaces, mapping: PolicyMapping, build: Builder, seed: int):
+    def __init__(self, spaces: AgentSpaces, mapping: PolicyMapping, build: Builder, seed: int, copies: int = 1):
         self.mapping = mapping
         self.of_agent = mapping.of_agent
         self.agents_of: dict[str, list[str]] = defaultdict(list)
@@ -264,7 +266,7 @@ class Policies:
                 self.algos[name] = RandomPolicy(action_space, seed + i)
                 continue
             self.inputs[name] = _policy_input(name, agents, spaces)
-            self.algos[name] = build(name, self.inputs[name].space, action_space, seed + i)
+            self.algos[name] = build(name, self.inputs[name].space, action_space, seed + i, copies * len(agents))
         self.trained = mapping.trained
         self.data: str = self.algos[self.trained[0]].data
         for name, algo in self.algos.items():  # every policy's networks as attributes "policy/network": what is read
@@ -275,21 +277,34 @@ class Policies:
     def act(self, acting: Sequence[dict[str, Any]], explore: bool) -> tuple[list[dict[str, Any]], list[Acted]]:
         """The actions of every agent that acts now in each env copy (`acting[c]`: agent -> observation), each
         policy acting once on all of its agents; and what each one saw, chose and reported. Frozen policies act
-        greedily."""
-        by_policy: dict[str, list[tuple[int, str, Any]]] = defaultdict(list)
+        greedily.
+
+        A policy acts on one row per lane, (copy, agent) in order, whichever agents act now: the rows of those that
+        do not (their turn has not come, they left) repeat an acting agent's observation and their actions are
+        dropped. So an algorithm's state per env (nstep_q's ε of each, Ornstein–Uhlenbeck noise, gSDE's matrices)
+        stays with one agent of one copy, as it stays with one env in a single-agent run."""
+        by_policy: dict[str, dict[int, tuple[int, str, Any]]] = defaultdict(dict)
         for c, agents in enumerate(acting):
             for agent, obs in agents.items():
                 name = self.of_agent[agent]
-                by_policy[name].append((c, agent, self.inputs[name].one(agent, obs)))
+                lane = c * len(self.agents_of[name]) + self.agents_of[name].index(agent)
+                by_policy[name][lane] = (c, agent, self.inputs[name].one(agent, obs))
         actions: list[dict[str, Any]] = [{} for _ in acting]
         acted: list[Acted] = []
         for name, items in by_policy.items():
-            act, extras, _ = self.algos[name].act(
-                stack_obs([obs for _, _, obs in items]), None, explore and name not in self.mapping.frozen
-            )
-            for i, (c, agent, obs) in enumerate(items):
-                actions[c][agent] = act[i]
-                acted.append(Acted(c, agent, name, obs, act[i], {k: v[i] for k, v in extras.items()}))
+            filler = next(iter(items.values()))[2]
+            if name == RANDOM:
+                lanes = list(items)
+                rows = [items[lane][2] for lane in lanes]
+            else:
+                lanes = list(range(len(acting) * len(self.agents_of[name])))
+                rows = [items[lane][2] if lane in items else filler for lane in lanes]
+            act, extras, _ = self.algos[name].act(stack_obs(rows), None, explore and name not in self.mapping.frozen)
+            for i, lane in enumerate(lanes):
+                if lane in items:
+                    c, agent, obs = items[lane]
+                    actions[c][agent] = act[i]
+                    acted.append(Acted(c, agent, name, obs, act[i], {k: v[i] for k, v in extras.items()}))
         return actions, acted
 
     def schedule(self, env_steps: int, total_steps: int) -> None:
@@ -577,6 +592,10 @@ def checkpoint_policies(
     """The policies of a multi-agent run's checkpoint (its run config `run`, its algorithm's class and config, its
     saved `state`), rebuilt for the env's `spaces` on the CPU."""
     mapping = policy_mapping(spaces.agents, run["policies"], run["policy_map"], run["freeze"], run["load_policy"])
-    policies = Policies(spaces, mapping, lambda _, obs, act, seed: algo_cls(algo_cfg, obs, act, seed=seed), seed=0)
+
+    def build(_: str, obs: gym.Space, act: gym.Space, seed: int, lanes: int) -> Any:
+        return algo_cls(dataclasses.replace(algo_cfg, n_envs=lanes), obs, act, seed=seed)
+
+    policies = Policies(spaces, mapping, build, seed=0, copies=algo_cfg.n_envs)
     policies.load_state_dict(state)
     return policies

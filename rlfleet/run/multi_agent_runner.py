@@ -5,6 +5,7 @@ a multi-agent env (`single`, `data_parallel`) build their loops on it; the other
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +87,12 @@ class MultiAgentRunBase(RunBase):
         spaces: AgentSpaces = self.env_info["agents"]
         mapping = run_mapping(self.cfg, spaces)
 
-        def build(name: str, obs_space: Any, action_space: Any, policy_seed: int) -> Any:
+        def build(name: str, obs_space: Any, action_space: Any, policy_seed: int, lanes: int) -> Any:
             info = {**self.env_info, "observation_space": obs_space, "action_space": action_space}
-            return build_algorithm(self.cfg, self.algo_cfg, info, policy_seed, self.device)
+            cfg = dataclasses.replace(self.algo_cfg, n_envs=lanes)
+            return build_algorithm(self.cfg, cfg, info, policy_seed, self.device)
 
-        policies = Policies(spaces, mapping, build, seed)
+        policies = Policies(spaces, mapping, build, seed, copies=self.algo_cfg.n_envs)
         for name, source in mapping.loads.items():
             load_policy_weights(policies.algos[name], source, name, self.cfg.algo)
         return policies

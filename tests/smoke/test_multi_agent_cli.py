@@ -130,3 +130,21 @@ def test_agents_that_change_or_differ_train_without_a_crash(tmp_path: Path, env:
                    logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
     assert result["updates"] > 0 and result["env_steps"] >= 600
     assert set(result["eval_agents"]) == set(result["policy_map"])
+
+
+DISCRETE = ("a2c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")
+CONTINUOUS = ("ddpg", "sac", "td3")
+
+
+@pytest.mark.parametrize("algo", DISCRETE + CONTINUOUS)
+def test_every_rollout_and_replay_algorithm_learns_each_policy(tmp_path: Path, algo: str):
+    """Two policies (one per team of MPE simple_adversary), each the run's algorithm, both updated (their losses in
+    the log row at 1,000 steps); continuous algorithms on its continuous-action variant."""
+    env_kwargs = {"continuous_actions": True} if algo in CONTINUOUS else {}
+    overrides = {"learning_starts": 50, "batch_size": 32} if algo in ("dqn", *CONTINUOUS) else {"rollout_len": 10}
+    result = train(algo, "pettingzoo:mpe2.simple_adversary_v3", env_kwargs=env_kwargs, steps=1_050, seed=0,
+                   policy_map="adversary_*=red,agent_*=blue", overrides={"n_envs": 2, **overrides},
+                   logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
+    assert result["trained_policies"] == ["red", "blue"] and result["updates"] > 0
+    keys = _metrics(result.run_dir)
+    assert any(k.startswith("losses/red/") for k in keys) and any(k.startswith("losses/blue/") for k in keys)

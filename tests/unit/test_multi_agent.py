@@ -141,7 +141,7 @@ def test_a_shared_policy_sees_the_agent_id_and_longer_observations_are_padded():
     Policies(
         spaces,
         policy_mapping(spaces.agents),
-        lambda name, obs, act, seed: seen.setdefault(name, obs) and _Scripted(),
+        lambda name, obs, act, seed, lanes: seen.setdefault(name, obs) and _Scripted(),
         0,
     )
     policies = Policies(spaces, policy_mapping(spaces.agents), lambda *_: _Scripted(), 0)
