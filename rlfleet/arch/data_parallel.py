@@ -454,8 +454,13 @@ class MultiAgentDataParallelRunner(MultiAgentRunBase, ParallelRunner):
     def log_row(self) -> dict[str, float]:
         return {**ParallelRunner.log_row(self), **MultiAgentRunBase.log_row(self)}
 
-    def _extra_state(self) -> dict[str, Any]:
-        return {"version": self.weights.version}
+    def _extra_state(self) -> dict[str, Any]:  # the replay is not saved, its sampling schedule (β) goes on
+        schedules = {n: d.buffer.schedule_state() for n, d in self.data.items() if d.buffer is not None}
+        return {"version": self.weights.version, "buffer_schedules": schedules}
 
     def _restore_extra(self, saved: dict[str, Any]) -> None:
         self.weights.set(int(saved.get("version", 0)))
+        for name, schedule in saved.get("buffer_schedules", {}).items():
+            buffer = self.data[name].buffer if name in self.data else None
+            if buffer is not None:
+                buffer.load_schedule_state(schedule)

@@ -200,7 +200,7 @@ class MultiAgentSingleRunner(MultiAgentRunBase):
         return payload
 
     def _restore(self, payload: dict[str, Any]) -> None:
-        self.restore_policies(payload, self.run_dir)
+        load_algo_state(self.algo, payload, self.run_dir, self.cfg.algo)  # every policy's (`Policies`)
         self.state.update(payload["state"])
         c = self.collector
         c.env_steps = int(payload["env_steps"])

@@ -90,7 +90,7 @@ class AgentStep:
 
     rewards: dict[str, float]
     ended: dict[str, tuple[Any, bool, bool]]
-    """Agents whose episode ended: (last observation, terminated, truncated)."""
+    """Agents whose episode ended: (last observation, or None where the env gave none; terminated, truncated)."""
     acting: dict[str, Any]
     """Agents that act next, and their observations (empty when `over`)."""
     over: bool
@@ -143,10 +143,16 @@ class AgentEnv:
     def step(self, actions: dict[str, Any]) -> AgentStep:
         if self.parallel:
             obs, rewards, terminations, truncations, infos = self.env.step(actions)
-            ended = {
-                a: (self._observe(a, obs[a], infos.get(a)), bool(terminations[a]), bool(truncations.get(a, False)))
-                for a in obs
-                if terminations.get(a) or truncations.get(a)
+            done = [
+                a for a in dict.fromkeys([*terminations, *truncations]) if terminations.get(a) or truncations.get(a)
+            ]
+            ended = {  # an agent that left without a last observation gets None: it ends on the one it acted on
+                a: (
+                    self._observe(a, obs[a], infos.get(a)) if a in obs else None,
+                    bool(terminations.get(a, False)),
+                    bool(truncations.get(a, False)),
+                )
+                for a in done
             }
             acting = {a: self._observe(a, obs[a], infos.get(a)) for a in self.env.agents if a not in ended}
             rewards = {a: float(r) for a, r in rewards.items()}

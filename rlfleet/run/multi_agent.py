@@ -34,6 +34,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from torch import nn
 
 from rlfleet.data.batch import stack_obs
@@ -181,6 +182,9 @@ class PolicyInput:
     width: int | None
 
     def one(self, agent: str, obs: Any) -> Any:
+        """The policy's input for one observation of `agent` (a copy: it may wait in a queue while the env reuses its
+        arrays)."""
+        obs = {k: np.array(v) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs)
         if self.width is not None:
             obs = np.pad(np.asarray(obs, np.float32), (0, self.width - np.shape(obs)[0]))
         if self.n_ids <= 1:
@@ -262,6 +266,8 @@ class Policies:
             agents = self.agents_of[name]
             action_space = spaces.action[agents[0]]
             if name == RANDOM:
+                if any(spaces.action[a] != action_space for a in agents):
+                    raise ConfigError(f"the {RANDOM} policy acts for agents whose action spaces differ: map them apart")
                 self.inputs[name] = PolicyInput(spaces.observation[agents[0]], {}, 0, None)
                 self.algos[name] = RandomPolicy(action_space, seed + i)
                 continue
@@ -269,10 +275,10 @@ class Policies:
             self.algos[name] = build(name, self.inputs[name].space, action_space, seed + i, copies * len(agents))
         self.trained = mapping.trained
         self.data: str = self.algos[self.trained[0]].data
-        for name, algo in self.algos.items():  # every policy's networks as attributes "policy/network": what is read
-            for attr, value in vars(algo).items():  # off an algorithm object (`algo_modules`) is read off this one
-                if isinstance(value, nn.Module):
-                    setattr(self, f"{name}/{attr}", value)
+        for name, algo in self.algos.items():  # every policy's networks and optimizers as attributes "policy/name":
+            for attr, value in vars(algo).items():  # what is read off an algorithm object (`algo_modules`, and the
+                if isinstance(value, nn.Module | torch.optim.Optimizer):  # optimizers `load_algo_state` keeps the
+                    setattr(self, f"{name}/{attr}", value)  # hyperparameters of) is read off this one
 
     def act(self, acting: Sequence[dict[str, Any]], explore: bool) -> tuple[list[dict[str, Any]], list[Acted]]:
         """The actions of every agent that acts now in each env copy (`acting[c]`: agent -> observation), each
@@ -342,15 +348,19 @@ class PolicyData:
 
     An agent's episode (a *stream*, keyed by (copy, agent)) goes into one column from its first transition to its
     last (terminated or truncated), so returns and n-step sums stay inside it; the stream that begins next takes the
-    free column whose queue is shortest. A column waits in its queue until every column has a transition for the next
-    row: agents that act more often (or live longer) than others fill rows as fast as the slowest column allows, and
-    with columns handed out where they are shortest, none runs ahead for long."""
+    free column whose queue is shortest. A stream's newest transition is held back until its next one comes (or its
+    episode ends there), so that a stream cut short (`cut`) still ends in its column. A column waits in its queue
+    until every column has a transition for the next row: agents that act more often (or live longer) than others
+    fill rows as fast as the slowest column allows, and with columns handed out where they are shortest, none runs
+    ahead for long."""
 
     def __init__(self, algo: Any, lanes: int, rollout_len: int | None = None, buffer: Any = None):
         self.algo, self.lanes, self.rollout_len, self.buffer = algo, lanes, rollout_len, buffer
         self.queues: list[deque[Transition]] = [deque() for _ in range(lanes)]
         self.column: dict[Hashable, int] = {}
         """The column of each stream under way."""
+        self.held: dict[Hashable, Transition] = {}
+        """Each stream's newest transition, until its next one comes."""
         self.segments: list[Segment] = []
         self.rows = 0
         self._storage: RolloutStorage | None = None
@@ -364,20 +374,31 @@ class PolicyData:
             if not free:
                 raise RuntimeError(f"{len(busy)} streams under way, more than the {self.lanes} columns of the data")
             column = self.column[stream] = min(free, key=lambda i: len(self.queues[i]))
-        self.queues[column].append(transition)
+        held = self.held.pop(stream, None)
+        if held is not None:
+            self.queues[column].append(held)
         if transition.terminated or transition.truncated:
+            self.queues[column].append(transition)
             del self.column[stream]
-        while all(self.queues):
-            self._row([q.popleft() for q in self.queues])
+        else:
+            self.held[stream] = transition
+        self._rows()
 
     def cut(self, streams: Callable[[Hashable], bool]) -> None:
         """End the streams under way that `streams` picks (their envs begin new episodes: a restarted sampler's): the
-        last transition of each that is still queued ends truncated there (its next observation is the real one)."""
+        newest transition of each ends truncated there (its next observation is the real one)."""
         for stream, column in list(self.column.items()):
             if streams(stream):
-                if self.queues[column]:
-                    self.queues[column][-1].truncated = True
+                held = self.held.pop(stream, None)
+                if held is not None:
+                    held.truncated = True
+                    self.queues[column].append(held)
                 del self.column[stream]
+        self._rows()
+
+    def _rows(self) -> None:
+        while all(self.queues):
+            self._row([q.popleft() for q in self.queues])
 
     def _row(self, row: list[Transition]) -> None:
         self.rows += 1
@@ -417,6 +438,7 @@ class PolicyData:
         for q in self.queues:
             q.clear()
         self.column.clear()
+        self.held.clear()
         self._storage = None
         if self.buffer is not None:
             self.buffer.mark_boundary(np.arange(self.lanes))
@@ -511,9 +533,9 @@ class MultiAgentCollector:
             for agent, (obs, terminated, truncated) in result.ended.items():
                 self._close(c, agent, obs, terminated, truncated)
             if result.over:
-                for (copy, agent), left in list(self.pending.items()):  # gone without a word: cut where it was
+                for copy, agent in list(self.pending):  # gone without a word: cut on what it acted on
                     if copy == c:
-                        self._close(c, agent, None, False, True, left.obs)
+                        self._close(c, agent, None, False, True)
                 self.stats.add(dict(self.episode_returns[c]), self.trained_agents)
                 self.episode_returns[c] = defaultdict(float)
                 self.acting[c] = env.reset()
@@ -521,12 +543,14 @@ class MultiAgentCollector:
                 self.acting[c] = result.acting
         self.env_steps += len(self.envs)
 
-    def _close(self, c: int, agent: str, obs: Any, terminated: bool, truncated: bool, policy_obs: Any = None) -> None:
+    def _close(self, c: int, agent: str, obs: Any, terminated: bool, truncated: bool) -> None:
+        """End the transition agent `agent` of copy `c` began with its last action: `obs` its next observation (None:
+        the env gave none, the one it acted on stands in)."""
         pending = self.pending.pop((c, agent), None)
         if pending is None:
             return
         name = self.policies.of_agent[agent]
-        pending.next_obs = policy_obs if obs is None else self.policies.inputs[name].one(agent, obs)
+        pending.next_obs = pending.obs if obs is None else self.policies.inputs[name].one(agent, obs)
         pending.terminated, pending.truncated = terminated, truncated
         self.data[name].put((c, agent), pending)
 

@@ -6,7 +6,6 @@ a multi-agent env (`single`, `data_parallel`) build their loops on it; the other
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -194,11 +193,3 @@ class MultiAgentRunBase(RunBase):
         super()._write_config(
             {"policy_map": mapping.of_agent, "frozen_policies": sorted(mapping.frozen), **(extra or {})}
         )
-
-    def restore_policies(self, payload: dict[str, Any], run_dir: Path) -> None:
-        """The policies' state of a checkpoint (each optimizer keeping this run's hyperparameters)."""
-        for name, algo in self.algo.algos.items():
-            state = payload["algo"]["policies"].get(name)
-            if state is None:
-                raise CheckpointError(f"checkpoint in {run_dir} has no policy {name}")
-            load_algo_state(algo, {"algo": state}, run_dir, f"{self.cfg.algo} (policy {name})")

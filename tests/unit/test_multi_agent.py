@@ -103,15 +103,32 @@ def test_each_agent_learns_from_its_own_moves_to_its_next_one():
 def test_columns_wait_for_each_other_so_a_row_holds_one_transition_of_every_column():
     rows = _Rows()
     data = PolicyData(None, lanes=2, buffer=rows)
+
+    def put(stream, k, **end):
+        data.put(stream, Transition(np.float32(k), k, {}, 1.0, np.float32(k + 1), **end))
+
     for k in range(3):
-        data.put("a", Transition(np.float32(k), k, {}, 1.0, np.float32(k + 1)))
-    assert rows.rows == []  # column 1 has nothing yet
-    data.put("b", Transition(np.float32(10), 10, {}, 0.0, np.float32(11)))
-    data.put("b", Transition(np.float32(11), 11, {}, 0.0, np.float32(12), truncated=True))  # b's episode ends
+        put("a", k)
+    assert rows.rows == [] and data.held["a"].act == 2  # column 1 has nothing yet; a's newest is held back
+    put("b", 10)
+    put("b", 11, truncated=True)  # b's episode ends: both its transitions go to its column
     assert [list(r["act"]) for r in rows.batches] == [[0, 10], [1, 11]]
-    assert len(data.queues[0]) == 1 and not data.queues[1]
-    data.put("c", Transition(np.float32(20), 20, {}, 0.0, np.float32(21)))  # a new stream: the free, shorter column
+    assert not data.queues[0] and not data.queues[1] and data.column == {"a": 0}
+    put("c", 20)  # a new stream takes the free column
+    put("c", 21)
+    put("a", 3)
     assert [list(r["act"]) for r in rows.batches][-1] == [2, 20] and data.column == {"a": 0, "c": 1}
+
+
+def test_a_stream_cut_short_ends_in_its_column_before_another_begins_there():
+    """A restarted sampler's episodes under way end where they were: the next stream in the column starts after an
+    episode end, so no return or n-step sum runs from one agent's episode into another's."""
+    rows = _Rows(all_lanes=True)
+    data = PolicyData(None, lanes=1, buffer=rows)
+    data.put("old", Transition(np.float32(0), 0, {}, 1.0, np.float32(1)))
+    data.cut(lambda stream: stream == "old")
+    data.put("new", Transition(np.float32(5), 5, {}, 1.0, np.float32(6), terminated=True))
+    assert [(r["act"], r["truncated"], r["terminated"]) for r in rows.rows] == [(0, True, False), (5, False, True)]
 
 
 def test_agents_that_leave_and_join_mid_episode_learn_from_their_own_episodes():
