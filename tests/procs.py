@@ -1,4 +1,5 @@
-"""Helpers for tests that run `rlfleet` as real processes: the CLI command, and the processes of a session."""
+"""Helpers for tests that run `rlfleet` as real processes: the CLI command, the processes of a session, and a
+simulated Ray cluster's own authentication token."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +107,39 @@ def rlfleet_session(args: list, cwd: Path) -> Iterator[subprocess.Popen]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
         kill_session(proc.pid)
+
+
+def write_token(folder: Path) -> Path:
+    """A fresh Ray authentication token in `folder` (mode 0600)."""
+    path = folder / "auth_token"
+    path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+    path.chmod(0o600)
+    return path
+
+
+def use_token(path: Path | None, token: str | None = None) -> None:
+    """Point Ray at the token file `path` (None: unset), `RAY_AUTH_TOKEN` to `token`, and make this process's Ray read
+    them again (as `rlfleet.backends.ray_instance` does for its instances)."""
+    for name, value in (("RAY_AUTH_TOKEN_PATH", None if path is None else str(path)), ("RAY_AUTH_TOKEN", token)):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextlib.contextmanager
+def own_cluster_token(folder: Path) -> Iterator[Path]:
+    """A simulated cluster's own token while it runs: a `ray.cluster_utils.Cluster` makes none, and Ray's default one
+    (~/.ray/auth_token) exists only where a plain `ray.init()` once ran on the machine."""
+    saved = (os.environ.get("RAY_AUTH_TOKEN_PATH"), os.environ.get("RAY_AUTH_TOKEN"))
+    path = write_token(folder)
+    use_token(path)
+    try:
+        yield path
+    finally:
+        use_token(Path(saved[0]) if saved[0] else None, saved[1])

@@ -31,8 +31,9 @@ def _table() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def env_id_of(env: str) -> str:
-    """The id an entry is looked up by: the env string without a `module:` prefix (`pkg:Env-v0` -> `Env-v0`)."""
-    return env.split(":")[-1]
+    """The id an entry is looked up by: the env string without a `module:` prefix (`pkg:Env-v0` -> `Env-v0`); a
+    PettingZoo env's whole (`pettingzoo:mpe2.simple_spread_v3`: its prefix is what makes it one)."""
+    return env if env.startswith("pettingzoo:") else env.split(":")[-1]
 
 
 def env_preset(algo: str, env: str) -> dict[str, Any] | None:

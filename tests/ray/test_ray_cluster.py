@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from procs import RLFLEET
+from procs import RLFLEET, own_cluster_token
 
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
@@ -24,20 +24,21 @@ NODES = ({"node0": 4}, {"node1": 4})  # a custom resource per node: roles are pl
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     import ray
     from ray.cluster_utils import Cluster
 
     assert os.environ["RAY_AUTH_MODE"] == "token"  # set before ray's import (conftest): a Cluster checks tokens then
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": NODES[0]})
-    try:
-        cluster.add_node(num_cpus=2, resources=NODES[1])
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="WARNING")
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with own_cluster_token(tmp_path_factory.mktemp("cluster")):
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": NODES[0]})
+        try:
+            cluster.add_node(num_cpus=2, resources=NODES[1])
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, logging_level="WARNING")
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
 
 
 def nodes_used(run_dir) -> set[str]:

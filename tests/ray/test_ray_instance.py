@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from procs import RLFLEET, assert_nothing_left, kill_session, ray_processes, session_processes
+from procs import RLFLEET, assert_nothing_left, kill_session, own_cluster_token, ray_processes, session_processes
 
 from rlfleet.backends import ray_instance
 from rlfleet.fields import ConfigError
@@ -290,25 +290,26 @@ def test_auto_joins_a_cluster_on_loopback(tmp_path: Path, ray_tmpdir: Path, monk
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))  # where the cluster records its address, and auto reads it
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    try:
-        assert (ray_tmpdir / "ray" / "ray_current_cluster").read_text().startswith("127.0.0.1:")
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
-        proc = start_cli([*SHORT_RUN, "--address", "auto", "--logdir", tmp_path, "--name", "r"], tmp_path, env=env)
+    with own_cluster_token(tmp_path):  # a Cluster makes no token of its own
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
         try:
-            out, err = proc.communicate(timeout=240)
+            assert (ray_tmpdir / "ray" / "ray_current_cluster").read_text().startswith("127.0.0.1:")
+            env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+            proc = start_cli([*SHORT_RUN, "--address", "auto", "--logdir", tmp_path, "--name", "r"], tmp_path, env=env)
+            try:
+                out, err = proc.communicate(timeout=240)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+                kill_session(proc.pid)
+            assert proc.returncode == 0, err[-3000:]
+            places = json.loads((tmp_path / "r" / "actors.json").read_text()).values()
+            assert {place["node"] for place in places} == {cluster.head_node.node_id}
+            assert f"(at {cluster.address};" in (tmp_path / "r" / "ray.log").read_text()
+            assert len(cluster.list_all_nodes()) == 1  # left running
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-            kill_session(proc.pid)
-        assert proc.returncode == 0, err[-3000:]
-        places = json.loads((tmp_path / "r" / "actors.json").read_text()).values()
-        assert {place["node"] for place in places} == {cluster.head_node.node_id}
-        assert f"(at {cluster.address};" in (tmp_path / "r" / "ray.log").read_text()
-        assert len(cluster.list_all_nodes()) == 1  # left running
-    finally:
-        cluster.shutdown()
+            cluster.shutdown()
 
 
 def test_another_run_s_private_instance_is_refused_by_auto_and_by_its_address(tmp_path: Path, ray_tmpdir: Path):
