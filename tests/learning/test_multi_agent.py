@@ -1,8 +1,7 @@
 """Multi-agent learning on PettingZoo envs within a CI budget: PPO with one policy shared by MPE simple_spread's three
 agents beats a random policy by a stated margin, and DQN as tic-tac-toe's first player beats a random second player
 in at least 90% of games trained on `single`, and in at least 80% trained on `data_parallel` with two sampler
-processes (docs/multi_agent.md,
-"Tests"; the `ray` backend's run is in tests/ray/test_ray_backend.py)."""
+processes (docs/multi_agent.md, "Tests"; the `ray` backend's runs are in tests/ray/test_ray_backend.py)."""
 
 from __future__ import annotations
 

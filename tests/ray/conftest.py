@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,18 @@ def ray_instance():
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = previous
+
+
+@pytest.fixture(autouse=True)
+def cpus_of_the_last_test_given_back():
+    """Before each test, wait (a minute at most) until the module's Ray instance has every CPU free again: the actors
+    of the test before (a killed or hung one above all) may still hold theirs for a moment after it ended, and a run
+    whose roles ask for all of them would wait for them past its start timeout."""
+    import ray
+
+    if ray.is_initialized():
+        total = ray.cluster_resources().get("CPU", 0.0)
+        deadline = time.monotonic() + 60
+        while ray.available_resources().get("CPU", 0.0) < total and time.monotonic() < deadline:
+            time.sleep(0.2)
+    yield

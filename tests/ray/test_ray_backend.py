@@ -367,7 +367,17 @@ def test_a2c_solves_cartpole_with_two_ray_actors(arch, run_opts):
     assert result["eval_return_mean"] >= 475
 
 
+def test_two_ray_samplers_feed_every_policy_of_a_multi_agent_env(run_opts):
+    """A PettingZoo env on data_parallel with Ray actors as samplers: both players' policies learn from them."""
+    result = train("dqn", "pettingzoo:pettingzoo.classic.tictactoe_v3", arch="data_parallel", workers=2, n_envs=2,
+                   backend="ray", policies="separate", steps=1_500, overrides={"learning_starts": 200},
+                   eval_episodes=2, **run_opts)  # fmt: skip
+    assert result["trained_policies"] == ["player_1", "player_2"] and result["updates"] > 0
+    assert result["env_steps"] >= 1_500 and set(result["eval_agents"]) == {"player_1", "player_2"}
+
+
 @pytest.mark.learning
+@pytest.mark.slow  # -m slow: CI has the run above, and the same learning run on the local backend
 def test_dqn_on_tictactoe_with_two_ray_samplers_beats_a_random_player(run_opts):
     """A multi-agent env on data_parallel with ray actors as samplers (tests/learning/test_multi_agent.py: the same
     run on the local backend)."""
