@@ -362,7 +362,6 @@ class PolicyData:
         self.held: dict[Hashable, Transition] = {}
         """Each stream's newest transition, until its next one comes."""
         self.segments: list[Segment] = []
-        self.rows = 0
         self._storage: RolloutStorage | None = None
         self._t = 0
 
@@ -401,7 +400,6 @@ class PolicyData:
             self._row([q.popleft() for q in self.queues])
 
     def _row(self, row: list[Transition]) -> None:
-        self.rows += 1
         obs, next_obs = stack_obs([t.obs for t in row]), stack_obs([t.next_obs for t in row])
         act = np.stack([np.asarray(t.act) for t in row])
         rew = np.asarray([t.rew for t in row], np.float32)

@@ -16,9 +16,6 @@ from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.multi_agent import Policies, PolicyData, PolicyMapping, evaluate_agents, policy_mapping
 from rlfleet.run.runner import ResolvedConfig, RunBase, build_algorithm
 
-MULTI_AGENT_OPTIONS = ("policy_map", "freeze", "load_policy")
-"""Run options only a PettingZoo env takes (besides `policies`, whose default every run has)."""
-
 
 class AgentEnvs(list[AgentEnv]):
     """Copies of a PettingZoo env, closed together."""
