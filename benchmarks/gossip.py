@@ -132,8 +132,13 @@ def main() -> None:
         os.environ.update(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # before ray's import
         from ray.cluster_utils import Cluster
 
+        from rlfleet.backends.ray_instance import SYSTEM_CONFIG
+
         cpus = max(ks) // 2 + 1  # learners reserve a CPU each: half of the largest K per node (oversubscribed)
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "resources": {"node0": 8}})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": cpus, "resources": {"node0": 8}, "_system_config": SYSTEM_CONFIG},
+        )
         cluster.add_node(num_cpus=cpus, resources={"node1": 8})
         cluster.wait_for_nodes()
     runs: list[dict[str, Any]] = []

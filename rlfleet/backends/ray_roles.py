@@ -222,8 +222,10 @@ class RayGroup(RoleGroup):
             self.places.ask(wid, worker.actor)
         missing = self.places.wait_all(STARTUP_GRACE_S)
         if missing:
+            reason = unplaceable(backend)  # what is free with them still placed
+            self.stop()  # nothing of a group that failed to start keeps holding the cluster's CPUs
             raise WorkerFailure(f"{missing} of {n_workers} roles did not start within {STARTUP_GRACE_S:.0f} s: "
-                                + unplaceable(backend))  # fmt: skip
+                                + reason)  # fmt: skip
         for w in range(n_workers):
             self._issue(w)
 

@@ -353,6 +353,36 @@ def test_the_private_instance_listens_on_loopback_only(ray_instance):
     assert all(address.startswith(loopback) for address in listening), listening
 
 
+def test_a_group_that_cannot_start_gives_back_the_cpus_of_the_roles_it_placed(tmp_path, monkeypatch):
+    """Five roles of one CPU each on the module's 4-CPU instance: four are placed, one never is. The start fails,
+    and the four placed actors are killed then, not when the last reference to the group (the failure's traceback)
+    goes: the next run finds every CPU free."""
+    import ray
+
+    from rlfleet.backends import ray_roles
+
+    monkeypatch.setattr(ray_roles, "STARTUP_GRACE_S", 10.0)
+    total = ray.cluster_resources()["CPU"]
+    with pytest.raises(WorkerFailure, match=r"1 of 5 roles did not start within 10 s") as failure:
+        start_group(tmp_path, n=5)
+    deadline = time.monotonic() + 120  # the kills are asynchronous: a bound with room on a busy machine
+    while ray.available_resources().get("CPU", 0.0) < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0.0) == total, (failure.value, ray.available_resources())
+
+
+def test_the_private_instance_runs_its_actors_at_the_niceness_of_the_run(tmp_path):
+    """Ray starts its workers at niceness 15 unless told otherwise: beside a learner, or anything else busy, an actor
+    got a small share of a core and took a minute to import torch. The private instance's actors run as the run
+    does."""
+    backend, group, *_ = start_group(tmp_path, n=1)
+    try:
+        pid = json.loads((tmp_path / "workers.json").read_text())["0"]
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        group.stop()
+
+
 # ------------------------------------------------------------------------------------------------------ learning
 BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000, "param_server": 150_000}
 

@@ -291,7 +291,9 @@ def test_auto_joins_a_cluster_on_loopback(tmp_path: Path, ray_tmpdir: Path, monk
 
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))  # where the cluster records its address, and auto reads it
     with own_cluster_token(tmp_path):  # a Cluster makes no token of its own
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": ray_instance.SYSTEM_CONFIG}
+        )
         try:
             assert (ray_tmpdir / "ray" / "ray_current_cluster").read_text().startswith("127.0.0.1:")
             env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
