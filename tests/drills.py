@@ -16,6 +16,7 @@ from pathlib import Path
 
 from procs import RLFLEET, kill_session, session_processes, stop_process, wait_until_gone
 
+from rlfleet.backends import local, ray_roles
 from rlfleet.run.checkpoint import load_checkpoint
 
 RUNS = {  # architecture: algorithm
@@ -32,7 +33,10 @@ COUNT_OPTION = {"gossip": "--learners", "apex": "--actors"}  # how an architectu
 OPTIONS = {"allreduce": ["--group-timeout-s", "3"]}  # a learner waits less for a hung peer than the heartbeat
 RESTART_WATCHDOG_S = 60.0  # a restart slower than this (beyond the heartbeat, for a stopped worker): stuck
 HEARTBEAT_S = 6.0  # the drilled run's --heartbeat-s: a stopped worker is killed this long after its last sign
-SETTLED_S = 6.0  # a worker this long past its (re)start has begun to beat: imports and envs take a few seconds
+SETTLED_S = 6.0  # a worker this long past its (re)start has usually begun to beat: imports and envs take seconds
+# ... but not always on a loaded machine: one stopped before its first beat is killed only when its start-up grace
+# (a minute, beyond the heartbeat) runs out, and the next progress waits for its successor to start
+STARTUP_GRACE_S = max(local.STARTUP_GRACE_S, ray_roles.STARTUP_GRACE_S)
 
 
 def live_workers(run: Path) -> dict[str, int]:
@@ -87,11 +91,16 @@ def drill_workers(tmp_path: Path, arch: str, kills: int, seed: int, backend: str
                 pids = live_workers(run)
                 return len(pids) == 2 and pids[victim] != gone
 
-            patience = RESTART_WATCHDOG_S + (HEARTBEAT_S if signum == signal.SIGSTOP else 0.0)
+            patience = RESTART_WATCHDOG_S + (HEARTBEAT_S + STARTUP_GRACE_S if signum == signal.SIGSTOP else 0.0)
             wait_for(restarted, f"restart of worker {victim} ({signum.name})", proc, patience)
             started[victim] = time.monotonic()
         logged = last_logged_step(run)
-        wait_for(lambda: last_logged_step(run) > logged, "progress after the last restart", proc, RESTART_WATCHDOG_S)
+        wait_for(
+            lambda: last_logged_step(run) > logged,
+            "progress after the last restart",
+            proc,
+            RESTART_WATCHDOG_S + STARTUP_GRACE_S,
+        )
         os.killpg(sid, signal.SIGINT)  # Ctrl-C: a checkpoint, every process gone
         proc.wait(timeout=60)
         assert proc.returncode == 0, (tmp_path / "err.txt").read_text()[-3000:]

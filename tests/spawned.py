@@ -165,6 +165,31 @@ def hold_service(handle, seconds, started):
     handle.call("hold", seconds)
 
 
+def learner_after_a_failed_start(rank, rendezvous, fail_first, out):
+    """Worker: a learner of a 2-learner group, which (`fail_first`) first fails to form a group, its peer counted
+    ready but absent; then it joins the next generation, sums its rank + 1 over the group and sends home
+    `(rank, sum)`, or `(rank, why)` if the group does not form."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from rlfleet.arch.allreduce import GroupBroken, LearnerGroup
+
+    group = LearnerGroup(rendezvous, rank)
+    try:
+        if fail_first:
+            with contextlib.suppress(GroupBroken):
+                group.join()
+        group.join()
+        total = torch.tensor([rank + 1.0])
+        dist.all_reduce(total)
+        out.put((rank, float(total)))
+    except GroupBroken as exc:
+        out.put((rank, str(exc)))
+    finally:
+        group.leave()
+
+
 def allreduce_learner(rank, rendezvous, cases, out):
     """Worker: one all-reduce learner, on a fixed processed batch per case `(algo, overrides, batches, epochs,
     minibatch_size)`. Per case: a fresh algorithm object (torch seed and `algo.rng` seed `rank + 1`, so each

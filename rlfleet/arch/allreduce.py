@@ -164,6 +164,10 @@ class LearnerGroup:
             time.sleep(POLL_S)
         self.waiting = None
         self.generation = generation
+        # torch names a process's default group by the count of groups it made, and only a destroy resets that: a
+        # failed init_process_group counted one, so this learner would meet its peers under another name, every
+        # generation after, for ever (a private attribute, as torch's own elastic agents restart whole processes)
+        dist.distributed_c10d._world.group_count = 0
         try:
             dist.init_process_group(
                 "gloo",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from spawned import WORKER_TIMEOUT_S, allreduce_learner, make_cartpole_algo
+from spawned import WORKER_TIMEOUT_S, allreduce_learner, learner_after_a_failed_start, make_cartpole_algo
 
 from rlfleet.arch.allreduce import GENERATION, LearnerGroup, Rendezvous
 from rlfleet.backends.shared_memory import StopFlag
@@ -220,6 +220,35 @@ def test_a_learner_waits_for_its_group_in_short_calls_and_stays_ready_between_th
         assert group.join(wait_s=0.2) is None
         assert 0.2 <= time.monotonic() - start < 2 and not group.formed
     assert store.add("0/ready", 0) == 1 and store.get(GENERATION) == b"0"
+
+
+def test_a_learner_whose_group_failed_to_form_meets_a_fresh_peer_in_the_next_generation():
+    """Learner 0 starts a group whose peer is counted ready but never comes: gloo's rendezvous times out and the
+    generation moves on. A fresh learner 1 then joins: the group forms and sums over both. (torch counted the
+    failed group, and learner 0 waited under another name than its peer's in every generation after.)"""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set(GENERATION, "0")
+    store.add("0/ready", 1)  # learner 1, as if ready: learner 0 goes on to gloo's rendezvous without it
+    rendezvous = Rendezvous("127.0.0.1", store.port, LEARNERS, timeout_s=3.0)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    first = ctx.Process(target=learner_after_a_failed_start, args=(0, rendezvous, True, out))
+    first.start()
+    procs = [first]
+    try:
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        while store.get(GENERATION) == b"0":  # learner 0's first group did not form
+            assert time.monotonic() < deadline and first.is_alive(), "learner 0 never gave up its first group"
+            time.sleep(0.05)
+        procs.append(ctx.Process(target=learner_after_a_failed_start, args=(1, rendezvous, False, out)))
+        procs[1].start()
+        results = dict(out.get(timeout=WORKER_TIMEOUT_S) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    assert results == {0: 3.0, 1: 3.0}, results
 
 
 def test_a_group_that_meets_on_loopback_talks_over_the_loopback_interface(monkeypatch):
