@@ -375,7 +375,7 @@ def test_the_private_instance_runs_its_actors_at_the_niceness_of_the_run(tmp_pat
     """Ray starts its workers at niceness 15 unless told otherwise: beside a learner, or anything else busy, an actor
     got a small share of a core and took a minute to import torch. The private instance's actors run as the run
     does."""
-    backend, group, *_ = start_group(tmp_path, n=1)
+    _, group, *_ = start_group(tmp_path, n=1)
     try:
         pid = json.loads((tmp_path / "workers.json").read_text())["0"]
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
