@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import select
 import sys
 import typing
 from pathlib import Path
@@ -394,6 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (`rlfleet list | head` once head has its lines)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll on this platform, or no real standard output
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlfleet.algos import UnknownAlgorithmError
@@ -409,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             _show_run_notes()
         return args.func(args)
-    except BrokenPipeError:  # `rlfleet list | head`: the reader has what it wanted
+    except BrokenPipeError:  # `rlfleet list | head`: the reader has what it wanted; any other pipe is the command's
+        if not _reader_gone():
+            raise
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:  # Ctrl-C before a run's loop (which stops politely) or a second one: one line
@@ -428,8 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     except RunFailure as exc:  # stopped cleanly (checkpoint, result.json) by what it could not go on past
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = f"; its checkpoint is saved: rlfleet train --resume {exc.run_dir} goes on (details in " \
-            f"{exc.run_dir}/workers.log)" if exc.run_dir is not None else ""  # fmt: skip
+        where = ""
+        if exc.run_dir is not None:
+            where = f"; its checkpoint is saved: rlfleet train --resume {exc.run_dir} goes on"
+            if (exc.run_dir / "workers.log").exists():
+                where += f" (details in {exc.run_dir}/workers.log)"
         print(f"rlfleet: error: the run stopped: {reason}{where}", file=sys.stderr)
         return 1
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:

@@ -288,6 +288,23 @@ def check_fields(obj: Any, label: Callable[[dataclasses.Field], str]) -> None:
         check_value(label(f), getattr(obj, f.name), hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))
 
 
+NEEDS = "needs"
+"""A field's metadata key naming the switch (a bool or count field of the same config) without which the field has no
+effect: `bounded(10.0, gt=0, needs="obs_norm")`."""
+
+
+def idle_setting(obj: Any, given: dict[str, Any], label: str) -> None:
+    """A setting the user gave (`given`: field name to value, as `--set` gives them) for a field of the dataclass
+    `obj` whose switch (`NEEDS`) is off in `obj`: one `ConfigError` that says so, since the value would do nothing."""
+    for f in dataclasses.fields(obj):
+        switch = f.metadata.get(NEEDS)
+        if switch is not None and f.name in given and not getattr(obj, switch):
+            raise ConfigError(
+                f"{label} {f.name}={given[f.name]} has no effect while {switch}={getattr(obj, switch)!r}: set "
+                f"{switch} too, or leave {f.name} out"
+            )
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal under its declaration), from `cls` and its dataclass bases;
     read from the source, since Python keeps no field docstrings at run time (the CLI's help comes from here)."""

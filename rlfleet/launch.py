@@ -100,7 +100,7 @@ def _run_config(algo: str, env: str, options: dict[str, Any]) -> RunConfig:
     return RunConfig(algo=algo, env=env, options=arch_options, **run)
 
 
-RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress"}) | {
+RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress", "env_timeout_s"}) | {
     f.name for f in dataclasses.fields(RoleOptions)
 }
 """What a resumed run may change: how long it trains (`--steps`, `--time-limit`), and how and where it runs, which

@@ -33,7 +33,7 @@ CENTRAL = [
     ("td3", "Pendulum-v1", {"arch": "apex", "actors": 2, "steps": 800, "overrides": {"learning_starts": 200}}),
 ]
 CASES = SINGLE + CENTRAL
-QUICK = {"eval_episodes": 2, "vector_mode": "sync", "eval_max_steps": 50}
+QUICK = {"eval_episodes": 2, "eval_max_steps": 50}
 
 
 def case_id(case) -> str:

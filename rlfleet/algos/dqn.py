@@ -21,7 +21,7 @@ summed step (the final observation of a truncated episode included).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import gymnasium as gym
@@ -39,7 +39,7 @@ from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.device import acting, host, module_device, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.fields import MAX_ENVS, NEEDS, bounded
 from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore, State
@@ -93,11 +93,11 @@ class Config(NetOptions, PriorityOptions, NormOptions):
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells between encoder and head, trained on replayed sequences."""
-    burn_in: int = bounded(8, ge=0)
+    burn_in: int = bounded(8, ge=0, needs="lstm")
     """Recurrent: steps at the start of each replayed sequence that only warm up the state (no loss)."""
-    train_len: int = bounded(8, ge=1)
+    train_len: int = bounded(8, ge=1, needs="lstm")
     """Recurrent: steps per replayed sequence that the loss is computed on (after the burn-in)."""
-    stored_state: bool = True
+    stored_state: bool = field(default=True, metadata={NEEDS: "lstm"})
     """Recurrent: start each sequence from the state acting had there (R2D2's stored state); False: zeros."""
     total_steps: int = bounded(100_000, ge=1)
     """Default training budget in env steps."""

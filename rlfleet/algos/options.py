@@ -60,7 +60,7 @@ class SDEOptions:
     independent Gaussian noise: the noise is a function of the policy's features, θᵀ z(s), with the matrix θ
     drawn anew every `sde_sample_freq` steps (see `StateDependentNoise`); `log_std` is then unused and
     `init_std` is σ of each entry of θ."""
-    sde_sample_freq: int = bounded(-1, ge=-1)
+    sde_sample_freq: int = bounded(-1, ge=-1, needs="sde")
     """gSDE: steps between new noise matrices; -1 or 0: only at the start of each rollout."""
 
 

@@ -60,7 +60,7 @@ class Config(NetOptions, NormOptions):
     """Standardise the returns (or advantages, with a baseline) per minibatch."""
     baseline: bool = False
     """Learn a state-value baseline (and bootstrap unfinished episodes from it)."""
-    vf_coef: float = bounded(0.5, ge=0)
+    vf_coef: float = bounded(0.5, ge=0, needs="baseline")
     """Weight of the baseline's value loss."""
     max_grad_norm: float = bounded(0.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""

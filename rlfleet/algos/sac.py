@@ -69,10 +69,10 @@ class Config(ActorCriticNetOptions, NormOptions, ReplayOptions):
     """Explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021): the noise before the
     squashing is a function of the policy's features, θᵀ z(s), with the matrix θ drawn anew every
     `sde_sample_freq` steps (see `StateDependentNoise`), instead of independent noise at every step."""
-    sde_sample_freq: int = bounded(-1, ge=-1)
+    sde_sample_freq: int = bounded(-1, ge=-1, needs="sde")
     """gSDE: vector-env steps between new noise matrices; -1 or 0: at the start of each collection of
     `train_freq` steps (Stable-Baselines3's SAC resamples there whatever this is)."""
-    sde_init_std: float = bounded(0.05, gt=0)
+    sde_init_std: float = bounded(0.05, gt=0, needs="sde")
     """gSDE: σ of each entry of the noise matrix at initialisation (Stable-Baselines3's exp(log_std_init); its
     default for SAC is exp(−3) ≈ 0.05)."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)

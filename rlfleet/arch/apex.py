@@ -354,6 +354,16 @@ class ApexRunner(ParallelRunner):
     waiting_for = "block from the actors"
     restart_how = "with the learner's newest weights"
 
+    IDLE_SETTINGS = {
+        "prioritized": "its replay is always prioritized, as in the paper (alpha and beta set it)",
+        **dict.fromkeys(
+            ("eps_start", "eps_final", "eps_anneal_steps"),
+            "each actor keeps its own fixed epsilon (--epsilon, --epsilon-alpha)",
+        ),
+        "train_freq": "train_freq paces the learner, and --unpaced updates as fast as it can",
+    }
+    """Algorithm settings apex does not read (`train_freq` only with --unpaced): given, each is one `ConfigError`."""
+
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
         if not isinstance(self.algo, ApexActor):
@@ -370,6 +380,11 @@ class ApexRunner(ParallelRunner):
                 f"apex's replay shards are backend services, which the {self.opts.backend} backend does not "
                 f"start; use --backend {with_services}"
             )
+        if self.opts.actors == 1 and (given := self.given_option(("epsilon_alpha",))):
+            raise ConfigError(f"{given} has no effect with --actors 1: its ladder has one rung, --epsilon")
+        for key, why in self.IDLE_SETTINGS.items():
+            if key in self.cfg.overrides and (key != "train_freq" or self.opts.unpaced):
+                raise ConfigError(f"--set {key}={self.cfg.overrides[key]} has no effect on --arch apex: {why}")
         size, batch = self.algo_cfg.buffer_size, self.algo_cfg.batch_size
         if size < batch:
             raise ConfigError(f"{self.cfg.algo} config buffer_size={size} holds fewer transitions than a batch "

@@ -610,6 +610,8 @@ class GossipRunner(ParallelRunner):
     waiting_for = "completed round from the learners"
     restart_how = "(from the average of its in-neighbours' parameters)"
     spec: GossipSpec
+    ALONE_IDLE = ("topology", "peers", "gossip_order", "max_staleness", "gossip_timeout_s", "distinct_init")
+    """The options of the gossip between learners, which one learner alone has no use for."""
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
@@ -621,6 +623,8 @@ class GossipRunner(ParallelRunner):
                 f"(a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
             )
         self.topology  # noqa: B018 (made now: a bad --topology file is an error before the run folder is written)
+        if opts.learners == 1 and (given := self.given_option(self.ALONE_IDLE)):
+            raise ConfigError(f"{given} has no effect with --learners 1: one learner has no peers to gossip with")
         if self.order == "pala" and opts.max_staleness != GossipOptions.max_staleness:
             raise ConfigError(
                 f"--max-staleness bounds the gala order, and this run's order is pala (each round mixes that round's "

@@ -16,7 +16,6 @@ and training continues on the aggregate (a new shuffled epoch).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.evaluate import load_agent
 from rlfleet.run.recording import EpisodeRecorder, record_episodes
-from rlfleet.run.runner import RunBase, RunResult, StopRequest
+from rlfleet.run.runner import FAILURES, RunBase, RunResult, StopRequest, as_failure
 
 DAGGER_SEED = 20_000  # offset of the DAgger episodes' env seeds from the run's seed
 
@@ -115,6 +114,9 @@ class OfflineRunner(RunBase):
         cfg = self.cfg
         if cfg.n_envs is not None:
             raise ConfigError(f"--n-envs does not apply to {cfg.algo} (the offline runner steps no training envs)")
+        dagger = [key for key in ("dagger_iterations", "dagger_episodes") if key in cfg.overrides]
+        if dagger and self.opts.expert is None:
+            raise ConfigError(f"--set {dagger[0]}={cfg.overrides[dagger[0]]} has no effect without --expert (DAgger's)")
         info = self.env_info
         self.demos = load_demonstrations(self.opts.dataset)
         self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"], cfg.env_kwargs)
@@ -241,23 +243,26 @@ class OfflineRunner(RunBase):
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> RunResult:
         logger, start = self.start_logging()
-        stopped_by = "steps"
+        stopped_by, failure = "steps", None
         try:
             with StopRequest() as stop:
-                while self.state["gradient_steps"] < self.total_steps:
-                    new_returns: list[float] = []
-                    if self._dagger_due():
-                        new_returns = self.dagger_round()
-                        logger.log(self.env_steps, {"charts/training_pairs": len(self.data)})
-                    self.algo.schedule(self.state["gradient_steps"], self.total_steps)
-                    metrics = self.algo.update(self._minibatch())
-                    self.state["gradient_steps"] += 1
-                    reason = self.after_update(logger, start, new_returns, self.returns, metrics, stop.requested)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
+                try:
+                    while self.state["gradient_steps"] < self.total_steps:
+                        new_returns: list[float] = []
+                        if self._dagger_due():
+                            new_returns = self.dagger_round()
+                            logger.log(self.env_steps, {"charts/training_pairs": len(self.data)})
+                        self.algo.schedule(self.state["gradient_steps"], self.total_steps)
+                        metrics = self.algo.update(self._minibatch())
+                        self.state["gradient_steps"] += 1
+                        reason = self.after_update(logger, start, new_returns, self.returns, metrics, stop.requested)
+                        if reason is not None:
+                            stopped_by = reason
+                            break
+                except FAILURES as exc:  # an evaluation env process that died or hung
+                    failure, stopped_by = as_failure(exc), "failure"
             self.finish(logger, start, stopped_by)
         finally:
             logger.close()
             self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+        return self.conclude(stopped_by, start, failure)

@@ -24,7 +24,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, overload
@@ -46,7 +46,7 @@ from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import ConfigError, usable_cores
 from rlfleet.run.logger import RunLogger
-from rlfleet.run.runner import WORKERS, RunBase, RunResult, StopRequest, run_log
+from rlfleet.run.runner import FAILURES, WORKERS, RunBase, RunResult, StopRequest, as_failure, run_log
 
 WAIT_S = 0.2  # the coordinator's longest wait for an item before it checks workers, Ctrl-C and the clock
 STALL_S = 60.0  # no item for this long is reported in workers.log (a heartbeat of the workers)
@@ -119,9 +119,11 @@ class RoleOptions:
 
 
 RAY_OPTIONS = ("address", "cpus_per_role", "gpus_per_role", "placement")
+"""The `RoleOptions` only the ray backend takes."""
+PROCESS_OPTIONS = ("max_restarts", "heartbeat_s", "oversubscribe")
+"""The `RoleOptions` that only roles in processes of their own have use for (not the serial backend's)."""
 OVERSUBSCRIBE_LIMIT = 8
 """Roles may ask for up to this many times the machine's cores (`usable_cores`) before `--oversubscribe` is needed."""
-"""The `RoleOptions` only the ray backend takes."""
 
 
 @dataclass
@@ -257,12 +259,13 @@ class ParallelRunner(RunBase):
             )
         opts = self.opts
         BACKENDS[opts.backend].check_options(opts)
-        if opts.backend != "ray":
-            defaults = RoleOptions()
-            for name in RAY_OPTIONS:
-                if getattr(opts, name) != getattr(defaults, name):
-                    flag = "--" + name.replace("_", "-")
-                    raise ConfigError(f"{flag} is an option of the ray backend; add --backend ray (not {opts.backend})")
+        if opts.backend != "ray" and (given := self.given_option(RAY_OPTIONS)):
+            raise ConfigError(f"{given} is an option of the ray backend; add --backend ray (not {opts.backend})")
+        if BACKENDS[opts.backend].in_process and (given := self.given_option(PROCESS_OPTIONS)):
+            raise ConfigError(
+                f"{given} is for roles that run as processes (--backend local or ray); --backend {opts.backend} runs "
+                "them in this process, one after another"
+            )
         self.check_machine_fits()
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
@@ -277,6 +280,12 @@ class ParallelRunner(RunBase):
                 raise ConfigError(str(exc)) from None
             if self.opts.optimizer == ALGO:
                 self.algo_optimizer()
+            elif "optimizer" in cfg.overrides:
+                raise ConfigError(
+                    f"--set optimizer={cfg.overrides['optimizer']} has no effect on --arch {self.arch}: its "
+                    f"--optimizer ({self.opts.optimizer}) steps the shared parameters; add --optimizer algo to step "
+                    "them with the algorithm's own"
+                )
 
     def algo_optimizer(self) -> OptimizerRecipe:
         """What `--optimizer algo` builds: the recipe of the algorithm's own optimizer (its class and the
@@ -288,6 +297,13 @@ class ParallelRunner(RunBase):
             return OptimizerRecipe.of(own)
         except ValueError as exc:
             raise ConfigError(f"{self.cfg.algo}: {exc}") from None
+
+    def given_option(self, names: Iterable[str]) -> str | None:
+        """The flag of the first of the architecture's options `names` that this run gives a value other than its
+        default (`--heartbeat-s`), None where none is given: for options that would do nothing in this run."""
+        defaults = type(self.opts)()
+        given = next((name for name in names if getattr(self.opts, name) != getattr(defaults, name)), None)
+        return None if given is None else "--" + given.replace("_", "-")
 
     def check_machine_fits(self) -> None:
         """Refuse role counts far beyond this machine (`OVERSUBSCRIBE_LIMIT` times its cores) before any process
@@ -529,8 +545,8 @@ class ParallelRunner(RunBase):
                             break
                         if self.env_steps >= self.total_steps:
                             break
-                except RunFailure as exc:  # the run cannot go on: it stops as cleanly as on Ctrl-C, then says why
-                    failure, stopped_by = exc, "failure"
+                except FAILURES as exc:  # the run cannot go on: it stops as cleanly as on Ctrl-C, then says why
+                    failure, stopped_by = as_failure(exc), "failure"
                     self._report(f"the run stops: {exc}", show=False)  # the caller says it (the CLI: one line)
                 except ServiceWaitStopped as exc:  # Ctrl-C while a service did not answer: a stop as any other
                     stopped_by = "interrupted"
@@ -542,8 +558,4 @@ class ParallelRunner(RunBase):
             self.shut_down(stop_flag, pool)
             logger.close()
             self.eval_envs.close()
-        result = self.write_result(stopped_by, time.perf_counter() - start, failure)
-        if failure is not None:
-            failure.run_dir = self.run_dir
-            raise failure
-        return result
+        return self.conclude(stopped_by, start, failure)

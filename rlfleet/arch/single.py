@@ -21,7 +21,7 @@ from rlfleet.run.collector import Collector
 from rlfleet.run.config import RunConfig
 from rlfleet.run.multi_agent import MultiAgentCollector
 from rlfleet.run.multi_agent_runner import MultiAgentRunBase, make_agent_envs
-from rlfleet.run.runner import RunBase, RunResult, StopRequest, workers_ignore_sigint
+from rlfleet.run.runner import FAILURES, RunBase, RunResult, StopRequest, as_failure, workers_ignore_sigint
 
 
 class SingleRunner(RunBase):
@@ -33,6 +33,7 @@ class SingleRunner(RunBase):
     """
 
     single_process = True
+    takes_vector_mode = True
 
     def __init__(
         self,
@@ -45,7 +46,13 @@ class SingleRunner(RunBase):
         n_envs = self.algo_cfg.n_envs
         with workers_ignore_sigint():
             envs = make_vector_env(
-                cfg.env, n_envs, seed=cfg.seed, mode=cfg.vector_mode, training=True, **cfg.env_kwargs
+                cfg.env,
+                n_envs,
+                seed=cfg.seed,
+                mode=cfg.vector_mode,
+                training=True,
+                timeout_s=cfg.env_timeout_s,
+                **cfg.env_kwargs,
             )
             envs = normalize_observations(envs, self.obs_stats, update_stats=True)
             self.envs = normalize_rewards(envs, self.reward_norm)
@@ -137,22 +144,26 @@ class SingleRunner(RunBase):
         learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay
         c = self.collector
         logger, start = self.start_logging()
-        stopped_by = "steps"
+        stopped_by, failure = "steps", None
         try:
             with StopRequest() as stop:
-                while c.env_steps < self.total_steps:
-                    self.algo.schedule(c.env_steps, self.total_steps)
-                    metrics = learn()
-                    reason = self.after_update(logger, start, c.pop_new_returns(), c.returns, metrics, stop.requested)
-                    if reason is not None:
-                        stopped_by = reason
-                        break
+                try:
+                    while c.env_steps < self.total_steps:
+                        self.algo.schedule(c.env_steps, self.total_steps)
+                        metrics = learn()
+                        returns = c.pop_new_returns()
+                        reason = self.after_update(logger, start, returns, c.returns, metrics, stop.requested)
+                        if reason is not None:
+                            stopped_by = reason
+                            break
+                except FAILURES as exc:  # an env process that died or hung: a clean stop, then the run says why
+                    failure, stopped_by = as_failure(exc), "failure"
             self.finish(logger, start, stopped_by)
         finally:
             logger.close()
             self.envs.close()
             self.eval_envs.close()
-        return self.write_result(stopped_by, time.perf_counter() - start)
+        return self.conclude(stopped_by, start, failure)
 
 
 class MultiAgentSingleRunner(MultiAgentRunBase):

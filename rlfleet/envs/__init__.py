@@ -4,7 +4,8 @@ Vector envs from :func:`make_vector_env` use SAME_STEP autoreset: ``info["final_
 observation of finished sub-envs and ``info["episode"]`` their raw returns; see :mod:`rlfleet.envs.make`.
 
 Also here: an env's keyword arguments for a run, checked before it starts (`kwargs`), snapshots of a vector env's
-state for an exact resume (`snapshot`), observation and reward normalisation (`normalize`), MinAtar (`minatar`).
+state for an exact resume (`snapshot`), observation and reward normalisation (`normalize`), MinAtar (`minatar`),
+env processes that are watched (`processes`).
 """
 
 from rlfleet.envs.make import (
@@ -17,7 +18,9 @@ from rlfleet.envs.make import (
     make_env,
     make_vector_env,
     resolve_env_spec,
+    resolve_vector_mode,
 )
+from rlfleet.envs.processes import ENV_TIMEOUT_S, EnvProcessError
 from rlfleet.envs.wrappers import (
     EnvPoolVectorEnv,
     LiftEpisodeStatistics,
@@ -30,8 +33,10 @@ from rlfleet.envs.wrappers import (
 __all__ = [
     "ATARI_OPTIONS",
     "CARTPOLE_NO_VELOCITY_ID",
+    "ENV_TIMEOUT_S",
     "VECTOR_MODES",
     "EnvPoolVectorEnv",
+    "EnvProcessError",
     "LiftEpisodeStatistics",
     "SeedOnFirstReset",
     "TerminalOnLifeLoss",
@@ -42,5 +47,6 @@ __all__ = [
     "make_env",
     "make_vector_env",
     "resolve_env_spec",
+    "resolve_vector_mode",
     "sign_reward",
 ]

@@ -41,7 +41,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.wrappers import (
     AtariPreprocessing,
     FrameStackObservation,
@@ -53,6 +53,7 @@ from gymnasium.wrappers import (
 from rlfleet.envs.minatar import is_minatar_id, is_minatar_spec
 from rlfleet.envs.minatar import make as make_minatar
 from rlfleet.envs.minatar import register as register_minatar
+from rlfleet.envs.processes import ENV_TIMEOUT_S, WatchedAsyncVectorEnv
 from rlfleet.envs.wrappers import (
     EnvPoolVectorEnv,
     FlatDictObservation,
@@ -76,6 +77,7 @@ __all__ = [
     "finished_episodes",
     "make_env",
     "make_vector_env",
+    "resolve_vector_mode",
     "resolve_env_spec",
 ]
 
@@ -366,7 +368,8 @@ def make_env(
     return built
 
 
-def _resolve_mode(env: EnvSource, n_envs: int, mode: str) -> str:
+def resolve_vector_mode(env: EnvSource, n_envs: int, mode: str) -> str:
+    """The mode `make_vector_env(env, n_envs, mode=mode)` builds: `mode`, or for auto the one it picks."""
     if mode != "auto":
         return mode
     if n_envs > 1 and isinstance(env, str):
@@ -384,6 +387,7 @@ def make_vector_env(
     mode: str = "auto",
     training: bool = True,
     context: str | None = "spawn",
+    timeout_s: float | None = ENV_TIMEOUT_S,
     **env_kwargs: Any,
 ) -> VectorEnv:
     """Build ``n_envs`` copies of an env as a SAME_STEP vector env (contract in the module docstring).
@@ -399,6 +403,9 @@ def make_vector_env(
         training: see :func:`make_env`.
         context: multiprocessing start method for ``"async"`` (default ``"spawn"``, safe with torch
             and threads in the parent).
+        timeout_s: for ``"async"``, how long an env process may take to answer a reset, step or call (None: for
+            ever); one that dies or does not answer in time is an ``EnvProcessError`` naming it
+            (:mod:`rlfleet.envs.processes`).
         **env_kwargs: passed to :func:`make_env` (``render_mode`` and the Atari options included).
 
     Returns:
@@ -416,7 +423,7 @@ def make_vector_env(
         spec = resolve_env_spec(env)
         if _is_atari_spec(spec):
             _atari_options(env, {k: v for k, v in env_kwargs.items() if k != "render_mode"})
-    resolved_mode = _resolve_mode(env, n_envs, mode)
+    resolved_mode = resolve_vector_mode(env, n_envs, mode)
     if resolved_mode == "envpool":
         return _make_envpool_vector_env(env, n_envs, seed=seed, training=training, env_kwargs=env_kwargs)
 
@@ -439,8 +446,13 @@ def make_vector_env(
                     'mode="async" needs a picklable env callable (a module-level function or a '
                     f"functools.partial of one), got {env!r}: {error}"
                 ) from error
-        vector_env = AsyncVectorEnv(
-            env_fns, shared_memory=True, context=context, autoreset_mode=AutoresetMode.SAME_STEP
+        vector_env = WatchedAsyncVectorEnv(
+            env_fns,
+            shared_memory=True,
+            context=context,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+            timeout_s=timeout_s,
+            name="training env" if training else "evaluation env",
         )
     if seed is not None:
         vector_env.action_space.seed(int(seed))

@@ -45,12 +45,12 @@ class NormOptions:
     """Normalise observations by the running mean and variance of the training observations: training
     env steps update them, evaluation uses them frozen, checkpoints keep them (float vector observations,
     single architecture; see `rlfleet.envs.normalize`)."""
-    obs_clip: float = bounded(10.0, gt=0)
+    obs_clip: float = bounded(10.0, gt=0, needs="obs_norm")
     """With `obs_norm`: normalised observations are clipped to ± this."""
     reward_norm: bool = False
     """Divide training rewards by the running standard deviation of the discounted return (with the
     algorithm's γ); evaluation and logged episode returns stay raw (single architecture)."""
-    reward_clip: float = bounded(10.0, gt=0)
+    reward_clip: float = bounded(10.0, gt=0, needs="reward_norm")
     """With `reward_norm`: scaled rewards are clipped to ± this."""
 
 

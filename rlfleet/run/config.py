@@ -17,7 +17,7 @@ import numpy as np
 from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
 from rlfleet.device import device_problem
-from rlfleet.envs import VECTOR_MODES
+from rlfleet.envs import ENV_TIMEOUT_S, VECTOR_MODES
 from rlfleet.envs.kwargs import env_kwargs_problem, parse_env_value
 from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.fields import (
@@ -128,11 +128,11 @@ class RunConfig:
     eval_episodes: int = bounded(10, ge=1, le=MAX_ENVS)
     """Episodes per evaluation (run side by side on separate envs)."""
     eval_max_steps: int = bounded(EVAL_MAX_STEPS, ge=1)
-    """Steps an evaluation episode may take in an env without a time limit of its own (CliffWalking-v1: a greedy
+    """Steps an evaluation episode may take at most (CliffWalking-v1, which has no time limit of its own: a greedy
     policy may walk in circles forever); an episode cut there counts with the return it had, and the run says how
     many were (`eval/episodes_cut`, `eval_episodes_cut` in result.json). The default is the ALE's 108,000-frame
-    cap in agent steps, the Atari convention and the longest limit of Gymnasium's registered envs. An env with a
-    limit (`max_episode_steps`) ends its episodes there."""
+    cap in agent steps, the Atari convention and the longest limit of Gymnasium's registered envs. An env whose
+    own limit (`max_episode_steps`) is shorter ends its episodes there."""
     stop_return: float | None = bounded(None, finite=False)
     """Stop once an evaluation's mean return reaches this (inf: never); default the env's reward_threshold."""
     time_limit: float | None = bounded(None, gt=0)
@@ -140,7 +140,11 @@ class RunConfig:
     checkpoint_every: int | None = bounded(None, ge=0)
     """Env steps between checkpoints; None or 0: 10 evaluations' worth."""
     vector_mode: str = checked("auto", one_of(VECTOR_MODES))
-    """Vector env: auto, sync, async or envpool."""
+    """The training envs of `single`: auto, sync, async (a process per env) or envpool; auto takes async for Atari and
+    MuJoCo ids with more than one env. Evaluation envs on Atari follow it on every architecture."""
+    env_timeout_s: float = bounded(ENV_TIMEOUT_S, gt=0)
+    """Seconds an env process (async vector envs) may take to answer one reset or step: one that takes longer is
+    killed, and the run stops cleanly (checkpoint, result.json) naming it, as it does when one dies."""
     torch_threads: int | str = checked(AUTO_THREADS, torch_threads_problem)
     """torch.set_num_threads for the training process: a count, or auto — every core this process may use for a
     CNN learner in a single-process architecture (`single`, `offline`), one thread otherwise (small nets run

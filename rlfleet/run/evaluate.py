@@ -47,9 +47,9 @@ class Evaluation:
 
 
 def episode_bound(own_limit: int | None, max_steps: int) -> int:
-    """The steps an evaluation episode may take: the env's own time limit where it has one (its episodes end
-    there by themselves, as in training), else `max_steps`."""
-    return int(own_limit) if own_limit is not None else int(max_steps)
+    """The steps an evaluation episode may take: `max_steps`, or the env's own time limit where that is shorter (its
+    episodes end there by themselves, as in training)."""
+    return int(max_steps) if own_limit is None else min(int(own_limit), int(max_steps))
 
 
 def evaluate(
@@ -133,8 +133,8 @@ def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
 
 
 def checkpoint_bound(run: dict[str, Any], max_steps: int | None) -> int:
-    """The step bound of a checkpoint's evaluation episodes (`episode_bound`): the env's own time limit, else
-    `max_steps`, else the run's `eval_max_steps`."""
+    """The step bound of a checkpoint's evaluation episodes (`episode_bound`): `max_steps`, else the run's
+    `eval_max_steps`, or the env's own time limit where that is shorter."""
     if max_steps is None:
         max_steps = run["eval_max_steps"]
     return episode_bound(env_info(run["env"], run["env_kwargs"])["max_episode_steps"], max_steps)
@@ -145,8 +145,8 @@ def cut_note(cut: int, episodes: int, max_steps: int, option: str) -> str | None
     if not cut:
         return None
     return (
-        f"note: {cut} of {episodes} episodes were cut at {max_steps} steps (the env has no time limit of its own; "
-        f"{option} sets the bound); their returns are those they had"
+        f"note: {cut} of {episodes} episodes were cut at {max_steps} steps (the env had not ended them; {option} sets "
+        "the bound); their returns are those they had"
     )
 
 

@@ -91,6 +91,8 @@ def policy_mapping(
     mapping does not have, a frozen policy without weights, nothing left to train."""
     load = _pairs(load_policy, "--load-policy", "red=runs/old/checkpoints/best.pt") if load_policy else {}
     freeze_names = [n.strip() for n in (freeze or "").split(",") if n.strip()]
+    if policy_map and policies != SHARED:
+        raise ConfigError(f"--policies {policies} has no effect with --policy-map, which names each agent's policy")
     if policy_map:
         of_agent: dict[str, str] = {}
         for pattern, name in _pairs(policy_map, "--policy-map", "'adversary_*=red,agent_*=blue'").items():

@@ -26,9 +26,10 @@ from gymnasium.vector import VectorEnv
 
 from rlfleet.algos import DEFAULT_ARCH, resolve
 from rlfleet.algos.spaces import UnsupportedSpaceError
+from rlfleet.backends.base import RunFailure
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.device import placement_note, resolve_device
-from rlfleet.envs import make_vector_env
+from rlfleet.envs import ENV_TIMEOUT_S, EnvProcessError, make_vector_env, resolve_vector_mode
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import (
     ObsStats,
@@ -36,6 +37,7 @@ from rlfleet.envs.normalize import (
     make_obs_stats,
     normalize_observations,
 )
+from rlfleet.fields import idle_setting
 from rlfleet.nets.encoders import UnsupportedObservationError, has_image
 from rlfleet.run.checkpoint import save_checkpoint
 from rlfleet.run.config import (
@@ -167,6 +169,16 @@ def build_algorithm(cfg: RunConfig, algo_cfg: Any, info: dict[str, Any], seed: i
         raise ConfigError(f"bad {cfg.algo} config: {exc}") from None
 
 
+FAILURES = (RunFailure, EnvProcessError)
+"""What a run cannot go on past: its loop stops as cleanly as on Ctrl-C (a checkpoint, `result.json` with `stopped_by`
+"failure"), then `RunBase.conclude` raises it as a `RunFailure` (`as_failure`)."""
+
+
+def as_failure(exc: Exception) -> RunFailure:
+    """One of `FAILURES` as the `RunFailure` a run raises."""
+    return exc if isinstance(exc, RunFailure) else RunFailure(str(exc))
+
+
 @dataclass
 class ResolvedConfig:
     """A run's configuration as `RunBase.resolve_config` resolved it."""
@@ -205,6 +217,9 @@ class RunBase(abc.ABC):
     """False where workers step their own envs: `obs_norm` and `reward_norm`, whose running statistics live beside
     the training envs, then run only if the user set them (and the architecture refuses them in `check_config`); a
     preset's are switched off (`drop_preset_normalisation`)."""
+
+    takes_vector_mode = False
+    """True where the training envs are the run's own vector env, which `--vector-mode` builds (`single`)."""
 
     buffer: ReplayBuffer | None
     """A replay architecture's buffer, which `replay_updates` samples (set by the architecture)."""
@@ -286,14 +301,40 @@ class RunBase(abc.ABC):
         algo_cfg, preset = build_algo_config(
             cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, cls.presets
         )
+        if cfg.n_envs is not None and "n_envs" in cfg.overrides and cfg.n_envs != algo_cfg.n_envs:
+            raise ConfigError(f"--n-envs {cfg.n_envs} and --set n_envs={cfg.overrides['n_envs']} disagree: give one")
         if cfg.n_envs is not None:
             algo_cfg.n_envs = cfg.n_envs
+        idle_setting(algo_cfg, cfg.overrides, "--set")
+        cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
         fit_preset_replay(algo_cfg, cfg.overrides, info["observation_space"], preset)
         total_steps = cfg.steps if cfg.steps is not None else algo_cfg.total_steps
         eval_every = cfg.eval_every or max(cls.min_eval_every, total_steps // 50)
         return ResolvedConfig(opts, info, algo_cfg, preset, total_steps, eval_every)
+
+    @classmethod
+    def check_env_options(cls, cfg: RunConfig, info: dict[str, Any], algo_cfg: Any) -> None:
+        """`--vector-mode` and `--env-timeout-s` where they act: the first on an architecture that steps its training
+        envs as the run's own vector env (`takes_vector_mode`), the second where the run has env processes (its
+        training envs, or on Atari its evaluation envs, in async mode). Given elsewhere: one `ConfigError`."""
+        if cfg.vector_mode != "auto" and not cls.takes_vector_mode:
+            arch = cfg.arch or DEFAULT_ARCH.get(cfg.algo, "single")
+            where = "a PettingZoo env" if info["family"] == "multi_agent" else f"--arch {arch}"
+            raise ConfigError(
+                f"--vector-mode {cfg.vector_mode} has no effect on {where}: only --arch single steps training envs "
+                "of its own as a vector env"
+            )
+        if cfg.env_timeout_s != ENV_TIMEOUT_S:
+            mode = cfg.vector_mode
+            training = cls.takes_vector_mode and resolve_vector_mode(cfg.env, algo_cfg.n_envs, mode) == "async"
+            evaluation = info["is_atari"] and resolve_vector_mode(cfg.env, cfg.eval_episodes, mode) == "async"
+            if not (training or evaluation):
+                raise ConfigError(
+                    f"--env-timeout-s {cfg.env_timeout_s:g} has no effect: this run has no env processes (the timeout "
+                    "is theirs: --vector-mode async)"
+                )
 
     def replay_updates(
         self,
@@ -354,6 +395,7 @@ class RunBase(abc.ABC):
             seed=self.cfg.seed + 10_000,
             mode="sync" if not info["is_atari"] else self.cfg.vector_mode,
             training=False,
+            timeout_s=self.cfg.env_timeout_s,
             **self.cfg.env_kwargs,
         )
         return normalize_observations(envs, self.obs_stats, update_stats=False)
@@ -529,6 +571,15 @@ class RunBase(abc.ABC):
         except Exception as exc:  # a plot must never lose a finished run
             log.warning(f"warning: could not draw curves.png: {exc}")
         return RunResult(self.run_dir, result, self.algo)
+
+    def conclude(self, stopped_by: str, start: float, failure: RunFailure | None = None) -> RunResult:
+        """The end of `run()`, after the final checkpoint: `result.json` and `curves.png` (`write_result`); then a run
+        stopped by a `failure` raises it, with `run_dir` set to the run folder (the CLI names it in one line)."""
+        result = self.write_result(stopped_by, time.perf_counter() - start, failure)
+        if failure is not None:
+            failure.run_dir = self.run_dir
+            raise failure
+        return result
 
     def _exploration_hint(self, result: dict[str, Any]) -> str | None:
         """`exploration_hint` for an unsolved run with evaluations (the do-nothing policy on fresh eval envs)."""

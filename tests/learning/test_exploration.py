@@ -40,14 +40,15 @@ def test_correlated_exploration_solves_what_the_defaults_do_not(algo, run_opts):
 
 FAR_GOAL = "sparse_env:FarGoal-v0"
 FAR_GOAL_SOLVED = 90.0  # its reward_threshold
-# algo: (budget in env steps, the settings both runs share, the option only the tuned run sets); budgets: 1.2x
-# (td3) and 1.8x (sac) the most steps seeds 0-4 needed (docs/continuous_control.md)
+# algo: (budget in env steps, the settings both runs share, the option only the tuned run sets, and the settings
+# that come with it); budgets: 1.2x (td3) and 1.8x (sac) the most steps seeds 0-4 needed (docs/continuous_control.md)
 FAR_GOAL_RUNS = {
-    "td3": (10_000, {"exploration_noise": 1.0, "train_freq": 2}, ("action_noise", "ou")),
+    "td3": (10_000, {"exploration_noise": 1.0, "train_freq": 2}, ("action_noise", "ou"), {}),
     "sac": (
         8_000,
-        {"alpha": 0.1, "auto_alpha": False, "gamma": 0.99, "sde_sample_freq": 100, "train_freq": 2},
+        {"alpha": 0.1, "auto_alpha": False, "gamma": 0.99, "train_freq": 2},
         ("sde", True),
+        {"sde_sample_freq": 100},
     ),
 }
 
@@ -64,10 +65,10 @@ def test_correlated_exploration_reaches_a_far_goal(algo, run_opts):
     episode reaches the goal, the agent learns that doing nothing is safest and the run's hint names the option.
     The shared settings make the runs cheap (an update every second env step, half the defaults' cost) and, for
     SAC, set a fixed α of 0.1 (as MountainCarContinuous-v0's per-env preset does) and γ 0.99 (see
-    docs/continuous_control.md); sde_sample_freq does nothing without gSDE."""
-    budget, shared, (option, value) = FAR_GOAL_RUNS[algo]
+    docs/continuous_control.md)."""
+    budget, shared, (option, value), with_it = FAR_GOAL_RUNS[algo]
     opts = dict(seed=0, steps=budget, eval_every=500, eval_episodes=10, preset="default", **run_opts)
-    tuned = train(algo, FAR_GOAL, name="tuned", overrides={**shared, option: value}, **opts)
+    tuned = train(algo, FAR_GOAL, name="tuned", overrides={**shared, option: value, **with_it}, **opts)
     assert getattr(tuned.algo.cfg, option) == value
     r = tuned.result
     assert r["stop_return"] == FAR_GOAL_SOLVED

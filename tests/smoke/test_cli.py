@@ -422,6 +422,70 @@ USER_NETS = {
     ),
 }
 
+# a setting that would do nothing in the run it is given to: refused, not ignored
+APEX = ("train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--logdir", "runs", "--no-progress")
+MA = ("train", "ppo", "--env", "pettingzoo:mpe2.simple_spread_v3", "--preset", "default", "--logdir", "runs")
+IDLE_SETTINGS = {
+    "algo-optimizer-under-shared-rmsprop": (
+        ("train", "a3c", "--env", "CartPole-v1", "--set", "optimizer=adam", "--logdir", "runs"),
+        ["--set optimizer=adam has no effect on --arch hogwild", "--optimizer (shared_rmsprop)", "--optimizer algo"],
+    ),
+    "apex-uniform-replay": ((*APEX, "--set", "prioritized=false"), ["prioritized=false has no effect on --arch apex"]),
+    "apex-epsilon-schedule": ((*APEX, "--set", "eps_final=0"), ["eps_final=0 has no effect", "--epsilon-alpha"]),
+    "apex-unpaced-train-freq": (
+        (*APEX, "--unpaced", "--set", "train_freq=4"),
+        ["train_freq=4 has no effect on --arch apex", "--unpaced updates as fast as it can"],
+    ),
+    "serial-heartbeat": (
+        (*DC, "--backend", "serial", "--heartbeat-s", "5"),
+        ["--heartbeat-s is for roles that run as processes", "--backend serial runs them in this process"],
+    ),
+    "serial-max-restarts": ((*DC, "--backend", "serial", "--max-restarts", "0"), ["--max-restarts is for roles"]),
+    "policies-beside-a-policy-map": (
+        (*MA, "--policies", "separate", "--policy-map", "*=blue"),
+        ["--policies separate has no effect with --policy-map"],
+    ),
+    "n-envs-twice": ((*TRAIN, "--n-envs", "4", "--set", "n_envs=2"), ["--n-envs 4 and --set n_envs=2 disagree"]),
+    "vector-mode-of-workers": (
+        (*DC, "--vector-mode", "async"),
+        ["--vector-mode async has no effect on --arch data_parallel", "only --arch single"],
+    ),
+    "vector-mode-multi-agent": ((*MA, "--vector-mode", "sync"), ["--vector-mode sync has no effect on a PettingZoo"]),
+    "env-timeout-without-env-processes": ((*TRAIN, "--env-timeout-s", "5"), ["--env-timeout-s 5 has no effect"]),
+    "obs-clip-without-obs-norm": (
+        (*TRAIN, "--set", "obs_clip=1"),
+        ["--set obs_clip=1 has no effect while obs_norm=False", "set obs_norm too"],
+    ),
+    "sde-sample-freq-without-sde": (
+        ("train", "ppo", "--env", "Pendulum-v1", "--set", "sde_sample_freq=4", "--logdir", "runs"),
+        ["sde_sample_freq=4 has no effect while sde=False"],
+    ),
+    "burn-in-without-lstm": (
+        ("train", "dqn", "--env", "CartPole-v1", "--set", "burn_in=3", "--logdir", "runs"),
+        ["burn_in=3 has no effect while lstm=0"],
+    ),
+    "pg-vf-coef-without-baseline": (
+        ("train", "pg", "--env", "CartPole-v1", "--set", "vf_coef=3", "--logdir", "runs"),
+        ["vf_coef=3 has no effect while baseline=False"],
+    ),
+    "gossip-order-of-one-learner": (
+        (*TRAIN, "--arch", "gossip", "--learners", "1", "--gossip-order", "pala"),
+        ["--gossip-order has no effect with --learners 1"],
+    ),
+    "group-timeout-of-one-learner": (
+        (*TRAIN, "--arch", "allreduce", "--workers", "1", "--group-timeout-s", "5"),
+        ["--group-timeout-s has no effect with --workers 1"],
+    ),
+    "ladder-of-one-actor": (
+        (*APEX, "--actors", "1", "--epsilon-alpha", "3"),
+        ["--epsilon-alpha has no effect with --actors 1"],
+    ),
+    "dagger-without-expert": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "demos.npz", "--set", "dagger_iterations=3"),
+        ["--set dagger_iterations=3 has no effect without --expert"],
+    ),
+}
+
 MORE_USAGE_ERRORS = {
     **EARLIER_USAGE_ERRORS,
     **CONFIG_RANGES,
@@ -432,6 +496,7 @@ MORE_USAGE_ERRORS = {
     **ABSURD_SIZES,
     **ARCH_OPTIONS,
     **USER_NETS,
+    **IDLE_SETTINGS,
 }
 assert len(MORE_USAGE_ERRORS) == sum(
     map(
@@ -446,6 +511,7 @@ assert len(MORE_USAGE_ERRORS) == sum(
             ABSURD_SIZES,
             ARCH_OPTIONS,
             USER_NETS,
+            IDLE_SETTINGS,
         ),
     )
 ), "a case id is used twice"

@@ -470,10 +470,10 @@ def test_the_unpaced_learner_updates_as_fast_as_it_can_and_the_paced_one_keeps_t
     per 1,024: about 4 in 4,000 steps); unpaced (the paper's), it updates while the actor steps, far more often (about
     100 here: a CartPole actor steps 4,000 times in a second)."""
     common = dict(arch="apex", actors=1, steps=4_500, stop_return=1e9, eval_every=4_500, eval_episodes=1,
-                  overrides={"learning_starts": 500, "train_freq": 256, "gradient_steps": 1},
                   logdir=str(tmp_path), progress=False)  # fmt: skip
-    paced = train("dqn", "CartPole-v1", name="paced", **common)
-    unpaced = train("dqn", "CartPole-v1", name="unpaced", unpaced=True, **common)
+    start = {"learning_starts": 500, "gradient_steps": 1}
+    paced = train("dqn", "CartPole-v1", name="paced", overrides={**start, "train_freq": 256}, **common)
+    unpaced = train("dqn", "CartPole-v1", name="unpaced", unpaced=True, overrides=start, **common)
     steps_learning = paced["env_steps"] - 500
     assert steps_learning // 1024 - 1 <= paced["updates"] <= steps_learning // 1024 + 1
     assert unpaced["updates"] >= 20

@@ -43,6 +43,13 @@ class Loops:
         return np.full(len(obs), int(finish)), {}, state
 
 
+class Balances:
+    """CartPole's pole kept up for far longer than 20 steps: push towards the side it leans to."""
+
+    def act(self, obs, state=None, explore=False):
+        return (obs[:, 2] + obs[:, 3] > 0).astype(np.int64), {}, state
+
+
 def test_an_endless_episode_is_cut_at_the_bound_with_the_return_it_had():
     envs = make_vector_env(Endless, 3, seed=0, mode="sync", training=False)
     try:
@@ -71,9 +78,16 @@ def test_recorded_episodes_end_at_the_cut():
     assert np.flatnonzero(starts).tolist() == [0, 7, 14]
 
 
-def test_the_bound_is_the_envs_own_time_limit_where_it_has_one():
+def test_the_bound_is_the_envs_own_time_limit_where_it_is_shorter():
     assert episode_bound(500, EVAL_MAX_STEPS) == 500
     assert episode_bound(None, 123) == 123
+    assert episode_bound(500, 20) == 20  # --eval-max-steps 20 on CartPole-v1 cuts its episodes at 20
+    envs = make_vector_env("CartPole-v1", 2, seed=0, mode="sync", training=False)
+    try:
+        result = evaluate(Balances(), envs, 2, seed=0, max_steps=episode_bound(500, 20))
+    finally:
+        envs.close()
+    assert result.cut == 2 and np.all(result.returns == 20)
     envs = make_vector_env("CliffWalking-v1", 2, seed=0, mode="sync", training=False, max_episode_steps=20)
     try:
         result = evaluate(Loops(), envs, 2, seed=0, max_steps=episode_bound(20, 1_000))

@@ -570,7 +570,8 @@ def test_param_server_refuses_a_shard_count_it_cannot_split(shards, problem, run
 
 def test_param_server_refuses_an_own_optimizer_that_is_not_elementwise(monkeypatch, run_opts, tmp_path):
     """A server steps its shard on its own: the algorithm's own optimizer must be elementwise (Adam, RMSprop, SGD
-    are); one that is not (L-BFGS here) is refused before anything starts, and another --optimizer runs."""
+    are); one that is not (L-BFGS here) is refused before anything starts, and another --optimizer runs (the
+    algorithm's own optimizer is then not used: setting it is refused, see tests/smoke/test_cli.py)."""
     from rlfleet.optim import make
 
     monkeypatch.setitem(make.OPTIMIZERS, "sgd", torch.optim.LBFGS)
@@ -579,9 +580,8 @@ def test_param_server_refuses_an_own_optimizer_that_is_not_elementwise(monkeypat
                                           r"another --optimizer \(shared_rmsprop, "):  # fmt: skip
         train("a2c", "CartPole-v1", arch="param_server", backend="serial", overrides={"optimizer": "sgd"}, **run_opts)
     assert not any(tmp_path.iterdir())  # nothing written
-    r = train("a2c", "CartPole-v1", arch="param_server", backend="serial", overrides={"optimizer": "sgd"},
-              optimizer="shared_rmsprop", steps=600, eval_every=600, eval_episodes=1, stop_return=1e9,
-              **run_opts).result  # fmt: skip
+    r = train("a2c", "CartPole-v1", arch="param_server", backend="serial", optimizer="shared_rmsprop", steps=600,
+              eval_every=600, eval_episodes=1, stop_return=1e9, **run_opts).result  # fmt: skip
     assert r["updates"] > 0
 
 
