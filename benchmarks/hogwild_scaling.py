@@ -6,8 +6,9 @@ Two measurements, one run at a time (never run other benchmarks beside it):
             wall-clock seconds until the greedy evaluation (10 episodes, every --eval-every env steps,
             evaluation time counting) first reaches --reference on CartPole-v1; median over --seeds;
             speedup(n) = time(1) / time(n).
-  throughput  env steps/s of a3c with n workers over a fixed number of env steps (no evaluation until the
-            end), on CartPole-v1 and, with --pong, frames/s on ALE/Pong-v5 (4 frames per env step);
+  throughput  steady env steps/s of a3c with n workers over a fixed number of env steps (no evaluation until
+            the end; the median of the per-row rates after the first, so the workers' start-up stays out), on
+            CartPole-v1 and, with --pong, frames/s on ALE/Pong-v5 (4 frames per env step);
             scaling(n) = throughput(n) / throughput(1).
 
     python benchmarks/hogwild_scaling.py --workers 1,2 --seeds 3 --out benchmarks/results/hogwild_scaling.json
@@ -42,16 +43,17 @@ def time_to_reference(algo: str, workers: int, seed: int, reference: float, eval
 
 
 def throughput(env: str, workers: int, steps: int, seed: int = 0) -> float:
-    """Env steps/s of a3c over `steps` steps (time from the run's start, worker start-up included)."""
+    """Steady env steps/s of a3c with `workers` workers: the median of the run's `charts/SPS` rows after the first
+    (each row's rate since the one before), so that the workers' start-up, which staggers when many processes import
+    torch at once, counts in one or two rows rather than in the whole window; over a run too short for three rows,
+    its env steps over its wall time."""
     with tempfile.TemporaryDirectory(prefix="rlfleet-scaling-") as tmp:
         r = train("a3c", env, arch="hogwild", workers=workers, seed=seed, steps=steps, eval_every=10 * steps,
                   eval_episodes=1, stop_return=1e9, logdir=tmp, name="r", progress=False).result  # fmt: skip
         rows = [line.split(",") for line in (Path(tmp) / "r" / "metrics.csv").read_text().splitlines()[1:]]
-    # steady state: from the first logged step to the last one before the final evaluation
-    sps = [(int(s), float(t)) for s, t, key, _ in rows if key == "charts/SPS"]
+    sps = [float(value) for _, _, key, value in rows if key == "charts/SPS"]
     if len(sps) >= 3:
-        (s0, t0), (s1, t1) = sps[0], sps[-1]
-        return (s1 - s0) / max(t1 - t0, 1e-9)
+        return statistics.median(sps[1:])
     return r["env_steps"] / r["wall_time_s"]
 
 
