@@ -24,7 +24,7 @@ from rlfleet.run.config import (
     parse_field,
     saved_run_config,
 )
-from rlfleet.run.runner import ResolvedConfig, RunBase, RunResult, build_algorithm
+from rlfleet.run.runner import ResolvedConfig, RunBase, RunResult
 
 
 def train(
@@ -85,11 +85,12 @@ LEARNER_STATE = ("format", "run_config", "algo_config", "algo", "env_steps", "st
 def check_run(algo: str, env: str, **options: Any) -> tuple[ResolvedConfig, Any]:
     """What `train(algo, env, **options)` checks before it writes anything, without running it: the algorithm, the
     architecture and its options, every run option, the env and its keyword arguments, the algorithm's config
-    (`RunBase.resolve_config`), and the algorithm built for the env's spaces on the CPU. Returns the resolved
-    configuration and the algorithm; a problem is the one line `train` would give."""
+    (`RunBase.resolve_config`), the algorithm built for the env's spaces on the run's device, and what the
+    architecture itself refuses (`RunBase.checked`). Returns the resolved configuration and the algorithm; a problem
+    is the one line `train` would give."""
     cfg = _run_config(algo, env, options)
-    resolved = _runner(cfg).resolve_config(cfg)
-    return resolved, build_algorithm(cfg, resolved.algo_cfg, resolved.env_info, cfg.seed, "cpu")
+    run = _runner(cfg).checked(cfg)
+    return run.resolved, run.algo
 
 
 def _run_config(algo: str, env: str, options: dict[str, Any]) -> RunConfig:

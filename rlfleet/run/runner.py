@@ -229,6 +229,8 @@ class RunBase(abc.ABC):
     evals_at_start: int
     """Evaluations the run had made when this invocation started (a resumed run's: its checkpoint's)."""
     _invocation_start: float
+    resolved: ResolvedConfig
+    """The run's configuration as `resolve_config` resolved it."""
 
     def __init__(
         self,
@@ -237,7 +239,46 @@ class RunBase(abc.ABC):
         run_dir: Path | None = None,
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
-        resolved = self.resolve_config(cfg)
+        self._prepare(cfg)
+        if run_dir is None:
+            check_output_folder(cfg.logdir, "--logdir")
+        self.run_dir = run_dir or (Path(cfg.logdir) / cfg.name if cfg.name else _default_run_dir(cfg))
+        check_output_folder(self.run_dir, "run folder")
+        if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise ConfigError(
+                f"run folder {self.run_dir} already exists; use --resume {self.run_dir} or another --name"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.callbacks = callbacks or []
+        self.state: dict[str, Any] = {  # checkpointed; architectures add counters of their own
+            "updates": 0,
+            "next_eval": self.eval_every,
+            "next_checkpoint": self.checkpoint_every,
+            "next_log": self.log_every,
+            "evals": 0,
+            "best_eval": -float("inf"),
+            "solved_at_step": None,
+            "solved_at_s": None,
+            "elapsed": 0.0,
+            "last_eval": None,
+        }
+        self.stopped_by = "steps"
+        self._cut_noted = False  # `_note_cut` has said so in this invocation
+
+    @classmethod
+    def checked(cls, cfg: RunConfig) -> RunBase:
+        """A run of `cfg` made as far as its checks and no further: its configuration resolved (`resolved`), its
+        algorithm built and the architecture's own `check_config` passed, with nothing written and nothing started
+        (what `rlfleet.check_run` makes); a problem is the one line `train` would give."""
+        run = cls.__new__(cls)
+        run._prepare(cfg)
+        return run
+
+    def _prepare(self, cfg: RunConfig) -> None:
+        """What a run does before it touches the disk: resolve `cfg` (`resolve_config`), pick the threads and the
+        device, build the algorithm and its normalisation state, and refuse what the architecture cannot run
+        (`check_config`)."""
+        self.resolved = resolved = self.resolve_config(cfg)
         self.opts, self.env_info, self.algo_cfg, self.preset = (
             resolved.opts, resolved.env_info, resolved.algo_cfg, resolved.preset
         )  # fmt: skip
@@ -264,30 +305,6 @@ class RunBase(abc.ABC):
         self.reward_norm = self.make_reward_norm()
         self.check_config()
         self.stop_return = resolve_stop_return(cfg.stop_return, info["reward_threshold"], cfg.env, cfg.env_kwargs)
-        if run_dir is None:
-            check_output_folder(cfg.logdir, "--logdir")
-        self.run_dir = run_dir or (Path(cfg.logdir) / cfg.name if cfg.name else _default_run_dir(cfg))
-        check_output_folder(self.run_dir, "run folder")
-        if resume_from is None and self.run_dir.exists() and any(self.run_dir.iterdir()):
-            raise ConfigError(
-                f"run folder {self.run_dir} already exists; use --resume {self.run_dir} or another --name"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.callbacks = callbacks or []
-        self.state: dict[str, Any] = {  # checkpointed; architectures add counters of their own
-            "updates": 0,
-            "next_eval": self.eval_every,
-            "next_checkpoint": self.checkpoint_every,
-            "next_log": self.log_every,
-            "evals": 0,
-            "best_eval": -float("inf"),
-            "solved_at_step": None,
-            "solved_at_s": None,
-            "elapsed": 0.0,
-            "last_eval": None,
-        }
-        self.stopped_by = "steps"
-        self._cut_noted = False  # `_note_cut` has said so in this invocation
 
     @classmethod
     def resolve_config(cls, cfg: RunConfig) -> ResolvedConfig:

@@ -41,6 +41,15 @@ BAD_SWEEPS = {
     "unknown-env": (("tune", "ppo", "--env", "CartPol-v1", *LR, "--logdir", "sweeps"), ["'CartPol-v1'"]),
     "bad-set-with-search": ((*TUNE, *LR, "--set", "epochs=0"), ["ppo config epochs=0", ">= 1"]),
     "action-space": (("tune", "dqn", "--env", "Pendulum-v1", *LR, "--logdir", "sweeps"), ["dqn", "Box"]),
+    # what the architecture refuses (its own check_config) is found before the trials too
+    "architecture-refuses": (
+        ("tune", "dqn", "--env", "CartPole-v1", "--arch", "hogwild", *LR, "--logdir", "sweeps"),
+        ["dqn learns from replay; the hogwild architecture runs on-policy algorithms"],
+    ),
+    "setting-that-does-nothing": (
+        (*TUNE, "--search", "obs_clip=uniform(1,10)"),
+        ["obs_clip", "has no effect while obs_norm=False"],
+    ),
     "resume-not-a-sweep": (("tune", "--resume", "sweeps"), ["sweeps is not a sweep folder", "sweep.json"]),
     "resume-with-options": (("tune", "--resume", "done", "--steps", "10"), ["a resumed sweep keeps", "--steps"]),
 }
