@@ -5,8 +5,8 @@
 #
 #     bash benchmarks/device_checks.sh tests pong_ppo sac   # what is still pending, most valuable first (~12 min)
 #     bash benchmarks/device_checks.sh a3c_pong             # one step; every step, in this order:
-#         tests (2 min) updates (2) learning (2) pong_ppo (8) sac (2.5) a3c_pong (9) a3c_numa (2.5) apex_pong (5)
-#         gala_pong (9)
+#         tests (2 min) updates (2) learning (2) pong_ppo (8) sac (2.5) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
+#         apex_pong (5) gala_pong (9)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -61,6 +61,23 @@ if wanted a3c_numa; then
     echo "node 0 cpus: $node0"
     timeout 240 taskset -c "$node0" python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.67 \
         --workers 16 --eval-every 1000000 --eval-episodes 1 --out "$OUT/a3c_numa"
+fi
+if wanted a3c_perf; then
+    step "a3c_perf: hardware counters of the whole machine (perf stat, 15 s) while A3C runs on Pong at 8, then 16 workers"
+    if command -v perf > /dev/null; then
+        for n in 8 16; do
+            timeout 100 python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.2 --workers "$n" \
+                --eval-every 100000000 --eval-episodes 1 --out "$OUT/a3c_perf_$n" > "$OUT/a3c_perf_$n.log" 2>&1 &
+            sleep 40  # the workers started and stepping
+            echo "--- $n workers"
+            timeout 30 perf stat -a -e cycles,instructions,cache-references,cache-misses,LLC-load-misses,context-switches \
+                -- sleep 15 2>&1 | grep -v "^$"
+            wait
+            tail -4 "$OUT/a3c_perf_$n/summary.md" 2>/dev/null
+        done
+    else
+        echo "no perf on this machine"
+    fi
 fi
 if wanted apex_pong; then
     step "apex_pong: Ape-X DQN on Pong, 14 actors, the unpaced learner on the GPU, 4 minutes"
