@@ -167,19 +167,25 @@ def hold_service(handle, seconds, started):
 
 def learner_after_a_failed_start(rank, rendezvous, fail_first, out):
     """Worker: a learner of a 2-learner group, which (`fail_first`) first fails to form a group, its peer counted
-    ready but absent; then it joins the next generation, sums its rank + 1 over the group and sends home
-    `(rank, sum)`, or `(rank, why)` if the group does not form."""
+    ready but absent, or else waits, started and ready, until that group has failed (the generation moved on);
+    then it joins the next generation, sums its rank + 1 over the group and sends home `(rank, sum)`, or
+    `(rank, why)` if the group does not form."""
     import contextlib
+    import time
 
     import torch.distributed as dist
 
-    from rlfleet.arch.allreduce import GroupBroken, LearnerGroup
+    from rlfleet.arch.allreduce import GENERATION, GroupBroken, LearnerGroup
 
     group = LearnerGroup(rendezvous, rank)
     try:
         if fail_first:
             with contextlib.suppress(GroupBroken):
                 group.join()
+        else:  # already up (a fresh process takes seconds to import torch on a busy machine): joins at once
+            store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, wait_for_workers=False)
+            while store.get(GENERATION) == b"0":
+                time.sleep(0.02)
         group.join()
         total = torch.tensor([rank + 1.0])
         dist.all_reduce(total)

@@ -233,15 +233,15 @@ def test_a_learner_whose_group_failed_to_form_meets_a_fresh_peer_in_the_next_gen
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     first = ctx.Process(target=learner_after_a_failed_start, args=(0, rendezvous, True, out))
-    first.start()
-    procs = [first]
+    fresh = ctx.Process(target=learner_after_a_failed_start, args=(1, rendezvous, False, out))  # waits for it
+    procs = [first, fresh]
+    for proc in procs:
+        proc.start()
     try:
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         while store.get(GENERATION) == b"0":  # learner 0's first group did not form
             assert time.monotonic() < deadline and first.is_alive(), "learner 0 never gave up its first group"
             time.sleep(0.05)
-        procs.append(ctx.Process(target=learner_after_a_failed_start, args=(1, rendezvous, False, out)))
-        procs[1].start()
         results = dict(out.get(timeout=WORKER_TIMEOUT_S) for _ in procs)
     finally:
         for proc in procs:
