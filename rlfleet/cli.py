@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.algos.spaces import UnsupportedSpaceError
     from rlfleet.backends import RunFailure
     from rlfleet.data.demos import DatasetError
-    from rlfleet.envs import UnknownEnvError
+    from rlfleet.envs import EnvProcessError, UnknownEnvError
     from rlfleet.run.checkpoint import CheckpointError
     from rlfleet.run.config import ConfigError
     from rlfleet.run.plot import MetricsError
@@ -447,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
             if (exc.run_dir / "workers.log").exists():
                 where += f" (details in {exc.run_dir}/workers.log)"
         print(f"rlfleet: error: the run stopped: {reason}{where}", file=sys.stderr)
+        return 1
+    except EnvProcessError as exc:  # outside a run (eval, collect): the command's envs are gone, nothing to save
+        print(f"rlfleet: error: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
         # a path the checks above did not foresee (or that changed under the command): still one line

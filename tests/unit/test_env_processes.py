@@ -55,3 +55,16 @@ def test_a_reset_that_does_not_come_back_is_named_too():
 
 def test_exit_reason():
     assert exit_reason(-9) == "killed by SIGKILL" and exit_reason(1) == "exit code 1"
+
+
+def test_a_command_whose_env_process_died_says_so_in_one_line(monkeypatch, capsys):
+    """`rlfleet eval` or `collect` outside a run: no checkpoint to speak of, the same one line, exit 1."""
+    from rlfleet import cli
+
+    def dies(args):
+        raise EnvProcessError("evaluation env 3 (pid 4242) died (killed by SIGKILL)")
+
+    monkeypatch.setattr(cli, "_eval", dies)
+    assert cli.main(["eval", "runs/r"]) == 1
+    err = capsys.readouterr().err
+    assert err == "rlfleet: error: evaluation env 3 (pid 4242) died (killed by SIGKILL)\n"
