@@ -379,7 +379,7 @@ class AllReduceRunner(ParallelRunner):
                 f"--backend {opts.backend} runs the learners one after another in one process, so {opts.workers} "
                 "of them cannot all-reduce: use --backend local, or --workers 1 (one learner)"
             )
-        if opts.workers == 1 and (given := self.given_option(("group_timeout_s",))):
+        if opts.workers == 1 and not self.resuming and (given := self.given_option(("group_timeout_s",))):
             raise ConfigError(f"{given} has no effect with --workers 1: one learner forms no group to wait for")
         if opts.group_timeout_s >= opts.heartbeat_s:
             raise ConfigError(

@@ -380,10 +380,10 @@ class ApexRunner(ParallelRunner):
                 f"apex's replay shards are backend services, which the {self.opts.backend} backend does not "
                 f"start; use --backend {with_services}"
             )
-        if self.opts.actors == 1 and (given := self.given_option(("epsilon_alpha",))):
+        if self.opts.actors == 1 and not self.resuming and (given := self.given_option(("epsilon_alpha",))):
             raise ConfigError(f"{given} has no effect with --actors 1: its ladder has one rung, --epsilon")
         for key, why in self.IDLE_SETTINGS.items():
-            if key in self.cfg.overrides and (key != "train_freq" or self.opts.unpaced):
+            if key in self.cfg.overrides and (key != "train_freq" or self.opts.unpaced) and not self.resuming:
                 raise ConfigError(f"--set {key}={self.cfg.overrides[key]} has no effect on --arch apex: {why}")
         size, batch = self.algo_cfg.buffer_size, self.algo_cfg.batch_size
         if size < batch:

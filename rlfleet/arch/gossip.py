@@ -623,7 +623,7 @@ class GossipRunner(ParallelRunner):
                 f"(a2c, ppo, pg, nstep_q, onestep_q, sarsa): use --arch {instead}"
             )
         self.topology  # noqa: B018 (made now: a bad --topology file is an error before the run folder is written)
-        if opts.learners == 1 and (given := self.given_option(self.ALONE_IDLE)):
+        if opts.learners == 1 and not self.resuming and (given := self.given_option(self.ALONE_IDLE)):
             raise ConfigError(f"{given} has no effect with --learners 1: one learner has no peers to gossip with")
         if self.order == "pala" and opts.max_staleness != GossipOptions.max_staleness:
             raise ConfigError(

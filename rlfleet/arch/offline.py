@@ -115,7 +115,7 @@ class OfflineRunner(RunBase):
         if cfg.n_envs is not None:
             raise ConfigError(f"--n-envs does not apply to {cfg.algo} (the offline runner steps no training envs)")
         dagger = [key for key in ("dagger_iterations", "dagger_episodes") if key in cfg.overrides]
-        if dagger and self.opts.expert is None:
+        if dagger and self.opts.expert is None and not self.resuming:
             raise ConfigError(f"--set {dagger[0]}={cfg.overrides[dagger[0]]} has no effect without --expert (DAgger's)")
         info = self.env_info
         self.demos = load_demonstrations(self.opts.dataset)

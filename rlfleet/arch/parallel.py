@@ -261,7 +261,7 @@ class ParallelRunner(RunBase):
         BACKENDS[opts.backend].check_options(opts)
         if opts.backend != "ray" and (given := self.given_option(RAY_OPTIONS)):
             raise ConfigError(f"{given} is an option of the ray backend; add --backend ray (not {opts.backend})")
-        if BACKENDS[opts.backend].in_process and (given := self.given_option(PROCESS_OPTIONS)):
+        if BACKENDS[opts.backend].in_process and not self.resuming and (given := self.given_option(PROCESS_OPTIONS)):
             raise ConfigError(
                 f"{given} is for roles that run as processes (--backend local or ray); --backend {opts.backend} runs "
                 "them in this process, one after another"
@@ -280,7 +280,7 @@ class ParallelRunner(RunBase):
                 raise ConfigError(str(exc)) from None
             if self.opts.optimizer == ALGO:
                 self.algo_optimizer()
-            elif "optimizer" in cfg.overrides:
+            elif "optimizer" in cfg.overrides and not self.resuming:
                 raise ConfigError(
                     f"--set optimizer={cfg.overrides['optimizer']} has no effect on --arch {self.arch}: its "
                     f"--optimizer ({self.opts.optimizer}) steps the shared parameters; add --optimizer algo to step "

@@ -73,8 +73,8 @@ class MultiAgentRunBase(RunBase):
     eval_envs: AgentEnvs  # type: ignore[assignment]
 
     @classmethod
-    def resolve_config(cls, cfg: RunConfig) -> ResolvedConfig:
-        resolved = super().resolve_config(cfg)
+    def resolve_config(cls, cfg: RunConfig, resuming: bool = False) -> ResolvedConfig:
+        resolved = super().resolve_config(cfg, resuming)
         run_mapping(cfg, resolved.env_info["agents"])  # a mapping problem is one line before anything is built
         return resolved
 

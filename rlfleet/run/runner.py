@@ -231,6 +231,9 @@ class RunBase(abc.ABC):
     _invocation_start: float
     resolved: ResolvedConfig
     """The run's configuration as `resolve_config` resolved it."""
+    resuming: bool
+    """The run goes on from a checkpoint: it keeps the settings it started with, even one that a new run would refuse
+    for doing nothing (from a version that accepted it)."""
 
     def __init__(
         self,
@@ -239,7 +242,7 @@ class RunBase(abc.ABC):
         run_dir: Path | None = None,
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
-        self._prepare(cfg)
+        self._prepare(cfg, resuming=resume_from is not None)
         if run_dir is None:
             check_output_folder(cfg.logdir, "--logdir")
         self.run_dir = run_dir or (Path(cfg.logdir) / cfg.name if cfg.name else _default_run_dir(cfg))
@@ -271,14 +274,15 @@ class RunBase(abc.ABC):
         algorithm built and the architecture's own `check_config` passed, with nothing written and nothing started
         (what `rlfleet.check_run` makes); a problem is the one line `train` would give."""
         run = cls.__new__(cls)
-        run._prepare(cfg)
+        run._prepare(cfg, resuming=False)
         return run
 
-    def _prepare(self, cfg: RunConfig) -> None:
+    def _prepare(self, cfg: RunConfig, resuming: bool) -> None:
         """What a run does before it touches the disk: resolve `cfg` (`resolve_config`), pick the threads and the
         device, build the algorithm and its normalisation state, and refuse what the architecture cannot run
-        (`check_config`)."""
-        self.resolved = resolved = self.resolve_config(cfg)
+        (`check_config`). `resuming`: the run goes on from a checkpoint (`self.resuming`)."""
+        self.resuming = resuming
+        self.resolved = resolved = self.resolve_config(cfg, resuming=resuming)
         self.opts, self.env_info, self.algo_cfg, self.preset = (
             resolved.opts, resolved.env_info, resolved.algo_cfg, resolved.preset
         )  # fmt: skip
@@ -307,23 +311,25 @@ class RunBase(abc.ABC):
         self.stop_return = resolve_stop_return(cfg.stop_return, info["reward_threshold"], cfg.env, cfg.env_kwargs)
 
     @classmethod
-    def resolve_config(cls, cfg: RunConfig) -> ResolvedConfig:
+    def resolve_config(cls, cfg: RunConfig, resuming: bool = False) -> ResolvedConfig:
         """The run's configuration resolved on this architecture, before anything is built or written: every run
         option checked, the architecture's `Options`, the env's spaces and family (a keyword it refuses: one line),
         the algorithm's config (preset, `--set`, `--n-envs`; a preset's normalisation off where workers step their
-        own envs; a preset's replay fitted to the machine's memory), the steps and the evaluation interval."""
+        own envs; a preset's replay fitted to the machine's memory), the steps and the evaluation interval.
+        Settings that would do nothing are refused in a new run only: a `resuming` one keeps what it started with."""
         check_run_config(cfg)  # every option's type and range, as RunConfig declares them
         opts = build_options(cls.Options, cfg.options, cfg.arch)
         info = env_info(cfg.env, cfg.env_kwargs)
         algo_cfg, preset = build_algo_config(
             cfg.algo, cfg.preset, cfg.overrides, info["family"], cfg.env, cfg.arch, cls.presets
         )
-        if cfg.n_envs is not None and "n_envs" in cfg.overrides and cfg.n_envs != algo_cfg.n_envs:
+        if cfg.n_envs is not None and "n_envs" in cfg.overrides and cfg.n_envs != algo_cfg.n_envs and not resuming:
             raise ConfigError(f"--n-envs {cfg.n_envs} and --set n_envs={cfg.overrides['n_envs']} disagree: give one")
         if cfg.n_envs is not None:
             algo_cfg.n_envs = cfg.n_envs
-        idle_setting(algo_cfg, cfg.overrides, "--set")
-        cls.check_env_options(cfg, info, algo_cfg)
+        if not resuming:
+            idle_setting(algo_cfg, cfg.overrides, "--set")
+            cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
         fit_preset_replay(algo_cfg, cfg.overrides, info["observation_space"], preset)

@@ -13,7 +13,7 @@ import pytest
 
 from rlfleet import train
 from rlfleet.cli import main
-from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import ConfigError
 
 
@@ -81,6 +81,25 @@ def test_a_resume_applies_what_it_may_change_and_accepts_equal_values(saved_run:
     assert saved["steps"] == 512 and saved["torch_threads"] == 2
     assert saved["options"]["backend"] == "local" and saved["options"]["max_restarts"] == 3
     assert json.loads((run / "config.json").read_text())["torch_threads"] == 2
+
+
+def test_a_run_keeps_a_setting_that_a_new_run_would_refuse_for_doing_nothing(saved_run: Path, tmp_path: Path):
+    """A run started by a version that accepted a setting which does nothing (here obs_clip without obs_norm, and
+    --heartbeat-s on the serial backend) resumes with it: refusals of such settings are for new runs."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    for name in ("latest.pt", "best.pt"):
+        path = run / "checkpoints" / name
+        payload = load_checkpoint(path)
+        payload["run_config"]["overrides"]["obs_clip"] = "5"
+        payload["algo_config"]["obs_clip"] = 5.0
+        payload["run_config"]["options"]["heartbeat_s"] = 30.0
+        save_checkpoint(path, payload)
+    with pytest.raises(ConfigError, match="obs_clip=5 has no effect while obs_norm=False"):  # as a new run
+        train("a2c", "CartPole-v1", arch="data_parallel", backend="serial", overrides={"obs_clip": "5"},
+              logdir=str(tmp_path), name="new", progress=False)  # fmt: skip
+    assert run_main(("train", "--resume", run, "--steps", "512", "--no-progress")) == 0
+    assert load_checkpoint(run)["env_steps"] >= 512
 
 
 def test_resume_through_the_python_api_refuses_a_different_set_value(saved_run: Path):
