@@ -3,9 +3,9 @@
 # terminal and $OUT/device_checks.log (with OUT unset: ./device-out). Packages the GPU machine lacks (gymnasium,
 # ale-py, mujoco, stable-baselines3) come as wheels in .whl/ (docs/devices.md, "Measured", says how they are fetched).
 #
-#     bash benchmarks/device_checks.sh tests pong_ppo sac   # what is still pending, most valuable first (~12 min)
-#     bash benchmarks/device_checks.sh a3c_pong             # one step; every step, in this order:
-#         tests (2 min) updates (2) learning (2) pong_ppo (8) sac (2.5) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
+#     bash benchmarks/device_checks.sh tests sac updates  # what is still pending, most valuable first (~8 min)
+#     bash benchmarks/device_checks.sh pong_ppo           # one step; every step, in this order:
+#         tests (2 min) sac (4) updates (2) learning (2) pong_ppo (8) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
 #         apex_pong (5) gala_pong (9)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ if [ -d .whl ]; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-tests pong_ppo sac}
+steps=${*:-tests sac updates}
 wanted() { [[ " $steps " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
@@ -31,6 +31,10 @@ python3 -c "import torch, gymnasium; print('torch', torch.__version__, 'cuda', t
 if wanted tests; then
     step "tests: the gpu test module, without its learning runs"
     timeout 150 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8
+fi
+if wanted sac; then
+    step "sac: SAC on HalfCheetah-v5, 20,000 steps, rlfleet (its update a CUDA graph) and SB3, learners on the GPU"
+    timeout 240 python3 benchmarks/device_learner.py sac --seeds 0 1 --out "$OUT/device_sac.json"
 fi
 if wanted updates; then
     step "updates: learner updates per second, CPU against GPU (the table behind --device auto)"
@@ -44,10 +48,6 @@ if wanted pong_ppo; then
     step "pong_ppo: PPO on Pong, learner on the GPU, 16 env processes, 7 minutes (goal: >= 18 within 10)"
     timeout 540 python3 benchmarks/atari_scale.py ppo --env ALE/Pong-v5 --minutes 7 --device cuda --envs 16 \
         --eval-every 250000 --eval-episodes 5 --out "$OUT/pong_ppo"
-fi
-if wanted sac; then
-    step "sac: SAC on HalfCheetah-v5, 20,000 steps, rlfleet and SB3 with the learner on the GPU"
-    timeout 140 python3 benchmarks/device_learner.py sac --seeds 0 1 2 --out "$OUT/device_sac.json"
 fi
 if wanted a3c_pong; then
     step "a3c_pong: A3C on Pong at 1, 2, 4, 8 and 16 workers, 100 s each: frames/s, time to -15, ms per phase"

@@ -102,9 +102,9 @@ def ppo_step(obs_space, n_actions: int, minibatch: int, device: str, preset: str
     return step
 
 
-def replay_update(name: str, obs_space, action_space, batch_size: int, device: str, preset: str | None):
+def replay_update(name: str, obs_space, action_space, batch_size: int, device: str, preset: str | None, **overrides):
     """One `update` of a replay algorithm on a host-memory batch (moved to `device` inside, as a replay sample is)."""
-    algo, cfg = _build(name, preset, obs_space, action_space, device, batch_size=batch_size)
+    algo, cfg = _build(name, preset, obs_space, action_space, device, batch_size=batch_size, **overrides)
     rng = np.random.default_rng(0)
     b = batch_size
     act = rng.integers(action_space.n, size=b) if isinstance(action_space, gym.spaces.Discrete) else None
@@ -133,6 +133,9 @@ CASES = {
     "DQN, Nature CNN (Pong), batch 32": lambda d: replay_update("dqn", IMAGE, gym.spaces.Discrete(6), 32, d, "atari"),
     "SAC, 256-256 (HalfCheetah), batch 256": lambda d: replay_update(
         "sac", CHEETAH, gym.spaces.Box(-1, 1, (6,), np.float32), 256, d, "mujoco"
+    ),
+    "SAC, the same, without the CUDA graph": lambda d: replay_update(
+        "sac", CHEETAH, gym.spaces.Box(-1, 1, (6,), np.float32), 256, d, "mujoco", cuda_graph=False
     ),
     "PPO, 64-64 MLP (CartPole), minibatch 64": lambda d: ppo_step(CARTPOLE, 2, 64, d, None),
     "DQN, 64-64 MLP (CartPole), batch 64": lambda d: replay_update(
@@ -177,6 +180,7 @@ def sac(args: argparse.Namespace) -> None:
                 eval_episodes=10, device="cuda", logdir=tmp, progress=False,
             )  # fmt: skip
             ours = time.perf_counter() - start
+        print(f"seed {seed}: rlfleet {ours:.1f} s, return {r['eval_return_mean']:.0f}; SB3 now", flush=True)
         start = time.perf_counter()
         theirs_return = _sb3_sac(seed, args.steps)
         theirs = time.perf_counter() - start

@@ -18,6 +18,8 @@ What the protocols cannot say:
 - Every optimizer step of an update goes through `optimize(self.optimizer, ...)` (`rlfleet.optim.step`), which
   calls the gradient hook an architecture may set on that optimizer (`set_gradient_hook`) between the backward
   pass and the clip (the `allreduce` learners average their gradients there).
+- An update whose tensor work reads nothing back on the host may run it through a `rlfleet.cuda_graph.StepGraph`
+  (sac, td3, ddpg): replayed as a CUDA graph when the learner is on CUDA, a plain call elsewhere.
 - Box actions: `act` returns env-ready actions (rescaled to the bounds and clipped) and puts the policy's own,
   unclipped sample into `extras["raw_act"]`, from which the loss takes its log-probabilities.
 - Exploration noise with a state per env (Ornstein–Uhlenbeck): `reset_noise(done)` puts the noise of the envs in

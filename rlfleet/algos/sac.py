@@ -37,6 +37,7 @@ from rlfleet.algos.noise import SDEMatrices
 from rlfleet.algos.options import ActorCriticNetOptions, ReplayOptions
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
+from rlfleet.cuda_graph import StepGraph
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.device import acting, place
@@ -141,7 +142,8 @@ class SAC:
         ]
         if cfg.auto_alpha:
             groups.append({"params": [self.log_alpha], "lr": cfg.alpha_lr})
-        self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
+        self.graph = StepGraph(self.device, cfg.cuda_graph)
+        self.optimizer = make_optimizer("adam", groups, cfg.critic_lr, **self.graph.optimizer_options)
         self.params: list[nn.Parameter] = [p for g in groups for p in g["params"]]
         self._critic_params = list(self.critic.parameters())
         self._targets = list(self.critic_target.parameters())
@@ -185,8 +187,14 @@ class SAC:
     def update(self, batch: Batch) -> Metrics:
         """A critic step, a policy step on the updated critics, an α step on the updated policy, then the soft
         target update; 0-dim tensor metrics."""
-        act = torch.as_tensor(self.bounds.normalize(batch.act), device=self.device)
-        b = batch.to_torch(self.device)
+        b = Batch(batch.to_dict(), act=self.bounds.normalize(batch.act)).to_torch(self.device)
+        metrics = self.graph(self._learn, b, self.optimizer)  # on CUDA: a replayed graph
+        self.updates += 1
+        return metrics
+
+    def _learn(self, b: Batch) -> Metrics:
+        """`update`'s tensor work on a batch on the device, with actions in the policy's [-1, 1]."""
+        act = b.act
         alpha = self.log_alpha.detach().exp()
         # a ~ π(·|s) for the policy step, sampled before the critics step (the policy is the same then); a' ~
         # π(·|s') without a graph, so the policy's backward runs over B rows, not 2B of which half are zeros.
@@ -206,7 +214,6 @@ class SAC:
             alpha_loss = -self.log_alpha * (new_logp.mean() + self.target_entropy)
             optimize(self.optimizer, alpha_loss, self.params, None)  # only log α has a gradient
         soft_update(self._targets, self._critic_params, self.cfg.tau)
-        self.updates += 1
         return {
             "critic_loss": critic_loss.detach(),
             "actor_loss": actor_loss.detach(),
@@ -234,6 +241,7 @@ class SAC:
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.graph.reset()  # the optimizer's state is new tensors
         self.rng.bit_generator.state = state["rng"]
         if "sde" in state:
             self.sde_matrices.load_state_dict(state["sde"])

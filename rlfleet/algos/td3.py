@@ -20,6 +20,7 @@ both networks' parameter groups, and each step moves only the network that has g
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -34,6 +35,7 @@ from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
 from rlfleet.algos.options import ActorCriticNetOptions, PriorityOptions, ReplayOptions, make_replay_buffer
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
+from rlfleet.cuda_graph import StepGraph
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.device import acting, host, place
@@ -165,7 +167,8 @@ class TD3:
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
             {"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
         ]
-        self.optimizer = make_optimizer("adam", groups, cfg.critic_lr)
+        self.graph = StepGraph(self.device, cfg.cuda_graph)
+        self.optimizer = make_optimizer("adam", groups, cfg.critic_lr, **self.graph.optimizer_options)
         self.params: list[nn.Parameter] = [p for g in groups for p in g["params"]]
         self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
         self.noise = ActionNoise(cfg.action_noise, cfg.exploration_noise, cfg.ou_theta, cfg.ou_dt)
@@ -227,33 +230,41 @@ class TD3:
     def update(self, batch: Batch) -> Metrics:
         """One critic step; every `policy_delay`-th then an actor step on the updated critic and the soft
         target update. `priorities` are the critics' mean |TD errors| of the critic step."""
-        b, act = self._torch_batch(batch)
+        b = self._torch_batch(batch)
+        self.updates += 1
+        policy_step = self.updates % self.policy_delay() == 0
+        learn = functools.partial(self._learn, policy_step=policy_step)
+        metrics = self.graph(learn, b, self.optimizer, variant=policy_step)  # on CUDA: a replayed graph
+        self.policy_updates += policy_step
+        metrics["priorities"] = host(metrics["priorities"])
+        return metrics
+
+    def _learn(self, b: Batch, policy_step: bool) -> Metrics:
+        """`update`'s tensor work on a batch on the device, with actions in the policy's [-1, 1]."""
         y = self.td_target(b)
-        q = self.critic(b.obs, act)  # [critics, B]
+        q = self.critic(b.obs, b.act)  # [critics, B]
         td = q - y
         critic_loss = (b.weight * td.pow(2)).mean(1).sum()  # importance weights: ones unless prioritized
         optimize(self.optimizer, critic_loss, self.params, None)  # only the critics have gradients
-        self.updates += 1
-        metrics = {"critic_loss": critic_loss.detach(), "q": q.detach()[0].mean(), "priorities": _td_abs(td)}
-        if self.updates % self.policy_delay():
+        metrics = {"critic_loss": critic_loss.detach(), "q": q.detach()[0].mean(), "priorities": _td_abs(td.detach())}
+        if not policy_step:
             return metrics
         actor_loss = -self.critic(b.obs, self.actor(b.obs), detach=True)[0].mean()
         optimize(self.optimizer, actor_loss, self.params, None)  # only the actor has gradients
         soft_update(self._targets, self.params, self.cfg.tau)
-        self.policy_updates += 1
         metrics["actor_loss"] = actor_loss.detach()
         return metrics
 
-    def _torch_batch(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
-        """The batch as tensors, and its actions in the policy's normalised space."""
-        return batch.to_torch(self.device), torch.as_tensor(self.bounds.normalize(batch.act), device=self.device)
+    def _torch_batch(self, batch: Batch) -> Batch:
+        """The batch as tensors on the device, its actions in the policy's normalised space."""
+        return Batch(batch.to_dict(), act=self.bounds.normalize(batch.act)).to_torch(self.device)
 
     @torch.no_grad()
     def priorities(self, batch: Batch) -> np.ndarray:
         """The twin critics' mean |y − Q_k(s, a)| of each transition under the current networks (y with its own
         draw of smoothing noise): the priorities `update` writes back, without learning (an Ape-X actor's)."""
-        b, act = self._torch_batch(batch)
-        return _td_abs(self.critic(b.obs, act) - self.td_target(b))
+        b = self._torch_batch(batch)
+        return host(_td_abs(self.critic(b.obs, b.act) - self.td_target(b)))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -275,6 +286,7 @@ class TD3:
         self.actor_target.load_state_dict(state["actor_target"])
         self.critic_target.load_state_dict(state["critic_target"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.graph.reset()  # the optimizer's state is new tensors
         self.rng.bit_generator.state = state["rng"]
         self.noise.load_state_dict(state.get("noise", {}))
         self.env_steps = int(state["env_steps"])
@@ -282,6 +294,6 @@ class TD3:
         self.policy_updates = int(state["policy_updates"])
 
 
-def _td_abs(td: torch.Tensor) -> np.ndarray:
+def _td_abs(td: torch.Tensor) -> torch.Tensor:
     """`[B]` priorities from the critics' `[critics, B]` TD errors: the mean of their absolute values."""
-    return host(td.abs().mean(0))
+    return td.abs().mean(0)

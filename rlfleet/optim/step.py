@@ -27,6 +27,11 @@ def set_gradient_hook(optimizer: torch.optim.Optimizer, hook: GradientHook | Non
         _GRADIENT_HOOKS[optimizer] = hook
 
 
+def gradient_hook(optimizer: torch.optim.Optimizer) -> GradientHook | None:
+    """The hook `set_gradient_hook` gave `optimizer`, if any."""
+    return _GRADIENT_HOOKS.get(optimizer)
+
+
 def optimize(
     optimizer: torch.optim.Optimizer,
     loss: torch.Tensor,

@@ -1,6 +1,7 @@
 """Learners on a GPU (skipped on a machine without CUDA): every algorithm on every architecture that takes a device
-updates there; an update on the GPU equals the CPU's to float tolerance; PPO and DQN solve CartPole-v1 and SAC
-Pendulum-v1 with the learner on the GPU; a run trained there evaluates, and resumes, on the CPU.
+updates there; an update on the GPU equals the CPU's to float tolerance; updates replayed as CUDA graphs equal eager
+ones; PPO and DQN solve CartPole-v1 and SAC and TD3 Pendulum-v1 with the learner on the GPU; a run trained there
+evaluates, and resumes, on the CPU.
 
     pytest tests/gpu -m "gpu" -p no:cacheprovider
 """
@@ -17,7 +18,10 @@ from device_cases import CASES, case_id, run_case
 
 from rlfleet import train
 from rlfleet.algos import resolve
+from rlfleet.cuda_graph import StepGraph
 from rlfleet.data.batch import Batch
+from rlfleet.device import acting
+from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize, set_gradient_hook
 from rlfleet.run.evaluate import evaluate_checkpoint
 
@@ -118,8 +122,43 @@ def test_a_gpu_update_equals_the_cpu_update(algo, monkeypatch):
         assert metrics[GPU][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_updates_replayed_as_a_cuda_graph_equal_eager_ones(algo):
+    """Ten updates of a learner whose updates are captured as CUDA graphs (three eager ones of each kind, then a
+    capture, then replays; TD3 has two kinds: with and without its delayed policy step) and of one whose updates
+    all run eagerly, from the same networks, batches and CUDA seed: the same losses and the same networks after
+    each (the replays draw the random numbers the eager updates do), and the CPU copy that acts has the
+    learner's policy after every update."""
+    algo_cls, config_cls, _, _ = resolve(algo)
+    obs_space, act_space, _ = _batch("sac", np.random.default_rng(0))
+    batches = [_batch("sac", np.random.default_rng(i))[2] for i in range(10)]
+    losses, nets = {}, {}
+    for graphed in (True, False):
+        torch.manual_seed(0)
+        learner = algo_cls(config_cls(), obs_space, act_space, seed=0, device=GPU)
+        learner.graph.on = graphed  # the optimizer is made for the capture either way: the same kernels
+        torch.cuda.manual_seed(1)
+        losses[graphed] = []
+        for b in batches:
+            losses[graphed].append(float(learner.update(b)["critic_loss"]))
+            for mine, its in zip(acting(learner.actor).parameters(), learner.actor.parameters(), strict=True):
+                assert torch.equal(mine, its.cpu()), "the acting copy missed an update"
+        nets[graphed] = _params(learner)
+        if graphed:
+            assert learner.graph.failed is None
+            assert learner.graph.captures == {"sac": 1, "td3": 2}[algo]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
+    for a, b in zip(nets[True], nets[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------------------ learning
-SOLVE = {"ppo": ("CartPole-v1", 40_000), "dqn": ("CartPole-v1", 40_000), "sac": ("Pendulum-v1", 20_000)}
+SOLVE = {
+    "ppo": ("CartPole-v1", 40_000),
+    "dqn": ("CartPole-v1", 40_000),
+    "sac": ("Pendulum-v1", 20_000),
+    "td3": ("Pendulum-v1", 20_000),
+}
 
 
 @pytest.mark.learning
@@ -156,3 +195,31 @@ def test_a_run_resumed_on_the_gpu_ends_where_an_uninterrupted_one_does(run_opts)
     resumed = train(resume=part.run_dir, progress=False)
     for a, b in zip(_params(whole), _params(resumed), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_step_that_cannot_be_captured_warns_and_stays_eager():
+    """A step that reads a value on the host (here `float(loss)`) cannot be a CUDA graph: the capture fails, a
+    warning says so, and that call and every later one run eagerly, with the same result as eager steps. (Last in
+    the module: should a failed capture harm the CUDA context, no other test is affected.)"""
+    x = torch.ones(3, device=GPU)
+    weights = {}
+    for graphed in (True, False):
+        graph = StepGraph(torch.device(GPU), enabled=graphed, warmup=1)
+        p = torch.nn.Parameter(torch.ones(3, device=GPU))
+        opt = make_optimizer("adam", [p], 0.1, **StepGraph(torch.device(GPU)).optimizer_options)
+
+        def step(b, p=p, opt=opt):
+            loss = (p * p * b.x).sum()
+            optimize(opt, loss, [p], None)
+            return {"loss": float(loss)}
+
+        if graphed:
+            with pytest.warns(RuntimeWarning, match="could not be captured as a CUDA graph"):
+                for _ in range(4):
+                    graph(step, Batch(x=x), opt)
+            assert graph.failed and graph.captures == 0
+        else:
+            for _ in range(4):
+                graph(step, Batch(x=x), opt)
+        weights[graphed] = p.detach().cpu()
+    torch.testing.assert_close(weights[True], weights[False])
