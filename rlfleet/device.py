@@ -183,6 +183,13 @@ def acting(module: ModuleT) -> ModuleT:
     return module if through is None else cast(ModuleT, through.refresh())  # a copy: of the module's class
 
 
+def metric(t: torch.Tensor) -> float | torch.Tensor:
+    """A 0-dim tensor as an update reports it (`Metrics`): its float on the CPU, where reading it costs nothing; the
+    detached tensor on a device, where reading it would wait for every kernel queued before it and leave the device
+    idle while the next step's kernels are launched. The logger reads it when it writes."""
+    return t.item() if t.device.type == "cpu" else t.detach()
+
+
 def host(t: torch.Tensor) -> np.ndarray:
     """A tensor's values as a NumPy array on the host (a view for a CPU tensor)."""
     return t.detach().cpu().numpy()

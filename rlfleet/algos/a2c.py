@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import policy_step, state_values
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import SDEMatrices
 from rlfleet.algos.options import NetOptions, SDEOptions
 from rlfleet.algos.spaces import (
@@ -39,7 +40,7 @@ from rlfleet.algos.updates import clip_norm, sequence_batch, unroll_sequences
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
-from rlfleet.device import place
+from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
@@ -264,7 +265,7 @@ class A2C:
             return batch.flatten_leading(2)
         return sequence_batch(batch, d.starts, segment.initial_state, self.model.core)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         b = batch.to_torch(self.device)
         if self.model.core is None:
             dist, value = self.model(b.obs)
@@ -278,9 +279,9 @@ class A2C:
         entropy = dist.entropy().mean()
         loss = policy_loss + self.cfg.vf_coef * value_loss - self.cfg.ent_coef * entropy
         metrics = {
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
+            "policy_loss": metric(policy_loss),
+            "value_loss": metric(value_loss),
+            "entropy": metric(entropy),
         }
         return loss, metrics
 
@@ -292,7 +293,7 @@ class A2C:
 
     max_grad_norm = property(clip_norm)
 
-    def update(self, segment: Segment) -> dict[str, float]:
+    def update(self, segment: Segment) -> Metrics:
         loss, metrics = self.loss(self.process(segment))
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         return metrics

@@ -20,11 +20,12 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import policy_step
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.options import NetOptions
 from rlfleet.algos.spaces import action_bounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import linear
 from rlfleet.data.batch import Batch
-from rlfleet.device import place
+from rlfleet.device import metric, place
 from rlfleet.fields import bounded
 from rlfleet.nets.models import ActorCritic
 from rlfleet.optim.make import make_optimizer
@@ -111,18 +112,18 @@ class BC:
         act = np.clip(np.asarray(demos.act, dtype=np.float32), b.low, b.high)
         return Batch(obs=demos.obs, act=((act - b.offset) / b.scale).astype(np.float32))
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         b = batch.to_torch(self.device)
         dist, _ = self.model(b.obs)
         if self.bounds is not None:
             loss = (dist.mean - b.act).pow(2).sum(-1).mean()
-            return loss, {"mse": loss.item()}
+            return loss, {"mse": metric(loss)}
         loss = -dist.log_prob(b.act).mean()
         with torch.no_grad():
-            accuracy = (dist.logits.argmax(-1) == b.act).float().mean().item()
-        return loss, {"cross_entropy": loss.item(), "accuracy": accuracy}
+            accuracy = metric((dist.logits.argmax(-1) == b.act).float().mean())
+        return loss, {"cross_entropy": metric(loss), "accuracy": accuracy}
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch) -> Metrics:
         """One gradient step on a minibatch of processed demonstrations."""
         loss, metrics = self.loss(batch)
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)

@@ -37,7 +37,7 @@ from rlfleet.algos.updates import hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
-from rlfleet.device import acting, host, module_device, place
+from rlfleet.device import acting, host, metric, module_device, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, NEEDS, bounded
 from rlfleet.nets.heads import action_mask_of, masked_logits
@@ -281,7 +281,7 @@ class DQN:
             y = b.rew + b.discount * (1.0 - b.terminated.float()) * next_v
         td = y - q
         loss = (b.weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
-        metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
+        metrics = {"loss": metric(loss), "q": metric(q.mean()), "epsilon": self.eps}
         return loss, metrics, host(td.abs())
 
     def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, np.ndarray]:
@@ -312,7 +312,7 @@ class DQN:
             y = ret_t + bootstrap_t * next_v.gather(1, last_t)
         td = y - q
         loss = (b.weight.unsqueeze(1) * F.smooth_l1_loss(q, y, reduction="none")).mean()
-        metrics = {"loss": loss.item(), "q": q.mean().item(), "epsilon": self.eps}
+        metrics = {"loss": metric(loss), "q": metric(q.mean()), "epsilon": self.eps}
         return loss, metrics, host(td.abs().mean(1))
 
     def _next_value(

@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import epsilon_greedy, q_values, sample_final_epsilons
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.options import NetOptions
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_mask, check_action_space
 from rlfleet.algos.updates import SyncClock, clip_norm, hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
 from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
-from rlfleet.device import place
+from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.heads import action_mask_of, masked_logits
@@ -182,11 +183,11 @@ class NStepQ:
             y = td_targets(d.rew, values, d.terminated, d.truncated, segment.last_value, c.gamma, d.bootstrap)
         return Batch(obs=d.obs, act=d.act, target=y).flatten_leading(2)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         b = batch.to_torch(self.device)
         q = self.q(b.obs).gather(1, b.act.long().unsqueeze(1)).squeeze(1)
         loss = (b.target - q).pow(2).mean()
-        return loss, {"loss": loss.item(), "q": q.mean().item(), "epsilon": float(np.mean(self.eps))}
+        return loss, {"loss": metric(loss), "q": metric(q.mean()), "epsilon": float(np.mean(self.eps))}
 
     one_gradient = True
     """`update` is one optimizer step on the segment's loss."""
@@ -200,7 +201,7 @@ class NStepQ:
 
     max_grad_norm = property(clip_norm)
 
-    def update(self, segment: Segment) -> dict[str, float]:
+    def update(self, segment: Segment) -> Metrics:
         loss, metrics = self.loss(self.process(segment))
         metrics["grad_norm"] = optimize(self.optimizer, loss, self.params, self.cfg.max_grad_norm)
         return metrics

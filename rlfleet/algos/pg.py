@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import policy_step, state_values
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.options import NetOptions
 from rlfleet.algos.spaces import (
     POLICY_ACTIONS,
@@ -32,7 +33,7 @@ from rlfleet.algos.updates import clip_norm, minibatch_epochs
 from rlfleet.data.batch import Batch
 from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
-from rlfleet.device import place
+from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
@@ -145,19 +146,19 @@ class PG:
             return complete
         return batch.flatten_leading(2)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         b = batch.to_torch(self.device)
         dist, value = self.model(b.obs)
         adv = b.ret if value is None else b.ret - value.detach()
         if self.cfg.normalize_returns and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         policy_loss = -(dist.log_prob(b.act) * adv).mean()
-        metrics = {"policy_loss": policy_loss.item(), "entropy": dist.entropy().mean().item()}
+        metrics = {"policy_loss": metric(policy_loss), "entropy": metric(dist.entropy().mean())}
         loss = policy_loss
         if value is not None:
             value_loss = (b.ret - value).pow(2).mean()
             loss = loss + self.cfg.vf_coef * value_loss
-            metrics["value_loss"] = value_loss.item()
+            metrics["value_loss"] = metric(value_loss)
         return loss, metrics
 
     def lr_at(self, env_steps: int, total_steps: int) -> float:
@@ -176,7 +177,7 @@ class PG:
             return None
         return "without a baseline it learns from complete episodes only: use --set baseline=true"
 
-    def update(self, segment: Segment) -> dict[str, float]:
+    def update(self, segment: Segment) -> Metrics:
         batch = self.process(segment)
         if len(batch) == 0:
             return {}

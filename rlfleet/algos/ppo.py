@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rlfleet.algos.acting import policy_step, state_values
+from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import SDEMatrices
 from rlfleet.algos.options import NetOptions, SDEOptions
 from rlfleet.algos.spaces import (
@@ -46,7 +47,7 @@ from rlfleet.algos.updates import (
 from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
-from rlfleet.device import place
+from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, bounded
 from rlfleet.nets.encoders import has_image
@@ -274,7 +275,7 @@ class PPO:
             return batch.flatten_leading(2)
         return sequence_batch(batch, d.starts, segment.initial_state, self.model.core)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         b = batch.to_torch(self.device)
         if self.model.core is None:
             dist, value = self.model(b.obs)
@@ -295,12 +296,12 @@ class PPO:
         entropy = dist.entropy().mean()
         loss = policy_loss + self.cfg.vf_coef * value_loss - self.cfg.ent_coef * entropy
         with torch.no_grad():
-            clip_frac = ((ratio - 1).abs() > self.clip).float().mean().item()
-            approx_kl = ((ratio - 1) - log_ratio).mean().item()
+            clip_frac = metric(((ratio - 1).abs() > self.clip).float().mean())
+            approx_kl = metric(((ratio - 1) - log_ratio).mean())
         metrics = {
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
+            "policy_loss": metric(policy_loss),
+            "value_loss": metric(value_loss),
+            "entropy": metric(entropy),
             "clip_fraction": clip_frac,
             "approx_kl": approx_kl,
         }

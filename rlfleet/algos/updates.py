@@ -4,7 +4,7 @@ clock, Polyak averages), and recurrent sequence batches."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -29,14 +29,17 @@ def minibatch_epochs(
 ) -> dict[str, float]:
     """`epochs` shuffled passes of `algo.loss` + optimiser step over minibatches; mean metrics of the steps taken,
     and `epochs`, the passes made (fractional when stopped). With `stop_kl`, the passes end at the first minibatch
-    whose `approx_kl` metric exceeds it, before that minibatch's step."""
-    totals: dict[str, float] = {}
+    whose `approx_kl` metric exceeds it, before that minibatch's step. On a device the minibatches' metrics stay
+    there (`rlfleet.device.metric`) until their means are read at the end: one wait for the device per update
+    (one per minibatch with `stop_kl`, which reads each `approx_kl`)."""
+    seen: dict[str, list[Any]] = {}  # floats, or 0-dim tensors on a device
     steps = 0
     if algo.device.type != "cpu":  # on the learner's device once; minibatches are slices of it there
         batch = batch.to_torch(algo.device)
 
     def summary(passes: float) -> dict[str, float]:
-        return {**{k: v / max(steps, 1) for k, v in totals.items()}, "epochs": passes}
+        means = {k: sum(v) if not isinstance(v[0], torch.Tensor) else torch.stack(v).sum() for k, v in seen.items()}
+        return {**{k: float(v) / max(steps, 1) for k, v in means.items()}, "epochs": passes}
 
     for epoch in range(epochs):
         minibatches = list(batch.split(minibatch_size, shuffle=True, rng=rng))
@@ -46,7 +49,7 @@ def minibatch_epochs(
                 return summary(epoch + i / len(minibatches))
             metrics["grad_norm"] = optimize(algo.optimizer, loss, algo.params, algo.cfg.max_grad_norm)
             for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
+                seen.setdefault(k, []).append(v)
             steps += 1
     return summary(float(epochs))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from rlfleet.device import note_step
+from rlfleet.device import metric, note_step
 
 GradientHook = Callable[[Sequence[nn.Parameter]], None]
 
@@ -37,9 +37,10 @@ def optimize(
     loss: torch.Tensor,
     params: Sequence[nn.Parameter],
     max_grad_norm: float | None,
-) -> float:
+) -> float | torch.Tensor:
     """zero_grad, backward, the optimizer's gradient hook if it has one (`set_gradient_hook`), clip the global
-    gradient norm (if > 0), step; returns the pre-clip norm.
+    gradient norm (if > 0), step; returns the pre-clip norm (a float on the CPU, a 0-dim tensor on a device:
+    `rlfleet.device.metric`).
 
     `max_grad_norm` None neither clips nor measures (NaN comes back): the cheapest step, for small
     replay updates taken every env step."""
@@ -60,7 +61,7 @@ def optimize(
     norm = clip_grad_norm(params, max_grad_norm)
     optimizer.step()
     note_step(optimizer)
-    return float(norm)
+    return metric(norm)
 
 
 def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> torch.Tensor:

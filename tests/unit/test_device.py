@@ -20,6 +20,8 @@ from device_cases import CASES, QUICK, case_id, run_case
 
 from rlfleet import train
 from rlfleet.algos import resolve
+from rlfleet.algos.updates import minibatch_epochs
+from rlfleet.data.batch import Batch
 from rlfleet.data.demos import Demonstrations
 from rlfleet.device import HostCopy, acting, host_copy, host_modules, resolve_device, sync_host
 from rlfleet.fields import ConfigError
@@ -35,7 +37,9 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def meta_learner(monkeypatch):
     """Reads of a meta tensor's values from the host (`.item()`, `.cpu()`, `.to("cpu")`, a copy into a CPU tensor,
-    `int()`, `bool()`) give zeros, as a GPU would give its values."""
+    `int()`, `bool()`) give zeros, as a GPU would give its values. Yields the number of `.item()`, `float()`,
+    `int()`, `.cpu()` and `.tolist()` reads so far (a list of one count)."""
+    reads = [0]
     orig = {
         name: getattr(T, name) for name in ("item", "cpu", "to", "copy_", "tolist", "__float__", "__int__", "__bool__")
     }
@@ -55,12 +59,17 @@ def meta_learner(monkeypatch):
         return orig["copy_"](self, src, *args, **kwargs)
 
     def read(name):
-        return lambda self, *a, **k: orig[name](_host_zeros(self) if self.is_meta else self, *a, **k)
+        def reading(self, *a, **k):
+            reads[0] += self.is_meta
+            return orig[name](_host_zeros(self) if self.is_meta else self, *a, **k)
+
+        return reading
 
     patches = {name: read(name) for name in ("item", "cpu", "tolist", "__float__", "__int__")}
     patches |= {"to": to, "copy_": copy_, "__bool__": lambda self: True if self.is_meta else orig["__bool__"](self)}
     for name, fn in patches.items():
         monkeypatch.setattr(T, name, fn)
+    return reads
 
 
 def _demos(tmp_path, n: int = 64) -> str:
@@ -229,3 +238,29 @@ def test_a_step_whose_kernel_leaves_the_version_counters_alone_still_refreshes_t
     loss = sum(p.sum() for p in ppo.model.actor_body.parameters())  # a step of the policy's body alone
     optimize(opt, loss, list(ppo.model.parameters()), None)
     assert value._version == before  # a parameter the step did not write keeps its version (graphs on it hold)
+
+
+def test_minibatch_steps_on_a_device_read_their_metrics_once_at_the_end(meta_learner):
+    """Each read of a value on a device waits for every kernel queued before it: PPO's 16 minibatch steps (4 epochs
+    of 4) keep their losses, entropy, clip fraction, KL and gradient norm on the device and read each mean once,
+    at the end. On the CPU, where a read costs nothing, the loss's metrics are floats."""
+    algo_cls, config_cls, _, _ = resolve("ppo")
+    obs_space, act_space = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2)
+    rng = np.random.default_rng(0)
+    batch = Batch(
+        obs=rng.standard_normal((64, 4)).astype(np.float32),
+        act=rng.integers(2, size=64),
+        logp=np.full(64, -0.69, np.float32),
+        value=np.zeros(64, np.float32),
+        adv=rng.standard_normal(64).astype(np.float32),
+        ret=rng.standard_normal(64).astype(np.float32),
+    )
+    cpu = algo_cls(config_cls(), obs_space, act_space, seed=0)
+    assert all(isinstance(v, float) for v in cpu.loss(batch)[1].values())
+    learner = algo_cls(config_cls(), obs_space, act_space, seed=0, device="meta")
+    _, metrics = learner.loss(batch)
+    assert all(isinstance(v, torch.Tensor) and v.is_meta for v in metrics.values()), metrics
+    before = meta_learner[0]
+    out = minibatch_epochs(learner, batch, epochs=4, minibatch_size=16, rng=rng)
+    assert meta_learner[0] - before == len(metrics) + 1  # the means of the loss's metrics and the gradient norm
+    assert set(out) == {*metrics, "grad_norm", "epochs"}
