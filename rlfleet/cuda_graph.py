@@ -21,8 +21,13 @@ generator, whose offset every replay advances as the eager calls would. A graph 
 tensors it was captured with: networks are loaded in place, and an optimizer state that `load_state_dict`
 replaced makes a new kind of call (the algorithm calls `reset()` there to free the old graphs). The parameters a
 replay writes get their version counters bumped, as `optimize` does after an eager step, so the CPU copies that
-act (`rlfleet.device.acting`) see the new weights. A capture that fails (an operation that reads a value on the
-host) warns once and leaves the update eager.
+act (`rlfleet.device.acting`) see the new weights.
+
+An update that reads a value on the host (`.item()`, a copy to the CPU) cannot be captured, and a capture that
+fails leaves the process's CUDA state unusable (the caching allocator and the random generator stay in capture
+mode). So the last warm-up call of each kind runs under PyTorch's sync debug mode: an update that synchronizes
+there is never captured (one warning; it stays eager). A capture that fails all the same raises, naming the
+setting that turns graphs off.
 """
 
 from __future__ import annotations
@@ -45,12 +50,34 @@ KINDS = 8
 rate changed at every update) run eagerly."""
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _leaves(batch: Batch) -> list[torch.Tensor]:
     """The batch's tensors, nested ones included, in a fixed order."""
     out: list[torch.Tensor] = []
     for value in batch.values():
         out.extend(_leaves(value) if isinstance(value, Batch) else [cast(torch.Tensor, value)])
     return out
+
+
+def _watched(fn: Callable[[Batch], Metrics], batch: Batch) -> tuple[Metrics, list[warnings.WarningMessage]]:
+    """`fn(batch)` under PyTorch's sync debug mode: its metrics, and the warnings of the operations in it that
+    waited for the device (any other warning is shown as usual)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchronizing" in str(w.message)]
+    for w in caught:
+        if w not in syncs:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return out, syncs
 
 
 class _Captured:
@@ -83,10 +110,12 @@ class StepGraph:
     """Runs an update's device part `fn(batch) -> Metrics` eagerly, or, on CUDA, as a replayed CUDA graph."""
 
     def __init__(self, device: torch.device, enabled: bool = True, warmup: int = WARMUP):
+        if warmup < 1:
+            raise ValueError(f"a CUDA graph needs at least one eager call before its capture, got warmup={warmup}")
         self.on = enabled and device.type == "cuda"
         self.warmup = warmup
         self.failed: str | None = None
-        """Why a capture failed (the update then stays eager); None while none has."""
+        """Why the update is not captured (it synchronizes with the host: it stays eager); None while it may be."""
         self.captures = 0
         """Graphs captured so far (a reset or a new kind of call captures again)."""
         self._graphs: dict[Hashable, _Captured] = {}
@@ -103,10 +132,21 @@ class StepGraph:
         capture needs, from the first step on, so that the eager steps before it take the same kernels."""
         return {"capturable": True} if self.on else {}
 
-    def reset(self) -> None:
-        """Forget the captured graphs: the next calls warm up and capture again on the tensors there are now."""
+    def reset(self, optimizer: torch.optim.Optimizer) -> None:
+        """After `optimizer.load_state_dict`: forget the captured graphs (the next calls warm up and capture again on
+        the tensors there are now), and make the optimizer as this graph needs it again. A checkpoint brings the
+        options of the run that wrote it: `capturable` from a GPU run, which a learner on the CPU cannot step with,
+        or not from a CPU run, which a capture needs, with its step counts on the parameters' device."""
         self._graphs.clear()
         self._eager.clear()
+        for group in optimizer.param_groups:
+            if "capturable" not in group:
+                continue
+            group["capturable"] = self.on
+            for p in group["params"] if self.on else ():
+                state = optimizer.state.get(p, {})
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(p.device)
 
     def __call__(
         self, fn: Callable[[Batch], Metrics], batch: Batch, optimizer: torch.optim.Optimizer, variant: Hashable = None
@@ -127,22 +167,26 @@ class StepGraph:
             eager = self._eager.get(key, 0)
             if eager < self.warmup:
                 self._eager[key] = eager + 1
-                return self._on_side_stream(fn, batch)
+                return self._on_side_stream(fn, batch, watch=eager + 1 == self.warmup)
             captured = self._capture(fn, batch, optimizer, key)
-            if captured is None:
-                return fn(batch)
         return captured.replay(batch)
 
-    def _on_side_stream(self, fn: Callable[[Batch], Metrics], batch: Batch) -> Metrics:
+    def _on_side_stream(self, fn: Callable[[Batch], Metrics], batch: Batch, watch: bool) -> Metrics:
         """`fn(batch)` on a stream of its own, ordered after and before the current stream's work (PyTorch's
-        warm-up before a capture)."""
+        warm-up before a capture). `watch`: under sync debug mode, and if `fn` synchronizes with the host, it is
+        never captured (`failed` says why)."""
         current, side = torch.cuda.current_stream(), self._side_stream()
         side.wait_stream(current)
-        with torch.cuda.stream(side), warnings.catch_warnings():
-            # torch's advice against `capturable` steps outside a capture: these lead to one
-            warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
-            out = fn(batch)
+        with torch.cuda.stream(side):
+            out, syncs = _watched(fn, batch) if watch else (fn(batch), [])
         current.wait_stream(side)
+        if syncs:
+            self.failed = f"it synchronizes with the host at {syncs[0].filename}:{syncs[0].lineno}"
+            warnings.warn(
+                f"the update cannot be replayed as a CUDA graph ({self.failed}); it runs without one",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         return out
 
     def _side_stream(self) -> torch.cuda.Stream:
@@ -154,7 +198,7 @@ class StepGraph:
 
     def _capture(
         self, fn: Callable[[Batch], Metrics], batch: Batch, optimizer: torch.optim.Optimizer, key: Hashable
-    ) -> _Captured | None:
+    ) -> _Captured:
         static = batch.apply(lambda t: cast(torch.Tensor, t).clone())
         params = [p for g in optimizer.param_groups for p in g["params"]]
         versions = [p._version for p in params]  # the steps a capture records bump them (`optimize`)
@@ -164,15 +208,13 @@ class StepGraph:
             # thread-local: a thread of an architecture (a sampler pinning memory) may use CUDA meanwhile
             with torch.cuda.graph(graph, stream=self._side_stream(), capture_error_mode="thread_local"):
                 out = fn(static)
-        except RuntimeError as e:  # nothing ran: a capture records kernels without launching them
+        except RuntimeError as e:
             torch.cuda.set_stream(stream)  # the capture's own stream stays current when ending it fails
-            self.failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            warnings.warn(
-                f"the update could not be captured as a CUDA graph ({self.failed}); it runs without one",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None
+            cause = e.__context__ or e  # capture_end's own error hides the operation that broke the capture
+            raise RuntimeError(
+                f"capturing the update as a CUDA graph failed ({_first_line(cause)}); "
+                "train without graphs: --set cuda_graph=false"
+            ) from e
         stepped = [p for p, v in zip(params, versions, strict=True) if p._version != v]
         captured = self._graphs[key] = _Captured(graph, static, out, stepped, optimizer)
         self.captures += 1

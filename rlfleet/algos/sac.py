@@ -241,7 +241,7 @@ class SAC:
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.graph.reset()  # the optimizer's state is new tensors
+        self.graph.reset(self.optimizer)  # new state tensors, and the options of the run that saved them
         self.rng.bit_generator.state = state["rng"]
         if "sde" in state:
             self.sde_matrices.load_state_dict(state["sde"])

@@ -286,7 +286,7 @@ class TD3:
         self.actor_target.load_state_dict(state["actor_target"])
         self.critic_target.load_state_dict(state["critic_target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.graph.reset()  # the optimizer's state is new tensors
+        self.graph.reset(self.optimizer)  # new state tensors, and the options of the run that saved them
         self.rng.bit_generator.state = state["rng"]
         self.noise.load_state_dict(state.get("noise", {}))
         self.env_steps = int(state["env_steps"])

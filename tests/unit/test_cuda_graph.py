@@ -42,3 +42,29 @@ def test_the_replay_learners_take_the_setting_and_copy_without_graphs(algo):
     for copied in (copy.deepcopy(learner), pickle.loads(pickle.dumps(learner))):
         assert copied.graph._graphs == {} and copied.graph._eager == {}
     assert "kind" in learner.graph._graphs
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_checkpoint_of_a_graphed_gpu_learner_resumes_on_the_cpu(algo):
+    """A GPU learner's optimizer is `capturable`, which a CPU optimizer cannot step with, and a checkpoint carries its
+    options: loading it on the CPU makes the optimizer the CPU's again, and the next update steps."""
+    algo_cls, config_cls, _, _ = resolve(algo)
+    saved = algo_cls(config_cls(), *PENDULUM, seed=0).state_dict()
+    for group in saved["optimizer"]["param_groups"]:
+        group["capturable"] = True  # as a learner on CUDA saves it
+    learner = algo_cls(config_cls(), *PENDULUM, seed=0)
+    learner.load_state_dict(saved)
+    assert not any(g["capturable"] for g in learner.optimizer.param_groups)
+    rng, n = np.random.default_rng(0), 32
+    obs = rng.standard_normal((n, 3)).astype(np.float32)
+    batch = Batch(
+        obs=obs, act=rng.uniform(-2, 2, (n, 1)).astype(np.float32), rew=np.zeros(n, np.float32), next_obs=obs,
+        terminated=np.zeros(n, np.float32), discount=np.full(n, 0.99, np.float32), weight=np.ones(n, np.float32),
+    )  # fmt: skip
+    for _ in range(2):  # the second: Adam's state exists (the first makes it)
+        assert np.isfinite(float(learner.update(batch)["critic_loss"]))
+
+
+def test_a_graph_needs_a_warm_up_call():
+    with pytest.raises(ValueError, match="at least one eager call"):
+        StepGraph(torch.device("cpu"), warmup=0)
