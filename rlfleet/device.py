@@ -36,8 +36,9 @@ from rlfleet.fields import ConfigError
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 _DEVICE = re.compile(r"^(auto|cpu|meta|cuda|cuda:\d+)$")
 
-# architectures whose learner (or centre) takes a device; the others learn in CPU shared memory or on CPU workers
-DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex")
+# architectures whose learner (or centre, or learners: allreduce's) takes a device; the others learn in CPU shared
+# memory or on CPU workers
+DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex", "allreduce")
 
 
 def device_problem(value: object) -> str | None:
@@ -76,7 +77,23 @@ def resolve_device(setting: str, convolutional: bool, arch: str) -> torch.device
     return device
 
 
-def placement_note(device: torch.device, algo: object, workers_act: bool) -> str | None:
+def worker_device(setting: str) -> torch.device:
+    """The device of a learner in a worker process, for the run's resolved device `setting`: the same device where
+    the process sees it. A process that sees fewer GPUs (a Ray role sees the ones it reserved, numbered from 0)
+    takes its first; one that sees none cannot learn on CUDA, which is a `RuntimeError` naming the remedy."""
+    device = torch.device(setting)
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise RuntimeError(
+            f"this learner's process sees no CUDA device for --device {setting} (with --backend ray: reserve one per "
+            "learner with --gpus-per-role)"
+        )
+    return device if device.index is not None and device.index < count else torch.device("cuda", 0)
+
+
+def placement_note(device: torch.device, algo: object, workers_act: bool, arch: str = "single") -> str | None:
     """The line a run starts with when a GPU is in play: where the learner runs and where acting happens
     (`workers_act`: worker processes act, on the CPU). None on a machine without CUDA learning on the CPU."""
     if device.type == "cpu":
@@ -84,6 +101,11 @@ def placement_note(device: torch.device, algo: object, workers_act: bool) -> str
             return None
         return "learner on the CPU (auto: an MLP learner updates faster there; --device cuda puts it on the GPU)"
     name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    if arch == "allreduce":
+        return (
+            f"learners on {device}{name}, one per learner process (with --backend ray, the GPU each reserved); each "
+            "acts on the CPU with a copy of its weights; gradients are averaged through host memory (gloo)"
+        )
     if workers_act:
         where = "the workers act on the CPU with the weights it publishes"
     elif any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module)):

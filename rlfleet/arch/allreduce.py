@@ -202,8 +202,11 @@ class LearnerGroup:
         without a gradient have none in every learner (the same loss, the same graph) and are left out."""
         grads = [p.grad for p in params if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self._collective(dist.all_reduce, flat)
-        flat.div_(self.world)
+        staged = flat.cpu()  # gloo reduces in host memory: a learner on a GPU's gradients pass through it
+        self._collective(dist.all_reduce, staged)
+        staged.div_(self.world)
+        if staged is not flat:
+            flat.copy_(staged)
         offset = 0
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -395,7 +398,7 @@ class AllReduceRunner(ParallelRunner):
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = self.worker_spec(LearnerSpec, state_every=self.opts.state_every)
+        self.spec = self.worker_spec(LearnerSpec, state_every=self.opts.state_every, device=str(self.device))
         self.start_backend()  # the counter: env steps of every learner's items
         self.store: TCPStore | None = None
         self.generation: int | None = None
@@ -445,7 +448,7 @@ class AllReduceRunner(ParallelRunner):
                 self._report(f"the learners' group re-formed (generation {item.generation})")
             self.generation = item.generation
         if item.state is not None:
-            with self.weights.writing():
+            with self.publishing():  # a learner on a device: the CPU copies a restarted learner pulls too
                 load_state(self.algo, item.state)
         if not item.updated:
             return {}, 0

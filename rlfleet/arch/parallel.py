@@ -38,7 +38,7 @@ from rlfleet.arch.shared import LocalCopy, algo_modules
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, RunFailure, ServiceGroup, make_backend
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.rollout import RolloutStorage
-from rlfleet.device import host_modules, sync_host
+from rlfleet.device import host_modules, sync_host, worker_device
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.optim.shared import ALGO, OptimizerRecipe, is_shared
@@ -73,6 +73,9 @@ class WorkerSpec:
     """How many times the run was resumed: a resumed run's workers draw new seeds, not the first run's again."""
     env_kwargs: dict[str, Any] = field(default_factory=dict, kw_only=True)
     """The env's keyword arguments (the run's `env_kwargs`): every worker builds the same env variant."""
+    device: str = field(default="cpu", kw_only=True)
+    """Where a worker's own algorithm object lives: the CPU for workers that act and send (samplers, gradient
+    workers); the run's device for workers that learn (allreduce's learners)."""
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
         return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation + 10_000_019 * self.resumes
@@ -180,7 +183,9 @@ class WorkerActor:
         self.spec = spec
         self.worker_id = worker_id
         self.incarnation = incarnation
-        self.algo = algo_cls(cfg, spec.observation_space, spec.action_space, seed=seed)
+        self.algo = algo_cls(
+            cfg, spec.observation_space, spec.action_space, seed=seed, device=worker_device(spec.device)
+        )
         self.copy = LocalCopy(self.algo, shared, share_frozen=share_frozen) if shared is not None else None
         self.envs = make_vector_env(spec.env, cfg.n_envs, seed=seed, mode="sync", training=True, **spec.env_kwargs)
         self.collector = Collector(self.envs, self.algo, seed=seed)

@@ -98,7 +98,8 @@ def to_bytes(state: dict[str, Any]) -> bytes:
 
 
 def from_bytes(data: bytes) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+    """Read onto the CPU, whatever device the writer learned on (`load_state_dict` copies it where it goes)."""
+    state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     return state
 
 

@@ -302,7 +302,7 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
-        note = placement_note(self.device, self.algo, workers_act=not self.single_process)
+        note = placement_note(self.device, self.algo, workers_act=not self.single_process, arch=arch)
         if note is not None:
             notes.info(note)
         self.obs_stats = self.make_obs_stats()

@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from device_cases import CASES, case_id, run_case
+from device_cases import CASES, PROCESSES, case_id, run_case
 
 from rlfleet import train
 from rlfleet.algos import resolve
@@ -33,7 +33,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", CASES + PROCESSES, ids=case_id)
 def test_every_algorithm_updates_on_the_gpu(case, run_opts):
     result = run_case(train, case, "cuda", run_opts)  # every tensor of the learner's networks on the GPU
     assert result["device"].startswith("cuda")

@@ -23,7 +23,7 @@ from rlfleet.algos import resolve
 from rlfleet.algos.updates import minibatch_epochs
 from rlfleet.data.batch import Batch
 from rlfleet.data.demos import Demonstrations
-from rlfleet.device import HostCopy, acting, host_copy, host_modules, resolve_device, sync_host
+from rlfleet.device import HostCopy, acting, host_copy, host_modules, resolve_device, sync_host, worker_device
 from rlfleet.fields import ConfigError
 from rlfleet.optim.step import optimize
 
@@ -264,3 +264,30 @@ def test_minibatch_steps_on_a_device_read_their_metrics_once_at_the_end(meta_lea
     out = minibatch_epochs(learner, batch, epochs=4, minibatch_size=16, rng=rng)
     assert meta_learner[0] - before == len(metrics) + 1  # the means of the loss's metrics and the gradient norm
     assert set(out) == {*metrics, "grad_norm", "epochs"}
+
+
+def test_allreduce_learners_learn_on_the_run_device(meta_learner, run_opts, monkeypatch):
+    """Each allreduce learner puts its own algorithm object on the run's device (here in the test's process, with the
+    serial backend), not only the coordinator, which keeps learner 0's state."""
+    from rlfleet.arch import allreduce
+
+    seen: list[set[str]] = []
+    produce = allreduce.AllReduceLearner.produce
+
+    def spying(self, *args, **kwargs):
+        seen.append({p.device.type for p in self.algo.params})
+        return produce(self, *args, **kwargs)
+
+    monkeypatch.setattr(allreduce.AllReduceLearner, "produce", spying)
+    result = train(
+        "ppo", "CartPole-v1", arch="allreduce", workers=1, backend="serial", steps=300, device="meta", **QUICK,
+        **run_opts,
+    )  # fmt: skip
+    assert result["updates"] > 0 and seen and all(kinds == {"meta"} for kinds in seen)
+
+
+def test_a_worker_process_takes_the_device_it_sees():
+    assert worker_device("cpu") == torch.device("cpu") and worker_device("meta") == torch.device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="sees no CUDA device .*--gpus-per-role"):
+            worker_device("cuda:0")
