@@ -36,9 +36,9 @@ from rlfleet.fields import ConfigError
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 _DEVICE = re.compile(r"^(auto|cpu|meta|cuda|cuda:\d+)$")
 
-# architectures whose learner (or centre, or learners: allreduce's) takes a device; the others learn in CPU shared
-# memory or on CPU workers
-DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex", "allreduce")
+# architectures whose learner (or centre, or learners: allreduce's and gossip's) takes a device; the others learn in
+# CPU shared memory or on CPU workers
+DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex", "allreduce", "gossip")
 
 
 def device_problem(value: object) -> str | None:
@@ -101,10 +101,11 @@ def placement_note(device: torch.device, algo: object, workers_act: bool, arch: 
             return None
         return "learner on the CPU (auto: an MLP learner updates faster there; --device cuda puts it on the GPU)"
     name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    if arch == "allreduce":
+    if arch in ("allreduce", "gossip"):
+        exchange = "gradients are averaged" if arch == "allreduce" else "parameters gossip"
         return (
             f"learners on {device}{name}, one per learner process (with --backend ray, the GPU each reserved); each "
-            "acts on the CPU with a copy of its weights; gradients are averaged through host memory (gloo)"
+            f"acts on the CPU with a copy of its weights; {exchange} through host memory"
         )
     if workers_act:
         where = "the workers act on the CPU with the weights it publishes"

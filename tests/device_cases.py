@@ -1,8 +1,8 @@
 """The runs that check a learner on a device: every algorithm (and the variants with code paths of their own: LSTM,
-gSDE) on `single`, the architectures with a central learner with a rollout and a replay algorithm each, and an
-allreduce learner (in the test's process, with the serial backend: a meta tensor's reads are only stood in for
-there). Run with the learner on `meta` by `tests/unit/test_device.py` (every machine) and on CUDA by `tests/gpu`
-(a GPU's, which also runs two allreduce learners in processes of their own)."""
+gSDE) on `single`, the architectures with a central learner with a rollout and a replay algorithm each, and
+allreduce and gossip learners (in the test's process, with the serial backend: a meta tensor's reads are only stood
+in for there). Run with the learner on `meta` by `tests/unit/test_device.py` (every machine) and on CUDA by `tests/gpu`
+(a GPU's, which also runs allreduce and gossip learners in processes of their own)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,13 @@ CENTRAL = [
     ("dqn", "CartPole-v1", {"arch": "apex", "actors": 2, "steps": 800, "overrides": {"learning_starts": 200}}),
     ("td3", "Pendulum-v1", {"arch": "apex", "actors": 2, "steps": 800, "overrides": {"learning_starts": 200}}),
     ("ppo", "CartPole-v1", {"arch": "allreduce", "workers": 1, "backend": "serial"}),  # the learner in this process
+    ("a2c", "CartPole-v1", {"arch": "gossip", "learners": 2, "backend": "serial"}),  # the learners take turns in it
 ]
 CASES = SINGLE + CENTRAL
-PROCESSES = [("ppo", "CartPole-v1", {"arch": "allreduce", "workers": 2})]
+PROCESSES = [
+    ("ppo", "CartPole-v1", {"arch": "allreduce", "workers": 2}),
+    ("a2c", "CartPole-v1", {"arch": "gossip", "learners": 2}),
+]
 """Learners on the device in worker processes: a GPU's only (a meta tensor's reads are stood in for in this process)."""
 QUICK = {"eval_episodes": 2, "eval_max_steps": 50}
 

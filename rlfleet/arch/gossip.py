@@ -82,6 +82,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 import torch
+from torch import nn
 
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
@@ -358,6 +359,16 @@ class Counts(TypedDict):
     mixed: int
 
 
+@torch.no_grad()
+def load_flat(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy a flat vector into the parameters, in order (moved to their device first, in one copy)."""
+    flat = flat.to(params[0].device) if params else flat
+    offset = 0
+    for p in params:
+        p.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 class GossipLearner(WorkerActor):
     """One learner: its own envs, algorithm and optimizer; after every update a round of gossip (see the module
     docstring). `produce` runs its phases (learn, post, gather; after a restart: drain, post, gather) until a
@@ -399,14 +410,14 @@ class GossipLearner(WorkerActor):
             self.round, self.phase = mb.written(self.worker_id), "drain"
 
     def flatten(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        """The learner's parameters as one flat CPU tensor (what gossips: messages cross processes and machines in
+        host memory, wherever the learner learns)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.params]).cpu()
 
     @torch.no_grad()
     def load_flat(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        """Take a flat CPU vector of parameters as the learner's own (moved to its device in one copy)."""
+        load_flat(self.params, flat)
         self.flat = flat
 
     # ----------------------------------------------------------------------------------------- phases
@@ -661,6 +672,7 @@ class GossipRunner(ParallelRunner):
         in_process = BACKENDS[opts.backend].in_process
         self.spec = self.worker_spec(
             GossipSpec,
+            device=str(self.device),
             topology=self.topology,
             gossip_timeout_s=opts.gossip_timeout_s,
             state_every=opts.state_every,
@@ -720,12 +732,8 @@ class GossipRunner(ParallelRunner):
         """A round that every learner sent: its consensus distance, and its average is the coordinator's model."""
         self.round = round_
         self.consensus.append((round_, consensus_distance(params)))
-        mean = torch.as_tensor(params.mean(axis=0))
-        offset = 0
-        with self.weights.writing():
-            for p in self.params:
-                p.copy_(mean[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+        with self.publishing():  # a coordinator on a device: the CPU copies the evaluation and restarts read too
+            load_flat(self.params, torch.as_tensor(params.mean(axis=0)))
 
     def take(self, item: GossipReport) -> tuple[dict[str, float], int]:
         """Count a learner's item; keep its state, and average the rounds every learner has sent."""

@@ -10,6 +10,7 @@ zeros. `.numpy()` straight on a device tensor is not stood in for: it fails on C
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import gymnasium as gym
@@ -266,23 +267,27 @@ def test_minibatch_steps_on_a_device_read_their_metrics_once_at_the_end(meta_lea
     assert set(out) == {*metrics, "grad_norm", "epochs"}
 
 
-def test_allreduce_learners_learn_on_the_run_device(meta_learner, run_opts, monkeypatch):
-    """Each allreduce learner puts its own algorithm object on the run's device (here in the test's process, with the
-    serial backend), not only the coordinator, which keeps learner 0's state."""
-    from rlfleet.arch import allreduce
-
+@pytest.mark.parametrize(
+    ("algo", "arch", "learner", "options"),
+    [("ppo", "allreduce", "AllReduceLearner", {"workers": 1}), ("a2c", "gossip", "GossipLearner", {"learners": 2})],
+)
+def test_learners_in_worker_roles_learn_on_the_run_device(
+    algo, arch, learner, options, meta_learner, run_opts, monkeypatch
+):
+    """Each allreduce or gossip learner puts its own algorithm object on the run's device (here in the test's
+    process, with the serial backend), not only the coordinator, which keeps their state."""
+    module = importlib.import_module(f"rlfleet.arch.{arch}")
     seen: list[set[str]] = []
-    produce = allreduce.AllReduceLearner.produce
+    cls = getattr(module, learner)
+    produce = cls.produce
 
     def spying(self, *args, **kwargs):
         seen.append({p.device.type for p in self.algo.params})
         return produce(self, *args, **kwargs)
 
-    monkeypatch.setattr(allreduce.AllReduceLearner, "produce", spying)
-    result = train(
-        "ppo", "CartPole-v1", arch="allreduce", workers=1, backend="serial", steps=300, device="meta", **QUICK,
-        **run_opts,
-    )  # fmt: skip
+    monkeypatch.setattr(cls, "produce", spying)
+    result = train(algo, "CartPole-v1", arch=arch, backend="serial", steps=300, device="meta", **options, **QUICK,
+                   **run_opts)  # fmt: skip
     assert result["updates"] > 0 and seen and all(kinds == {"meta"} for kinds in seen)
 
 
