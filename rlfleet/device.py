@@ -36,9 +36,19 @@ from rlfleet.fields import ConfigError
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 _DEVICE = re.compile(r"^(auto|cpu|meta|cuda|cuda:\d+)$")
 
-# architectures whose learner (or centre, or learners: allreduce's and gossip's) takes a device; the others learn in
-# CPU shared memory or on CPU workers
-DEVICE_ARCHS = ("single", "offline", "data_parallel", "grad_parallel", "async_grad", "apex", "allreduce", "gossip")
+# architectures whose learner (or centre; allreduce's and gossip's learners; param_server's servers) takes a device;
+# hogwild learns in CPU shared memory
+DEVICE_ARCHS = (
+    "single",
+    "offline",
+    "data_parallel",
+    "grad_parallel",
+    "async_grad",
+    "apex",
+    "allreduce",
+    "gossip",
+    "param_server",
+)
 
 
 def device_problem(value: object) -> str | None:
@@ -52,8 +62,8 @@ def resolve_device(setting: str, convolutional: bool, arch: str) -> torch.device
     """The learner's device for `--device setting`: `auto` gives CUDA to a CNN learner (`convolutional`) when
     there is a GPU and the architecture takes a device, the CPU otherwise. A device the machine lacks or the
     architecture cannot use is a `ConfigError` naming it."""
-    if setting == "auto":
-        use = convolutional and arch in DEVICE_ARCHS and torch.cuda.is_available()
+    if setting == "auto":  # not param_server's: an elementwise optimizer's step on a flat shard gains nothing there
+        use = convolutional and arch in DEVICE_ARCHS and arch != "param_server" and torch.cuda.is_available()
         return torch.device("cuda" if use else "cpu")
     device = torch.device(setting)
     if device.type == "cpu":
@@ -101,6 +111,11 @@ def placement_note(device: torch.device, algo: object, workers_act: bool, arch: 
             return None
         return "learner on the CPU (auto: an MLP learner updates faster there; --device cuda puts it on the GPU)"
     name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    if arch == "param_server":
+        return (
+            f"parameter servers on {device}{name}: each shard and its optimizer state; the workers compute gradients "
+            "on the CPU, and pulls and pushes cross in host memory"
+        )
     if arch in ("allreduce", "gossip"):
         exchange = "gradients are averaged" if arch == "allreduce" else "parameters gossip"
         return (

@@ -94,11 +94,13 @@ from rlfleet.arch.parallel import (
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceGroup, ServiceHandle
 from rlfleet.backends.shared_memory import StopFlag
+from rlfleet.device import worker_device
 from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.optim.shared import ALGO, OptimizerRecipe, build_optimizer
 from rlfleet.optim.step import set_lr
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.logger import RunLogger
+from rlfleet.run.runner import build_algorithm
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
 PULL_RETRY_S = 0.001  # a worker's pause before it pulls again, its shards having come at two versions
@@ -167,13 +169,32 @@ class ShardState:
     """Server 0: the target networks and their clocks (`frozen_state`); None on the others."""
 
 
+def on_cpu(value: Any) -> Any:
+    """`value` (an optimizer's state_dict: dicts and lists of tensors and numbers) with every tensor on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(on_cpu(v) for v in value)
+    return value
+
+
 class ParamShard:
     """A server: one shard of the flat parameters, an optimizer over it, its version (a backend service).
-    `algo_optimizer`: the recipe `--optimizer algo` builds (None for the other kinds)."""
+    `algo_optimizer`: the recipe `--optimizer algo` builds (None for the other kinds). On `device` (`--device`) the
+    shard and its optimizer state live there; what crosses processes (pulls, states) is on the CPU."""
 
-    def __init__(self, state: ShardState, optimizer: str, lr: float, algo_optimizer: OptimizerRecipe | None = None):
-        self.optimizer_name, self.lr, self.algo_optimizer = optimizer, lr, algo_optimizer
-        self.param = nn.Parameter(state.params.detach().clone())
+    def __init__(
+        self,
+        state: ShardState,
+        optimizer: str,
+        lr: float,
+        algo_optimizer: OptimizerRecipe | None = None,
+        device: str = "cpu",
+    ):
+        self.optimizer_name, self.lr, self.algo_optimizer, self.device = optimizer, lr, algo_optimizer, device
+        self.param = nn.Parameter(state.params.detach().to(worker_device(device), copy=True))
         self.optimizer = build_optimizer(optimizer, [self.param], lr, algo_optimizer=algo_optimizer)
         if state.optimizer is not None:
             self.optimizer.load_state_dict(state.optimizer)
@@ -182,7 +203,7 @@ class ParamShard:
 
     def pull(self) -> tuple[int, torch.Tensor, list[torch.Tensor] | None]:
         """(version, the shard, the target networks on server 0)."""
-        return self.version, self.param.detach().clone(), self.frozen
+        return self.version, self.param.detach().to("cpu", copy=True), self.frozen
 
     def push(
         self, grad: torch.Tensor, lr: float, frozen: list[torch.Tensor] | None = None, expected: int | None = None
@@ -197,7 +218,7 @@ class ParamShard:
             return None
         version = self.version
         set_lr(self.optimizer, lr)
-        self.param.grad = grad
+        self.param.grad = grad.to(self.param.device)
         self.optimizer.step()
         self.param.grad = None
         self.version += 1
@@ -208,13 +229,14 @@ class ParamShard:
     def load(self, state: ShardState) -> int:
         """Everything from `state` (the coordinator's last snapshot: a roll-back), as a server started from it;
         returns the version loaded."""
-        ParamShard.__init__(self, state, self.optimizer_name, self.lr, self.algo_optimizer)
+        ParamShard.__init__(self, state, self.optimizer_name, self.lr, self.algo_optimizer, self.device)
         return self.version
 
     def state(self) -> ShardState:
         """Everything the server holds (a copy), for the coordinator's evaluations, checkpoints and restarts."""
-        optimizer = copy.deepcopy(self.optimizer.state_dict())
-        return ShardState(self.version, self.param.detach().clone(), optimizer, copy.deepcopy(self.frozen))
+        optimizer = copy.deepcopy(on_cpu(self.optimizer.state_dict()))
+        params = self.param.detach().to("cpu", copy=True)
+        return ShardState(self.version, params, optimizer, copy.deepcopy(self.frozen))
 
 
 class ShardServers:
@@ -222,15 +244,21 @@ class ShardServers:
     place by the coordinator, so a restarted server starts from the latest pull). Picklable."""
 
     def __init__(
-        self, states: list[ShardState], optimizer: str, lr: float, algo_optimizer: OptimizerRecipe | None = None
+        self,
+        states: list[ShardState],
+        optimizer: str,
+        lr: float,
+        algo_optimizer: OptimizerRecipe | None = None,
+        device: str = "cpu",
     ):
         self.states = states
         self.optimizer = optimizer
         self.lr = lr
         self.algo_optimizer = algo_optimizer
+        self.device = device
 
     def __call__(self, index: int, incarnation: int) -> ParamShard:
-        return ParamShard(self.states[index], self.optimizer, self.lr, self.algo_optimizer)
+        return ParamShard(self.states[index], self.optimizer, self.lr, self.algo_optimizer, self.device)
 
 
 @dataclass
@@ -351,6 +379,11 @@ class ParamServerRunner(ParallelRunner):
     arch = "param_server"
     Options = ParamServerOptions
 
+    def build_algo(self, seed: int) -> Any:
+        """The coordinator's algorithm object, on the CPU whatever `--device` says: it learns nothing (its networks
+        are the servers' last snapshot, shared with the CPU workers); the device is the servers'."""
+        return build_algorithm(self.cfg, self.algo_cfg, self.env_info, seed, "cpu")
+
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
         if not BACKENDS[self.opts.backend].has_services:
@@ -364,6 +397,11 @@ class ParamServerRunner(ParallelRunner):
                 f"param_server's servers step each shard on its own, which takes an elementwise optimizer; "
                 f"{self.cfg.algo}'s {recipe.name} is not known to be one: choose another --optimizer "
                 "(shared_rmsprop, rmsprop, momentum_sgd, shared_adam)"
+            )
+        if self.device.type == "cuda" and self.opts.backend == "ray":
+            raise ConfigError(
+                f"--device {self.cfg.device} with --backend ray: the parameter servers are Ray actors that reserve no "
+                "GPU; put them on a GPU with --backend local, or leave --device out"
             )
         size = sum(p.numel() for p in trainable_params(algo_modules(self.algo)))
         if self.opts.shards > size:
@@ -398,7 +436,7 @@ class ParamServerRunner(ParallelRunner):
             for i, (a, b) in enumerate(self.bounds)
         ]
         recipe = self.algo_optimizer() if self.opts.optimizer == ALGO else None
-        self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr, recipe)
+        self.servers = ShardServers(states, self.opts.optimizer, self.algo_cfg.lr, recipe, str(self.device))
         self.services: ServiceGroup | None = None
         self.pulled_at = self.env_steps  # the step of the state a restarted server starts from
         self.pushing = False  # a push (or roll-back) is in flight: a crash's roll-back waits for its answers

@@ -153,7 +153,7 @@ class RunConfig:
     device: str = checked("auto", device_problem)
     """Where the learner runs: auto, cpu, cuda or cuda:N. auto takes the GPU for a CNN learner (image observations)
     when there is one and the architecture takes a device (single, offline, data_parallel, grad_parallel,
-    async_grad, apex, allreduce, gossip), the CPU
+    async_grad, apex, allreduce, gossip, param_server), the CPU
     otherwise (see `rlfleet.device`); acting stays on the CPU for MLP policies."""
     policies: str = checked("shared", one_of(("shared", "separate")))
     """PettingZoo envs: one policy for all agents (shared) or one per agent (separate); `--policy-map` maps agents to

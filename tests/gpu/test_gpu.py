@@ -39,6 +39,15 @@ def test_every_algorithm_updates_on_the_gpu(case, run_opts):
     assert result["device"].startswith("cuda")
 
 
+def test_parameter_servers_step_their_shards_on_the_gpu(run_opts):
+    """param_server's servers (processes of their own) hold their shards and optimizer state on the GPU; the CPU
+    workers' pulls and pushes cross in host memory, and the coordinator's snapshot is on the CPU."""
+    result = train("a2c", "CartPole-v1", arch="param_server", workers=2, shards=2, steps=800, device="cuda",
+                   eval_episodes=2, eval_max_steps=50, **run_opts)  # fmt: skip
+    assert result["device"].startswith("cuda") and result["updates"] > 0
+    assert all(p.device.type == "cpu" and torch.isfinite(p).all() for p in result.algo.params)
+
+
 @pytest.mark.atari
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_a_cnn_learner_acts_and_learns_on_the_gpu(algo, run_opts):

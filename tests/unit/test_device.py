@@ -193,6 +193,8 @@ def test_auto_gives_the_gpu_to_cnn_learners_only(monkeypatch):
     assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cuda")
     assert resolve_device("auto", convolutional=False, arch="single") == torch.device("cpu")
     assert resolve_device("auto", convolutional=True, arch="hogwild") == torch.device("cpu")
+    assert resolve_device("auto", convolutional=True, arch="param_server") == torch.device("cpu")  # servers: no gain
+    assert resolve_device("auto", convolutional=True, arch="gossip") == torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cpu")
 
@@ -205,8 +207,9 @@ def test_a_device_the_machine_lacks_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"--device cuda:7: this machine has 1 CUDA device \(cuda:0\)"):
         resolve_device("cuda:7", convolutional=False, arch="single")
-    with pytest.raises(ConfigError, match="the hogwild architecture learns on the CPU.*single, offline"):
+    with pytest.raises(ConfigError, match="the hogwild architecture learns on the CPU.*single, offline.*param_server"):
         resolve_device("cuda:0", convolutional=False, arch="hogwild")
+    assert resolve_device("cuda:0", convolutional=False, arch="param_server") == torch.device("cuda", 0)
 
 
 class DataWriteSGD(torch.optim.SGD):
@@ -296,3 +299,35 @@ def test_a_worker_process_takes_the_device_it_sees():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="sees no CUDA device .*--gpus-per-role"):
             worker_device("cuda:0")
+
+
+def test_parameter_servers_keep_their_shards_on_the_run_device(meta_learner, run_opts, monkeypatch):
+    """param_server's servers (here in the test's process, with the serial backend) hold their shards and optimizer
+    state on the run's device; the coordinator, which learns nothing, and the workers stay on the CPU."""
+    from rlfleet.arch import param_server
+
+    seen: list[str] = []
+    push = param_server.ParamShard.push
+
+    def spying(self, *args, **kwargs):
+        out = push(self, *args, **kwargs)
+        seen.append(self.param.device.type)
+        seen.extend(t.device.type for s in self.optimizer.state.values() for t in s.values() if t.dim() > 0)
+        return out
+
+    monkeypatch.setattr(param_server.ParamShard, "push", spying)
+    result = train("a2c", "CartPole-v1", arch="param_server", workers=2, shards=2, backend="serial", steps=300,
+                   device="meta", **QUICK, **run_opts)  # fmt: skip
+    assert result["device"] == "meta" and result["updates"] > 0
+    assert seen and set(seen) == {"meta"}
+    assert all(p.device.type == "cpu" for p in result.algo.params)
+
+
+def test_parameter_servers_on_ray_cannot_take_a_gpu(monkeypatch, run_opts):
+    """Ray's services reserve no GPU, so servers there could not see one: one line, before anything starts."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    with pytest.raises(ConfigError, match="--device cuda with --backend ray: the parameter servers are Ray actors"):
+        train("a2c", "CartPole-v1", arch="param_server", backend="ray", device="cuda", steps=100, **run_opts)
