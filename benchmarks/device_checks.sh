@@ -3,9 +3,9 @@
 # terminal and $OUT/device_checks.log (with OUT unset: ./device-out). Packages the GPU machine lacks (gymnasium,
 # ale-py, mujoco, stable-baselines3) come as wheels in .whl/ (docs/devices.md, "Measured", says how they are fetched).
 #
-#     bash benchmarks/device_checks.sh tests sac updates  # what is still pending, most valuable first (~8 min)
+#     bash benchmarks/device_checks.sh tests sac updates  # what is still pending, most valuable first (~10 min)
 #     bash benchmarks/device_checks.sh pong_ppo           # one step; every step, in this order:
-#         tests (2 min) sac (4) updates (2) learning (2) pong_ppo (8) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
+#         tests (4 min) sac (4) updates (2) learning (3) pong_ppo (8) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
 #         apex_pong (5) gala_pong (9)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ python3 -c "import torch, gymnasium; print('torch', torch.__version__, 'cuda', t
 
 if wanted tests; then
     step "tests: the gpu test module, without its learning runs"
-    timeout 150 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8
+    timeout 270 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8
 fi
 if wanted sac; then
     step "sac: SAC on HalfCheetah-v5, 20,000 steps, rlfleet (its update a CUDA graph) and SB3, learners on the GPU"
@@ -42,7 +42,7 @@ if wanted updates; then
 fi
 if wanted learning; then
     step "learning: the gpu test module's learning runs"
-    timeout 120 python3 -m pytest tests/gpu -m "gpu and learning" -p no:cacheprovider -q --durations=8 -rA
+    timeout 180 python3 -m pytest tests/gpu -m "gpu and learning" -p no:cacheprovider -q --durations=8 -rA
 fi
 if wanted pong_ppo; then
     step "pong_ppo: PPO on Pong, learner on the GPU, 16 env processes, 7 minutes (goal: >= 18 within 10)"
