@@ -24,7 +24,7 @@ import copy
 import re
 import weakref
 from collections.abc import Iterable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -226,6 +226,12 @@ def metric(t: torch.Tensor) -> float | torch.Tensor:
     detached tensor on a device, where reading it would wait for every kernel queued before it and leave the device
     idle while the next step's kernels are launched. The logger reads it when it writes."""
     return t.item() if t.device.type == "cpu" else t.detach()
+
+
+def read_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """An update's metrics as floats (reading those left on a device): what a learner in a worker process sends,
+    since a tensor on a GPU would cross to the coordinator as a CUDA handle whose memory the learner must keep."""
+    return {k: float(v) for k, v in metrics.items()}
 
 
 def host(t: torch.Tensor) -> np.ndarray:

@@ -65,6 +65,7 @@ from rlfleet.arch.parallel import WAIT_S, ParallelOptions, ParallelRunner, Produ
 from rlfleet.arch.shared import load_state, pack_state
 from rlfleet.backends import BACKENDS, RoleGroup
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
+from rlfleet.device import read_metrics
 from rlfleet.fields import bounded
 from rlfleet.optim.step import set_gradient_hook
 from rlfleet.run.config import ConfigError, RunConfig
@@ -324,7 +325,7 @@ class AllReduceLearner(Producer):
         segment = self.collector.collect_rollout(self.storage)
         steps, returns = self.collector.env_steps - before, self.collector.pop_new_returns()
         try:
-            metrics = self.algo.update(segment)
+            metrics = read_metrics(self.algo.update(segment))  # floats: they cross to the coordinator
         except GroupBroken as exc:  # its segment's steps were taken all the same
             return report(steps, returns, {}, False, generation, trouble=str(exc))
         self.updates += 1

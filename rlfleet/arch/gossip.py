@@ -89,6 +89,7 @@ from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state
 from rlfleet.backends import BACKENDS, RoleGroup, RunFailure
 from rlfleet.backends.mailboxes import Mailboxes, MailboxesReset
 from rlfleet.backends.shared_memory import StopFlag
+from rlfleet.device import read_metrics
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.logger import RunLogger
@@ -443,7 +444,7 @@ class GossipLearner(WorkerActor):
         segment = self.collector.collect_rollout(self.storage)
         self.steps += self.collector.env_steps - before
         self.returns += self.collector.pop_new_returns()
-        self.metrics = self.algo.update(segment)
+        self.metrics = read_metrics(self.algo.update(segment))  # floats: they cross to the coordinator
         self.flat = self.flatten()
         self.timings["compute_s"] += time.perf_counter() - start
 

@@ -278,20 +278,26 @@ def test_learners_in_worker_roles_learn_on_the_run_device(
     algo, arch, learner, options, meta_learner, run_opts, monkeypatch
 ):
     """Each allreduce or gossip learner puts its own algorithm object on the run's device (here in the test's
-    process, with the serial backend), not only the coordinator, which keeps their state."""
+    process, with the serial backend), not only the coordinator, which keeps their state; the metrics it sends
+    the coordinator are floats."""
     module = importlib.import_module(f"rlfleet.arch.{arch}")
     seen: list[set[str]] = []
     cls = getattr(module, learner)
     produce = cls.produce
 
+    sent: list[type] = []
+
     def spying(self, *args, **kwargs):
         seen.append({p.device.type for p in self.algo.params})
-        return produce(self, *args, **kwargs)
+        item = produce(self, *args, **kwargs)
+        sent.extend(type(v) for v in getattr(item, "metrics", {}).values())
+        return item
 
     monkeypatch.setattr(cls, "produce", spying)
     result = train(algo, "CartPole-v1", arch=arch, backend="serial", steps=300, device="meta", **options, **QUICK,
                    **run_opts)  # fmt: skip
     assert result["updates"] > 0 and seen and all(kinds == {"meta"} for kinds in seen)
+    assert sent and set(sent) == {float}  # read on the host: a GPU's tensors would cross as CUDA handles
 
 
 def test_a_worker_process_takes_the_device_it_sees():
