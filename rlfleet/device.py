@@ -103,9 +103,12 @@ def worker_device(setting: str) -> torch.device:
     return device if device.index is not None and device.index < count else torch.device("cuda", 0)
 
 
-def placement_note(device: torch.device, algo: object, workers_act: bool, arch: str = "single") -> str | None:
+def placement_note(
+    device: torch.device, algo: object, workers_act: bool, arch: str = "single", workers_learn: bool = False
+) -> str | None:
     """The line a run starts with when a GPU is in play: where the learner runs and where acting happens
-    (`workers_act`: worker processes act, on the CPU). None on a machine without CUDA learning on the CPU."""
+    (`workers_act`: worker processes act, on the CPU; `workers_learn`: gradient workers compute on GPUs of their
+    own). None on a machine without CUDA learning on the CPU."""
     if device.type == "cpu":
         if not torch.cuda.is_available():
             return None
@@ -122,7 +125,9 @@ def placement_note(device: torch.device, algo: object, workers_act: bool, arch: 
             f"learners on {device}{name}, one per learner process (with --backend ray, the GPU each reserved); each "
             f"acts on the CPU with a copy of its weights; {exchange} through host memory"
         )
-    if workers_act:
+    if workers_learn:
+        where = "each gradient worker computes on the GPU its Ray role reserved, with the weights it publishes"
+    elif workers_act:
         where = "the workers act on the CPU with the weights it publishes"
     elif any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module)):
         where = "acting on it too (a CNN policy)"

@@ -363,6 +363,7 @@ class AllReduceRunner(ParallelRunner):
 
     arch = "allreduce"
     Options = AllReduceOptions
+    role_learning = "always"
     spec: LearnerSpec
 
     def check_config(self) -> None:
@@ -399,7 +400,7 @@ class AllReduceRunner(ParallelRunner):
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = self.worker_spec(LearnerSpec, state_every=self.opts.state_every, device=str(self.device))
+        self.spec = self.worker_spec(LearnerSpec, state_every=self.opts.state_every, device=self.role_device())
         self.start_backend()  # the counter: env steps of every learner's items
         self.store: TCPStore | None = None
         self.generation: int | None = None

@@ -619,6 +619,7 @@ class GossipRunner(ParallelRunner):
 
     arch = "gossip"
     Options = GossipOptions
+    role_learning = "always"
     waiting_for = "completed round from the learners"
     restart_how = "(from the average of its in-neighbours' parameters)"
     spec: GossipSpec
@@ -673,7 +674,7 @@ class GossipRunner(ParallelRunner):
         in_process = BACKENDS[opts.backend].in_process
         self.spec = self.worker_spec(
             GossipSpec,
-            device=str(self.device),
+            device=self.role_device(),
             topology=self.topology,
             gossip_timeout_s=opts.gossip_timeout_s,
             state_every=opts.state_every,

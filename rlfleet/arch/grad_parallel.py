@@ -69,11 +69,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken
+from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken, WorkerSpec
 from rlfleet.arch.shared import algo_modules, trainable_params
 from rlfleet.backends import RoleGroup
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.data.rollout import Segment
+from rlfleet.device import host, read_metrics
 from rlfleet.fields import bounded
 from rlfleet.optim.shared import ALGO, build_optimizer
 from rlfleet.optim.step import set_lr
@@ -122,8 +123,8 @@ class GradientWorker(Producer):
         for p in params:
             p.grad = None
         loss.backward()
-        grads = [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in params]
-        return torch.cat(grads).numpy(), metrics
+        grads = [p.grad.flatten() if p.grad is not None else p.new_zeros(p.numel()) for p in params]
+        return host(torch.cat(grads)), read_metrics(metrics)
 
     def produce(self, global_steps: int, stop: StopFlag | None = None) -> Gradient | None:
         before = self.collector.env_steps
@@ -178,6 +179,7 @@ class GradParallelRunner(ParallelRunner):
 
     arch = "grad_parallel"
     Options: type = GradParallelOptions  # async_grad's have no --grad-sets
+    role_learning = "reserved"
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
@@ -190,7 +192,7 @@ class GradParallelRunner(ParallelRunner):
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = self.worker_spec()
+        self.spec = self.worker_spec(WorkerSpec, device=self.role_device())
         self.grad_sets = self.gradients_per_step()
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         self.start_backend()  # the counter: env steps behind the gradients applied

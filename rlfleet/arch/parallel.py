@@ -74,8 +74,9 @@ class WorkerSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict, kw_only=True)
     """The env's keyword arguments (the run's `env_kwargs`): every worker builds the same env variant."""
     device: str = field(default="cpu", kw_only=True)
-    """Where a worker's own algorithm object lives: the CPU for workers that act and send (samplers, gradient
-    workers); the run's device for workers that learn (allreduce's learners)."""
+    """Where a worker's own algorithm object lives (`ParallelRunner.role_device`): the CPU for workers that act and
+    send (samplers, actors); the run's device for workers that learn (allreduce's and gossip's learners), and for
+    gradient workers whose Ray role reserved a GPU."""
 
     def worker_seed(self, worker_id: int, incarnation: int) -> int:
         return self.seed + 1_000 * (worker_id + 1) + 100_003 * incarnation + 10_000_019 * self.resumes
@@ -111,7 +112,8 @@ class RoleOptions:
     cpus_per_role: float = bounded(1.0, ge=1e-4, le=MAX_ROLES)
     """ray: CPUs each worker's actor reserves (and its torch threads); services (parameter servers) reserve none."""
     gpus_per_role: float = bounded(0.0, ge=0, le=MAX_ROLES)
-    """ray: GPUs each worker's actor reserves (fractions share one GPU)."""
+    """ray: GPUs each worker's actor reserves (fractions share one GPU), for roles that learn there with --device
+    cuda: allreduce's and gossip's learners, grad_parallel's and async_grad's gradient workers."""
     placement: str = ""
     """ray: custom resources that place the workers (and services), comma-separated: worker i goes to a node
     offering names[i mod n] (nodes started with --resources '{"name": 8}')."""
@@ -244,6 +246,44 @@ class ParallelRunner(RunBase):
     """How a restarted worker begins, as its crash report says it ("restarting it ...")."""
     spec: WorkerSpec
     """What the workers are built from (`worker_spec`, made by each architecture)."""
+    role_learning: str = "none"
+    """Where the roles compute when the learner is on a GPU (`role_device`): `none`, on the CPU (samplers and actors
+    act there; hogwild's workers learn in CPU shared memory); `reserved`, on the GPU a Ray role reserved with
+    `--gpus-per-role` and on the CPU otherwise (gradient workers); `always`, on the run's device (allreduce's and
+    gossip's learners: on Ray, each on the GPU it reserved)."""
+
+    def role_device(self) -> str:
+        """The device each role builds its own algorithm object on (`WorkerSpec.device`)."""
+        reserved = self.opts.backend == "ray" and self.opts.gpus_per_role > 0
+        if self.role_learning == "always" or (self.role_learning == "reserved" and reserved):
+            return str(self.device)
+        return "cpu"
+
+    def workers_learn_on_device(self) -> bool:
+        return self.role_learning == "reserved" and self.role_device() != "cpu"
+
+    def check_role_gpus(self) -> None:
+        """On Ray, refuse GPUs reserved for roles that would not use them (in a new run: a resumed one may go on
+        from a GPU on a machine without one), and learners on CUDA whose roles reserved none to see."""
+        opts = self.opts
+        if opts.backend != "ray":
+            return  # --gpus-per-role elsewhere: refused as a ray option
+        if opts.gpus_per_role > 0 and not self.resuming and self.role_device() == "cpu":
+            gpus = f"--gpus-per-role {opts.gpus_per_role:g}"
+            if self.role_learning == "none":
+                raise ConfigError(
+                    f"{gpus} has no effect on --arch {self.arch}: its roles work on the CPU; the architectures whose "
+                    "roles learn on the GPU they reserve are allreduce, gossip, grad_parallel and async_grad"
+                )
+            raise ConfigError(
+                f"{gpus} has no effect with the learner on the CPU (--device {self.cfg.device}): the roles would "
+                "compute there too; add --device cuda, or leave --gpus-per-role out"
+            )
+        if self.role_learning == "always" and self.device.type == "cuda" and opts.gpus_per_role == 0:
+            raise ConfigError(
+                f"--device {self.cfg.device} with --backend ray: each {self.arch} learner is a Ray actor that sees "
+                "only the GPUs it reserves; reserve one with --gpus-per-role 1 (or a share of one, such as 0.5)"
+            )
 
     def check_parallel(self, on_policy_only: bool, uses_optimizer: bool) -> None:
         """Refuse what the architecture cannot run. `on_policy_only`: it applies one gradient of the algorithm's
@@ -272,6 +312,7 @@ class ParallelRunner(RunBase):
                 "them in this process, one after another"
             )
         self.check_machine_fits()
+        self.check_role_gpus()
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(

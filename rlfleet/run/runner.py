@@ -302,7 +302,8 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
-        note = placement_note(self.device, self.algo, workers_act=not self.single_process, arch=arch)
+        workers = {"workers_act": not self.single_process, "workers_learn": self.workers_learn_on_device()}
+        note = placement_note(self.device, self.algo, arch=arch, **workers)
         if note is not None:
             notes.info(note)
         self.obs_stats = self.make_obs_stats()
@@ -406,6 +407,11 @@ class RunBase(abc.ABC):
             return RewardNormalizer(self.algo_cfg.n_envs, self.algo_cfg.gamma, self.algo_cfg.reward_clip)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def workers_learn_on_device(self) -> bool:
+        """Whether worker processes compute gradients on GPUs of their own (a `ParallelRunner`'s gradient workers on
+        Ray roles that reserved one), for the run's first line."""
+        return False
 
     def check_config(self) -> None:  # noqa: B027 (a hook: the single architecture accepts every option)
         """Reject options this architecture cannot run with (before anything is written to disk)."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 from device_cases import CASES, QUICK, case_id, run_case
 
-from rlfleet import train
+from rlfleet import launch, train
 from rlfleet.algos import resolve
 from rlfleet.algos.updates import minibatch_epochs
 from rlfleet.data.batch import Batch
@@ -272,25 +272,34 @@ def test_minibatch_steps_on_a_device_read_their_metrics_once_at_the_end(meta_lea
 
 @pytest.mark.parametrize(
     ("algo", "arch", "learner", "options"),
-    [("ppo", "allreduce", "AllReduceLearner", {"workers": 1}), ("a2c", "gossip", "GossipLearner", {"learners": 2})],
+    [
+        ("ppo", "allreduce", "AllReduceLearner", {"workers": 1}),
+        ("a2c", "gossip", "GossipLearner", {"learners": 2}),
+        ("a2c", "grad_parallel", "GradientWorker", {"workers": 2}),
+    ],
 )
 def test_learners_in_worker_roles_learn_on_the_run_device(
     algo, arch, learner, options, meta_learner, run_opts, monkeypatch
 ):
     """Each allreduce or gossip learner puts its own algorithm object on the run's device (here in the test's
-    process, with the serial backend), not only the coordinator, which keeps their state; the metrics it sends
-    the coordinator are floats."""
+    process, with the serial backend), not only the coordinator, which keeps their state; so does each gradient
+    worker whose Ray role reserved a GPU (as if it had: `role_device`). What it sends the coordinator is host
+    values: metrics as floats, a gradient as a NumPy array."""
     module = importlib.import_module(f"rlfleet.arch.{arch}")
+    if arch == "grad_parallel":
+        monkeypatch.setattr(module.GradParallelRunner, "role_device", lambda self: str(self.device))
     seen: list[set[str]] = []
     cls = getattr(module, learner)
     produce = cls.produce
 
     sent: list[type] = []
+    grads: list[object] = []
 
     def spying(self, *args, **kwargs):
         seen.append({p.device.type for p in self.algo.params})
         item = produce(self, *args, **kwargs)
         sent.extend(type(v) for v in getattr(item, "metrics", {}).values())
+        grads.extend(g for g in [getattr(item, "grad", None)] if g is not None)
         return item
 
     monkeypatch.setattr(cls, "produce", spying)
@@ -298,6 +307,7 @@ def test_learners_in_worker_roles_learn_on_the_run_device(
                    **run_opts)  # fmt: skip
     assert result["updates"] > 0 and seen and all(kinds == {"meta"} for kinds in seen)
     assert sent and set(sent) == {float}  # read on the host: a GPU's tensors would cross as CUDA handles
+    assert all(isinstance(g, np.ndarray) for g in grads)
 
 
 def test_a_worker_process_takes_the_device_it_sees():
@@ -337,3 +347,39 @@ def test_parameter_servers_on_ray_cannot_take_a_gpu(monkeypatch, run_opts):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
     with pytest.raises(ConfigError, match="--device cuda with --backend ray: the parameter servers are Ray actors"):
         train("a2c", "CartPole-v1", arch="param_server", backend="ray", device="cuda", steps=100, **run_opts)
+
+
+def _checked(arch: str, **options):
+    """The run `train("a2c", "CartPole-v1", arch=arch, **options)` would make, checked and not started."""
+    cfg = launch._run_config("a2c", "CartPole-v1", {"arch": arch, **options})
+    return launch._runner(cfg).checked(cfg)
+
+
+@pytest.mark.parametrize(
+    ("arch", "options", "device"),
+    [
+        ("grad_parallel", {"backend": "ray", "gpus_per_role": 1.0}, "meta"),
+        ("async_grad", {"backend": "ray", "gpus_per_role": 0.5}, "meta"),
+        ("grad_parallel", {"backend": "ray"}, "cpu"),
+        ("grad_parallel", {"backend": "local"}, "cpu"),
+        ("allreduce", {"backend": "local"}, "meta"),
+        ("data_parallel", {"backend": "local"}, "cpu"),
+    ],
+)
+def test_roles_learn_on_the_device_where_the_architecture_and_their_reservation_say(arch, options, device):
+    """Gradient workers compute on the run's device when their Ray role reserved a GPU, on the CPU otherwise;
+    allreduce's learners always learn on it; samplers and actors act on the CPU."""
+    assert _checked(arch, device="meta", **options).role_device() == device
+
+
+def test_gpus_no_role_would_use_are_refused_and_a_learner_without_one_too():
+    with pytest.raises(ConfigError, match=r"^--gpus-per-role 1 has no effect on --arch data_parallel: its roles work "):
+        _checked("data_parallel", backend="ray", gpus_per_role=1.0, device="meta")
+    with pytest.raises(ConfigError, match=r"^--gpus-per-role 1 has no effect with the learner on the CPU \(--device "):
+        _checked("grad_parallel", backend="ray", gpus_per_role=1.0, device="cpu")
+    run = _checked("allreduce", backend="ray", device="meta", workers=2)
+    run.device = torch.device("cuda", 0)  # what --device cuda resolves to on a machine with one
+    with pytest.raises(ConfigError, match=r"each allreduce learner is a Ray actor that sees only the GPUs it reserves"):
+        run.check_role_gpus()
+    run.opts.gpus_per_role = 1.0
+    run.check_role_gpus()
