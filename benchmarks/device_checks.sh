@@ -38,7 +38,7 @@ if wanted sac; then
 fi
 if wanted updates; then
     step "updates: learner updates per second, CPU against GPU (the table behind --device auto)"
-    timeout 100 python3 benchmarks/device_learner.py updates --repeats 3 --out "$OUT/device_updates.json"
+    timeout 150 python3 benchmarks/device_learner.py updates --repeats 3 --out "$OUT/device_updates.json"
 fi
 if wanted learning; then
     step "learning: the gpu test module's learning runs"

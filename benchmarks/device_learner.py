@@ -11,6 +11,10 @@ as replay and rollouts keep it there; PPO's minibatch steps start from a segment
 - PPO and DQN with CartPole's 64-64 MLPs (minibatch 64).
 
 And acting: one forward of PPO's Nature CNN policy for 8 envs (what a step of `single` costs), on the CPU and on CUDA.
+And a round of gossip (`gossip`'s learners) with one in-neighbour for a learner with PPO's Nature CNN: flatten its
+parameters, mix them with the neighbour's message, load the mix back. Three ways: as `gossip` does it, in host
+memory (its messages cross processes and machines there); messages in host memory but mixed on the learner's
+device; and every vector on the device, the least a CUDA IPC exchange between learners on one GPU could cost.
 
 `sac`: SAC on HalfCheetah-v5 for 20,000 env steps (10,000 random, then one update per step) and a 10-episode greedy
 evaluation, wall time, rlfleet (its `mujoco` preset) and SB3 (rl-zoo3's HalfCheetah entry: SB3's SAC defaults with
@@ -35,6 +39,8 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
+from rlfleet.arch.gossip import flat_params, load_flat
+from rlfleet.arch.shared import algo_modules, trainable_params
 from rlfleet.data.batch import Batch
 from rlfleet.optim.step import optimize
 
@@ -128,6 +134,27 @@ def cnn_act(n_envs: int, device: str):
     return lambda: ppo.act(obs)
 
 
+def gossip_round(device: str, how: str):
+    """One round of gossip with one in-neighbour (equal weights) for a learner with PPO's Nature CNN on `device`:
+    `host`, as `gossip` does it (flattened into host memory, mixed there, loaded back); `mixed_on_device`, the
+    messages in host memory but mixed on the device (the learner's own vector still copied out, to post); `device`,
+    every vector on the device."""
+    ppo, _ = _build("ppo", "atari", IMAGE, gym.spaces.Discrete(6), device)
+    params = trainable_params(algo_modules(ppo))
+    peer = flat_params(params).to("cpu" if how == "host" else device)
+
+    def step():
+        if how == "host":
+            mine = flat_params(params)
+        else:
+            mine = torch.cat([p.detach().reshape(-1) for p in params])
+            if how == "mixed_on_device":
+                mine.cpu()  # what it posts
+        load_flat(params, 0.5 * mine + 0.5 * peer)
+
+    return step
+
+
 CASES = {
     "PPO, Nature CNN (Pong), minibatch 256": lambda d: ppo_step(IMAGE, 6, 256, d, "atari"),
     "DQN, Nature CNN (Pong), batch 32": lambda d: replay_update("dqn", IMAGE, gym.spaces.Discrete(6), 32, d, "atari"),
@@ -142,6 +169,9 @@ CASES = {
         "dqn", CARTPOLE, gym.spaces.Discrete(2), 64, d, None
     ),
     "acting: PPO's Nature CNN policy, 8 envs": lambda d: cnn_act(8, d),
+    "gossip round, Nature CNN learner, 1 peer: as gossip does it, in host memory": lambda d: gossip_round(d, "host"),
+    "gossip round, the same, messages mixed on the learner's device": lambda d: gossip_round(d, "mixed_on_device"),
+    "gossip round, the same, every vector on the learner's device": lambda d: gossip_round(d, "device"),
 }
 
 

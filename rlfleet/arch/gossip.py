@@ -360,6 +360,12 @@ class Counts(TypedDict):
     mixed: int
 
 
+def flat_params(params: list[nn.Parameter]) -> torch.Tensor:
+    """The parameters as one flat CPU tensor (what gossips: messages cross processes and machines in host memory,
+    wherever the learner learns)."""
+    return torch.cat([p.detach().reshape(-1) for p in params]).cpu()
+
+
 @torch.no_grad()
 def load_flat(params: list[nn.Parameter], flat: torch.Tensor) -> None:
     """Copy a flat vector into the parameters, in order (moved to their device first, in one copy)."""
@@ -411,9 +417,8 @@ class GossipLearner(WorkerActor):
             self.round, self.phase = mb.written(self.worker_id), "drain"
 
     def flatten(self) -> torch.Tensor:
-        """The learner's parameters as one flat CPU tensor (what gossips: messages cross processes and machines in
-        host memory, wherever the learner learns)."""
-        return torch.cat([p.detach().reshape(-1) for p in self.params]).cpu()
+        """The learner's parameters as one flat CPU tensor (`flat_params`)."""
+        return flat_params(self.params)
 
     @torch.no_grad()
     def load_flat(self, flat: torch.Tensor) -> None:
