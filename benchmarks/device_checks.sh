@@ -5,7 +5,7 @@
 #
 #     bash benchmarks/device_checks.sh tests sac updates  # what is still pending, most valuable first (~10 min)
 #     bash benchmarks/device_checks.sh pong_ppo           # one step; every step, in this order:
-#         tests (4 min) sac (4) updates (2) learning (3) pong_ppo (8) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
+#         tests (4 min) sac (4) updates (2.5) learning (3) pong_ppo (8) a3c_pong (9) a3c_numa (2.5) a3c_perf (3.5)
 #         apex_pong (5) gala_pong (9)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -266,7 +266,7 @@ def test_actor_step_reads_the_critic_after_its_step(name):
 
     loss, want = actor_grads(algo.critic)  # the critic as the critic step left it
     assert_grads_close(steps[1]["actor"], want)
-    assert float(metrics["actor_loss"]) == pytest.approx(float(loss), abs=1e-6)
+    assert float(metrics["actor_loss"]) == pytest.approx(loss.item(), abs=1e-6)
     _, stale = actor_grads(critic_before)  # what the actor read before: distinguishable
     assert any(not torch.allclose(g, w, atol=1e-6) for g, w in zip(steps[1]["actor"], stale, strict=True))
 

@@ -49,6 +49,7 @@ def test_a_misspelt_id_suggests_the_games():
 
 
 @pytest.mark.parametrize("game", sorted(GAMES))
+@pytest.mark.filterwarnings("ignore:.*is out of date:DeprecationWarning")  # v0 is made on purpose: all six actions
 def test_observations_are_the_grid_channels_first_as_bytes(game):
     env = make_env(f"MinAtar/{game}-v1", seed=3)
     raw = env.unwrapped
