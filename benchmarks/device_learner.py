@@ -141,16 +141,18 @@ def gossip_round(device: str, how: str):
     every vector on the device."""
     ppo, _ = _build("ppo", "atari", IMAGE, gym.spaces.Discrete(6), device)
     params = trainable_params(algo_modules(ppo))
-    peer = flat_params(params).to("cpu" if how == "host" else device)
+    peer = flat_params(params).to(device if how == "device" else "cpu")
 
     def step():
         if how == "host":
-            mine = flat_params(params)
+            mine, theirs = flat_params(params), peer
         else:
             mine = torch.cat([p.detach().reshape(-1) for p in params])
+            theirs = peer
             if how == "mixed_on_device":
                 mine.cpu()  # what it posts
-        load_flat(params, 0.5 * mine + 0.5 * peer)
+                theirs = peer.to(device)  # the neighbour's message, read from host memory each round
+        load_flat(params, 0.5 * mine + 0.5 * theirs)
 
     return step
 

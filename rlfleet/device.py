@@ -119,17 +119,19 @@ def placement_note(
             f"parameter servers on {device}{name}: each shard and its optimizer state; the workers compute gradients "
             "on the CPU, and pulls and pushes cross in host memory"
         )
+    cnn = any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module))
     if arch in ("allreduce", "gossip"):
         exchange = "gradients are averaged" if arch == "allreduce" else "parameters gossip"
+        acts = "acts on it too (a CNN policy)" if cnn else "acts on the CPU with a copy of its weights"
         return (
             f"learners on {device}{name}, one per learner process (with --backend ray, the GPU each reserved); each "
-            f"acts on the CPU with a copy of its weights; {exchange} through host memory"
+            f"{acts}; {exchange} through host memory"
         )
     if workers_learn:
         where = "each gradient worker computes on the GPU its Ray role reserved, with the weights it publishes"
     elif workers_act:
         where = "the workers act on the CPU with the weights it publishes"
-    elif any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module)):
+    elif cnn:
         where = "acting on it too (a CNN policy)"
     else:
         where = "acting on the CPU with a copy of its weights refreshed after each update"

@@ -154,12 +154,12 @@ class HogwildRunner(ParallelRunner):
     spec: HogwildSpec
 
     def check_config(self) -> None:
-        self.check_parallel(on_policy_only=True, uses_optimizer=True)
-        if not BACKENDS[self.opts.backend].shares_memory:
+        if not BACKENDS[self.opts.backend].shares_memory:  # first: the backend's own options are beside the point
             raise ConfigError(
                 f"hogwild updates parameters in shared memory, one machine by nature; the {self.opts.backend} backend "
                 "shares none: use --arch async_grad (asynchronous gradients, A3C's update through one learner)"
             )
+        self.check_parallel(on_policy_only=True, uses_optimizer=True)
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 import gymnasium as gym
 import numpy as np
@@ -246,7 +246,7 @@ class ParallelRunner(RunBase):
     """How a restarted worker begins, as its crash report says it ("restarting it ...")."""
     spec: WorkerSpec
     """What the workers are built from (`worker_spec`, made by each architecture)."""
-    role_learning: str = "none"
+    role_learning: Literal["none", "reserved", "always"] = "none"
     """Where the roles compute when the learner is on a GPU (`role_device`): `none`, on the CPU (samplers and actors
     act there; hogwild's workers learn in CPU shared memory); `reserved`, on the GPU a Ray role reserved with
     `--gpus-per-role` and on the CPU otherwise (gradient workers); `always`, on the run's device (allreduce's and
@@ -263,26 +263,39 @@ class ParallelRunner(RunBase):
         return self.role_learning == "reserved" and self.role_device() != "cpu"
 
     def check_role_gpus(self) -> None:
-        """On Ray, refuse GPUs reserved for roles that would not use them (in a new run: a resumed one may go on
-        from a GPU on a machine without one), and learners on CUDA whose roles reserved none to see."""
-        opts = self.opts
+        """On Ray: GPUs reserved for roles that would not use them, more GPUs than a private instance has, and
+        learners on CUDA whose roles reserved none to see are each one line, before Ray starts. A resumed run may keep
+        GPUs its roles leave idle only where they never used them (samplers, actors: runs from before this check)."""
+        opts, arch = self.opts, self.arch
         if opts.backend != "ray":
             return  # --gpus-per-role elsewhere: refused as a ray option
-        if opts.gpus_per_role > 0 and not self.resuming and self.role_device() == "cpu":
-            gpus = f"--gpus-per-role {opts.gpus_per_role:g}"
+        gpus = f"--gpus-per-role {opts.gpus_per_role:g}"
+        if opts.gpus_per_role > 0 and self.role_device() == "cpu":
             if self.role_learning == "none":
+                if self.resuming:
+                    return
                 raise ConfigError(
-                    f"{gpus} has no effect on --arch {self.arch}: its roles work on the CPU; the architectures whose "
-                    "roles learn on the GPU they reserve are allreduce, gossip, grad_parallel and async_grad"
+                    f"{gpus} has no effect on --arch {arch}: its roles work on the CPU; the architectures whose roles "
+                    "learn on the GPU they reserve are allreduce, gossip, grad_parallel and async_grad"
                 )
+            drop = "add --gpus-per-role 0 to the resume" if self.resuming else "leave --gpus-per-role out"
             raise ConfigError(
                 f"{gpus} has no effect with the learner on the CPU (--device {self.cfg.device}): the roles would "
-                "compute there too; add --device cuda, or leave --gpus-per-role out"
+                f"compute there too; add --device cuda, or {drop}"
+            )
+        wanted = opts.workers * opts.gpus_per_role
+        if not opts.address and wanted > (have := torch.cuda.device_count()):
+            raise ConfigError(
+                f"{gpus} asks for {wanted:g} GPUs for {opts.workers} roles, and this machine has {have}: give each "
+                f"role a share (--gpus-per-role {have / opts.workers:.4g} spreads them over {have}), or use fewer roles"
+                if have
+                else f"{gpus}: this machine has no GPU for the roles to reserve"
             )
         if self.role_learning == "always" and self.device.type == "cuda" and opts.gpus_per_role == 0:
             raise ConfigError(
-                f"--device {self.cfg.device} with --backend ray: each {self.arch} learner is a Ray actor that sees "
-                "only the GPUs it reserves; reserve one with --gpus-per-role 1 (or a share of one, such as 0.5)"
+                f"--device {self.cfg.device} with --backend ray: each {arch} learner is a Ray actor that sees only the "
+                "GPUs it reserves; reserve one with --gpus-per-role 1 (or a share of one, such as 0.5), or learn on "
+                "the CPU with --device cpu"
             )
 
     def check_parallel(self, on_policy_only: bool, uses_optimizer: bool) -> None:

@@ -24,7 +24,16 @@ from rlfleet.algos import resolve
 from rlfleet.algos.updates import minibatch_epochs
 from rlfleet.data.batch import Batch
 from rlfleet.data.demos import Demonstrations
-from rlfleet.device import HostCopy, acting, host_copy, host_modules, resolve_device, sync_host, worker_device
+from rlfleet.device import (
+    HostCopy,
+    acting,
+    host_copy,
+    host_modules,
+    placement_note,
+    resolve_device,
+    sync_host,
+    worker_device,
+)
 from rlfleet.fields import ConfigError
 from rlfleet.optim.step import optimize
 
@@ -349,10 +358,19 @@ def test_parameter_servers_on_ray_cannot_take_a_gpu(monkeypatch, run_opts):
         train("a2c", "CartPole-v1", arch="param_server", backend="ray", device="cuda", steps=100, **run_opts)
 
 
-def _checked(arch: str, **options):
-    """The run `train("a2c", "CartPole-v1", arch=arch, **options)` would make, checked and not started."""
+def _checked(arch: str, resuming: bool = False, **options):
+    """The run `train("a2c", "CartPole-v1", arch=arch, **options)` would make (or its resume, with `resuming`),
+    checked and not started."""
     cfg = launch._run_config("a2c", "CartPole-v1", {"arch": arch, **options})
-    return launch._runner(cfg).checked(cfg)
+    run = launch._runner(cfg).__new__(launch._runner(cfg))
+    run._prepare(cfg, resuming=resuming)
+    return run
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """This machine as one with `n` GPUs, as far as counting them goes (`gpus(n)`)."""
+    return lambda n: monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
 
 
 @pytest.mark.parametrize(
@@ -366,20 +384,51 @@ def _checked(arch: str, **options):
         ("data_parallel", {"backend": "local"}, "cpu"),
     ],
 )
-def test_roles_learn_on_the_device_where_the_architecture_and_their_reservation_say(arch, options, device):
+def test_roles_learn_on_the_device_where_the_architecture_and_their_reservation_say(arch, options, device, gpus):
     """Gradient workers compute on the run's device when their Ray role reserved a GPU, on the CPU otherwise;
     allreduce's learners always learn on it; samplers and actors act on the CPU."""
+    gpus(2)
     assert _checked(arch, device="meta", **options).role_device() == device
 
 
-def test_gpus_no_role_would_use_are_refused_and_a_learner_without_one_too():
+def test_gpus_no_role_would_use_or_the_machine_lacks_are_refused_and_a_learner_without_one_too(gpus):
+    gpus(1)
     with pytest.raises(ConfigError, match=r"^--gpus-per-role 1 has no effect on --arch data_parallel: its roles work "):
         _checked("data_parallel", backend="ray", gpus_per_role=1.0, device="meta")
+    _checked("data_parallel", resuming=True, backend="ray", gpus_per_role=1.0)  # as runs from before the check did
     with pytest.raises(ConfigError, match=r"^--gpus-per-role 1 has no effect with the learner on the CPU \(--device "):
         _checked("grad_parallel", backend="ray", gpus_per_role=1.0, device="cpu")
+    with pytest.raises(ConfigError, match=r"the CPU \(--device cpu\): .* or add --gpus-per-role 0 to the resume$"):
+        _checked("grad_parallel", resuming=True, backend="ray", gpus_per_role=1.0, device="cpu")
+    with pytest.raises(
+        ConfigError, match=r"asks for 2 GPUs for 2 roles, and this machine has 1: .*--gpus-per-role 0.5 "
+    ):
+        _checked("grad_parallel", backend="ray", gpus_per_role=1.0, device="meta", workers=2)
+    _checked("grad_parallel", backend="ray", gpus_per_role=0.5, device="meta", workers=2)
+    gpus(0)
+    with pytest.raises(ConfigError, match=r"^--gpus-per-role 0.5: this machine has no GPU for the roles to reserve$"):
+        _checked("grad_parallel", backend="ray", gpus_per_role=0.5, device="meta", workers=2)
+    with pytest.raises(ConfigError, match=r"^hogwild updates parameters in shared memory"):  # its own problem first
+        _checked("hogwild", backend="ray", gpus_per_role=1.0)
     run = _checked("allreduce", backend="ray", device="meta", workers=2)
     run.device = torch.device("cuda", 0)  # what --device cuda resolves to on a machine with one
     with pytest.raises(ConfigError, match=r"each allreduce learner is a Ray actor that sees only the GPUs it reserves"):
         run.check_role_gpus()
+    gpus(2)
     run.opts.gpus_per_role = 1.0
     run.check_role_gpus()
+
+
+def test_the_first_line_says_where_learners_act(monkeypatch):
+    """A CNN learner acts on its device, an MLP one through a CPU copy; gradient workers on reserved GPUs say so."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    algo_cls, config_cls, _, _ = resolve("ppo")
+    cnn = algo_cls(config_cls(), gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), device="meta")
+    mlp = _algo("ppo", "CartPole-v1", "cpu")
+    gpu = torch.device("cuda", 0)
+    assert "each acts on it too (a CNN policy)" in placement_note(gpu, cnn, workers_act=True, arch="gossip")
+    assert "each acts on the CPU with a copy" in placement_note(gpu, mlp, workers_act=True, arch="allreduce")
+    assert "acting on it too (a CNN policy)" in placement_note(gpu, cnn, workers_act=False)
+    note = placement_note(gpu, mlp, workers_act=True, arch="grad_parallel", workers_learn=True)
+    assert "each gradient worker computes on the GPU its Ray role reserved" in note
+    assert "the workers act on the CPU" in placement_note(gpu, cnn, workers_act=True, arch="data_parallel")
