@@ -357,6 +357,7 @@ def test_a_hung_gossip_learner_is_killed_for_want_of_a_heartbeat_restarted_and_t
                    arch="gossip", learners=4, heartbeat_s=10.0, state_every=1, steps=400_000, eval_every=5_000,
                    stop_return=475.0, **run_opts)  # fmt: skip
     assert flag.exists()  # a learner did hang
+    assert (result.run_dir / "workers.log").exists(), f"no worker trouble reported: {result.result}"
     log = (result.run_dir / "workers.log").read_text()
     hung = re.search(r"worker (\d) died \(killed by SIGKILL\):\s*no heartbeat for \d+ s \(hung\)", log)
     assert hung, log
