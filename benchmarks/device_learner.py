@@ -37,6 +37,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from rlfleet.algos import resolve
 from rlfleet.arch.gossip import flat_params, load_flat
@@ -143,16 +144,13 @@ def gossip_round(device: str, how: str):
     params = trainable_params(algo_modules(ppo))
     peer = flat_params(params).to(device if how == "device" else "cpu")
 
+    @torch.no_grad()
     def step():
+        mine = parameters_to_vector(params)  # on the learner's device
+        posted = mine if how == "device" else mine.cpu()  # what it posts
         if how == "host":
-            mine, theirs = flat_params(params), peer
-        else:
-            mine = torch.cat([p.detach().reshape(-1) for p in params])
-            theirs = peer
-            if how == "mixed_on_device":
-                mine.cpu()  # what it posts
-                theirs = peer.to(device)  # the neighbour's message, read from host memory each round
-        load_flat(params, 0.5 * mine + 0.5 * theirs)
+            mine = posted  # mixed in host memory
+        load_flat(params, 0.5 * mine + 0.5 * peer.to(mine.device))  # mixed on the device: the message copied there
 
     return step
 

@@ -83,6 +83,7 @@ from typing import Any, TypedDict
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector
 
 from rlfleet.arch.parallel import WAIT_S, ParallelRunner, RoleOptions, Taken, WorkerActor, WorkerSpec
 from rlfleet.arch.shared import algo_modules, from_bytes, load_state, pack_state, to_bytes, trainable_params
@@ -363,7 +364,7 @@ class Counts(TypedDict):
 def flat_params(params: list[nn.Parameter]) -> torch.Tensor:
     """The parameters as one flat CPU tensor (what gossips: messages cross processes and machines in host memory,
     wherever the learner learns)."""
-    return torch.cat([p.detach().reshape(-1) for p in params]).cpu()
+    return parameters_to_vector(params).detach().cpu()
 
 
 @torch.no_grad()

@@ -69,7 +69,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken, WorkerSpec
+from rlfleet.arch.parallel import WAIT_S, AlgoOptimizerOptions, ParallelRunner, Producer, Taken
 from rlfleet.arch.shared import algo_modules, trainable_params
 from rlfleet.backends import RoleGroup
 from rlfleet.backends.shared_memory import StopFlag
@@ -192,7 +192,7 @@ class GradParallelRunner(ParallelRunner):
         callbacks: list[Callable[[dict[str, Any]], bool | None]] | None = None,
     ):
         super().__init__(cfg, resume_from, run_dir, callbacks)
-        self.spec = self.worker_spec(WorkerSpec, device=self.role_device())
+        self.spec = self.worker_spec(device=self.role_device())
         self.grad_sets = self.gradients_per_step()
         self.credits = max(AHEAD, -(-self.grad_sets // self.opts.workers))  # enough for k gradients in flight
         self.start_backend()  # the counter: env steps behind the gradients applied

@@ -302,8 +302,8 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
-        workers = {"workers_act": not self.single_process, "workers_learn": self.workers_learn_on_device()}
-        note = placement_note(self.device, self.algo, arch=arch, **workers)
+        note = placement_note(self.device, self.algo, workers_act=not self.single_process, arch=arch,
+                              workers_learn=self.workers_learn_on_device())  # fmt: skip
         if note is not None:
             notes.info(note)
         self.obs_stats = self.make_obs_stats()

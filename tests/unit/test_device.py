@@ -308,7 +308,8 @@ def test_learners_in_worker_roles_learn_on_the_run_device(
         seen.append({p.device.type for p in self.algo.params})
         item = produce(self, *args, **kwargs)
         sent.extend(type(v) for v in getattr(item, "metrics", {}).values())
-        grads.extend(g for g in [getattr(item, "grad", None)] if g is not None)
+        if getattr(item, "grad", None) is not None:
+            grads.append(item.grad)
         return item
 
     monkeypatch.setattr(cls, "produce", spying)
@@ -362,7 +363,8 @@ def _checked(arch: str, resuming: bool = False, **options):
     """The run `train("a2c", "CartPole-v1", arch=arch, **options)` would make (or its resume, with `resuming`),
     checked and not started."""
     cfg = launch._run_config("a2c", "CartPole-v1", {"arch": arch, **options})
-    run = launch._runner(cfg).__new__(launch._runner(cfg))
+    cls = launch._runner(cfg)
+    run = cls.__new__(cls)
     run._prepare(cfg, resuming=resuming)
     return run
 
