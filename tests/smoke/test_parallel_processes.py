@@ -83,13 +83,15 @@ def test_sigkilled_worker_is_restarted_and_the_run_finishes(tmp_path, algo, arch
 def test_the_restart_limit_ends_the_run_cleanly_with_a_checkpoint_and_one_line(tmp_path):
     """A worker crashes once (CrashingCartPole) and --max-restarts 0 allows no restart: the run stops as cleanly as
     on Ctrl-C (checkpoint, result.json saying how it stopped, no process left) and the command says why in one
-    line, exit 1."""
+    line, exit 1. The run cannot solve (--stop-return 1e9): a lucky seed once solved 1 s after the crash, before a
+    loaded machine had reaped the crashed process."""
     tests = str(Path(__file__).resolve().parents[1])  # where crashing_env is, for the rlfleet process to import
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "RLFLEET_TEST_CRASH_MARKER": str(tmp_path / "crashed"), "PYTHONPATH": path}
     proc = subprocess.run(
         [*RLFLEET, "train", "a2c", "--env", "crashing_env:CrashingCartPole-v0", "--arch", "data_parallel",
-         "--max-restarts", "0", "--steps", "1e6", "--logdir", str(tmp_path), "--name", "r", "--no-progress"],
+         "--max-restarts", "0", "--steps", "1e6", "--stop-return", "1e9", "--logdir", str(tmp_path), "--name", "r",
+         "--no-progress"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     run = tmp_path / "r"
