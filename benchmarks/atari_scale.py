@@ -1,7 +1,8 @@
-"""The seeds' Atari experiments at scale, each run bounded by --minutes: curves of the greedy score against frames and
-against wall time, and a summary table.
+"""The seeds' Atari experiments at scale, each run bounded by --minutes (and --frames if given): curves of the greedy
+score against frames and against wall time, and a summary table.
 
-Experiments (one run at a time, each `rlfleet.train` with `time_limit = --minutes`):
+Experiments (one run at a time, each `rlfleet.train` with `time_limit = --minutes`, and `steps` = --frames over the
+frame skip where given: a run stops at whichever comes first):
 
   ppo    PPO with its learner on --device and --envs env workers (async vector envs for ALE ids): score against
          wall time (the goal on Pong: >= 18 within 10 minutes).
@@ -21,8 +22,8 @@ options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables) a
 
     python benchmarks/atari_scale.py ppo --env ALE/Pong-v5 --minutes 10 --device cuda --envs 16
     python benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 8 --workers 1,2,4,8,16
-    python benchmarks/atari_scale.py all --env MinAtar/Breakout-v1 --minutes 0.05 --workers 1,2 --learners 2 \
-        --actors 2 --out /tmp/scale        # the smoke run CI makes (under a minute)
+    python benchmarks/atari_scale.py all --env MinAtar/Breakout-v1 --minutes 1 --frames 20000 --workers 2 \
+        --learners 2 --actors 1 --out /tmp/scale        # the smoke run CI makes (a minute when the machine is idle)
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def one_run(name: str, algo: str, args: argparse.Namespace, out: Path, **options
 
     print(f"[atari_scale] {name}: {algo} {options}", file=sys.stderr, flush=True)
     options.setdefault("time_limit", args.minutes * 60)
+    if args.frames is not None:
+        options.setdefault("steps", max(1, args.frames // args.frame_skip))
     result = train(algo, args.env, seed=args.seed, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                    stop_return=1e9, logdir=str(out / "runs"), name=name, progress=False, **options)  # fmt: skip
     r = result.result
@@ -161,7 +164,8 @@ def segment_times(run: dict[str, Any]) -> str:
 
 
 def table(experiment: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    head = f"### {experiment} on {args.env} ({args.minutes:g} min a run)\n\n"
+    budget = f"{args.minutes:g} min" + ("" if args.frames is None else f" or {args.frames:,} frames")
+    head = f"### {experiment} on {args.env} ({budget} a run)\n\n"
     if experiment == "a3c":
         base = next((r for r in runs if r["options"].get("workers") == 1), runs[0])
         lines = ["| workers | frames/s | scaling | frames | score | time to " + f"{args.reference:g} (s) | speedup | "
@@ -235,6 +239,7 @@ def main() -> None:
     parser.add_argument("experiment", choices=(*EXPERIMENTS, "all"))
     parser.add_argument("--env", default="ALE/Pong-v5")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run")
+    parser.add_argument("--frames", type=int, default=None, help="frame budget of each run (stops at either)")
     parser.add_argument("--workers", default="1,2,4,8,16", help="a3c: worker counts")
     parser.add_argument("--learners", default="4,8", help="gala: learner counts")
     parser.add_argument("--actors", type=int, default=14, help="apex: actors")
@@ -250,6 +255,8 @@ def main() -> None:
     args.learners = counts(parser, "--learners", args.learners)
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
+    if args.frames is not None and args.frames < 1:
+        parser.error(f"--frames must be >= 1, got {args.frames}")
     if args.reference is None:
         if args.env not in REFERENCE:
             parser.error(f"no reference score known for {args.env}: give --reference")
