@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlfleet.data.batch import map_obs, obs_len
+from rlfleet.device import host, module_device
 from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput, flat_size
 from rlfleet.nets.fast import compile_numpy
 from rlfleet.nets.heads import LOG_STD_RANGE, StateDependentNoise
@@ -128,7 +129,13 @@ class DeterministicActor(nn.Module):
         if self._np is not None:
             return np.tanh(self._np(obs)[0])
         with torch.inference_mode():
-            return self(map_obs(torch.as_tensor, obs)).numpy()
+            return host(self(_on_device(obs, self)))
+
+
+def _on_device(obs: Any, module: nn.Module) -> Any:
+    """An observation batch (or a dict of them) as tensors where `module` is: a CNN acts on its learner's device."""
+    device = module_device(module)
+    return map_obs(lambda x: torch.as_tensor(x).to(device), obs)
 
 
 SDE_MEAN_CLIP = 2.0  # gSDE: μ before the squashing is clipped to ±this (Stable-Baselines3's clip_mean)
@@ -189,12 +196,12 @@ class SquashedGaussianActor(nn.Module):
             out = self._np(obs)[0]
         else:
             with torch.inference_mode():
-                out = self.body(map_obs(torch.as_tensor, obs))
-                out = (out if self.sde else self.head(out)).numpy()
+                out = self.body(_on_device(obs, self))
+                out = host(out if self.sde else self.head(out))
         if self.noise is not None:
             features = out
             assert isinstance(self.head, nn.Linear)  # gSDE: never a user's whole actor
-            weight, bias = self.head.weight.detach().numpy(), self.head.bias.detach().numpy()
+            weight, bias = host(self.head.weight), host(self.head.bias)
             mean = np.clip(features @ weight.T + bias, -SDE_MEAN_CLIP, SDE_MEAN_CLIP)
             if explore:
                 assert sde_draws is not None  # exploring with gSDE: the algorithm's noise matrices

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlfleet.data.batch import Batch
+from rlfleet.device import host
 from rlfleet.nets.encoders import layer_init
 
 ACTION_MASK = "action_mask"
@@ -310,12 +311,12 @@ class StateDependentNoise(nn.Module):
 
     def numpy_log_std(self, features: np.ndarray) -> np.ndarray:
         """`log_std_of` in NumPy (acting)."""
-        std = self.std().detach().numpy()
+        std = host(self.std())
         return (0.5 * np.log(np.square(features) @ np.square(std) + SDE_EPSILON)).astype(np.float32)
 
     def numpy_noise(self, features: np.ndarray, draws: np.ndarray) -> np.ndarray:
         """ε(s) = θᵀ z(s) per env: `[N, F]` features, `[N, F, A]` standard normal draws ξ, θ = σ ⊙ ξ; `[N, A]`."""
-        theta = draws * self.std().detach().numpy()
+        theta = draws * host(self.std())
         return np.matmul(features[:, None, :], theta)[:, 0].astype(np.float32)
 
     def sample_draws(self, n: int, rng: np.random.Generator) -> np.ndarray:

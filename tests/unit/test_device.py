@@ -195,6 +195,23 @@ def test_a_cnn_acts_on_the_learners_device(meta_learner):
     assert actions.shape == (3,) and extras["value"].shape == (3,)
 
 
+@pytest.mark.parametrize(
+    "algo, overrides",
+    [("sac", {}), ("sac", {"sde": True}), ("td3", {}), ("ddpg", {}), ("ppo", {"sde": True}), ("a2c", {})],
+)
+def test_a_users_cnn_for_box_actions_acts_on_the_learners_device(algo, overrides, meta_learner):
+    """A CNN of the user's (`--net`) makes the actor act where it learns, exploring and greedy, gSDE's noise too."""
+    frames, actions = gym.spaces.Box(0, 1, (4, 10, 10), np.uint8), gym.spaces.Box(-1, 1, (2,), np.float32)
+    algo_cls, config_cls, _, _ = resolve(algo)
+    learner = algo_cls(config_cls(net="user_nets:SmallCNN", **overrides), frames, actions, device="meta")
+    learner.schedule(10**6, 10**6)  # past any warm-up of uniform actions
+    actor = learner.actor if hasattr(learner, "actor") else learner.model
+    assert acting(actor) is actor
+    for explore in (True, False):
+        taken, _, _ = learner.act(np.ones((3, 4, 10, 10), np.uint8), explore=explore)
+        assert taken.shape == (3, 2) and np.all(np.abs(taken) <= 1)
+
+
 # ------------------------------------------------------------------------------------------ which device
 def test_auto_gives_the_gpu_to_cnn_learners_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
