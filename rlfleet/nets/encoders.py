@@ -132,8 +132,8 @@ class FlatInput(nn.Module):
             elif len(shift) == 1:
                 outs.append(F.one_hot(x.reshape(batch).long() - int(shift[0]), width).float())
             else:
-                index = x.reshape(batch, -1).long() - torch.from_numpy(shift)
-                outs.append(torch.zeros(batch, width).scatter_(1, index, 1.0))
+                index = x.reshape(batch, -1).long() - torch.as_tensor(shift, device=x.device)
+                outs.append(torch.zeros(batch, width, device=x.device).scatter_(1, index, 1.0))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def numpy(self, obs: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:

@@ -21,8 +21,9 @@ from device_cases import CASES, QUICK, case_id, run_case
 
 from rlfleet import launch, train
 from rlfleet.algos import resolve
+from rlfleet.algos.acting import obs_tensor
 from rlfleet.algos.updates import minibatch_epochs
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, stack_obs
 from rlfleet.data.demos import Demonstrations
 from rlfleet.device import (
     HostCopy,
@@ -210,6 +211,21 @@ def test_a_users_cnn_for_box_actions_acts_on_the_learners_device(algo, overrides
     for explore in (True, False):
         taken, _, _ = learner.act(np.ones((3, 4, 10, 10), np.uint8), explore=explore)
         assert taken.shape == (3, 2) and np.all(np.abs(taken) <= 1)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Discrete(5, start=2),
+     gym.spaces.Dict({"cell": gym.spaces.MultiDiscrete([2, 2]), "x": gym.spaces.Box(-1, 1, (3,))})],
+    ids=["multidiscrete", "discrete", "dict"],
+)  # fmt: skip
+def test_one_hot_inputs_are_made_on_the_learners_device(space, meta_learner):
+    """Discrete and MultiDiscrete observations become one-hots on the device the network is on."""
+    algo_cls, config_cls, _, _ = resolve("ppo")
+    ppo = algo_cls(config_cls(), space, gym.spaces.Discrete(2), device="meta")
+    obs = obs_tensor(stack_obs([space.sample() for _ in range(4)]), "meta")
+    dist, value = ppo.model(obs)
+    assert dist.logits.device.type == value.device.type == "meta" and dist.logits.shape == (4, 2)
 
 
 # ------------------------------------------------------------------------------------------ which device
