@@ -81,6 +81,8 @@ class SingleRunner(RunBase):
         payload = super()._payload(with_data)
         if with_data:
             payload["torch_rng"] = torch.get_rng_state()
+            if self.device.type == "cuda":  # what a learner draws on its GPU (SAC's actions in an update)
+                payload["cuda_rng"] = torch.cuda.get_rng_state(self.device)
             payload["collector"] = {
                 "obs": self.collector.obs,
                 "episodes": self.collector.episodes,
@@ -116,6 +118,8 @@ class SingleRunner(RunBase):
                 c.starts = col.get("starts", c.starts)
         if "torch_rng" in payload:
             torch.set_rng_state(payload["torch_rng"])
+        if "cuda_rng" in payload and self.device.type == "cuda":  # on another device, its draws start from the seed
+            torch.cuda.set_rng_state(payload["cuda_rng"], self.device)
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
         if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here

@@ -207,13 +207,24 @@ def test_a_graphed_learner_resumes_across_devices(run_opts):
     assert resumed["env_steps"] == 700 and resumed.algo.graph.captures == 1
 
 
-def test_a_run_resumed_on_the_gpu_ends_where_an_uninterrupted_one_does(run_opts):
-    kw = dict(seed=2, steps=2_048, eval_every=1_024, checkpoint_every=1_024, stop_return=1e9, device="cuda")
-    whole = train("ppo", "CartPole-v1", name="whole", **kw, **run_opts)
-    again = train("ppo", "CartPole-v1", name="again", **kw, **run_opts)
+RESUMED = {  # algo: env, steps, the step the first part stops at, overrides
+    "ppo": ("CartPole-v1", 2_048, 1_024, {}),
+    "sac": ("Pendulum-v1", 600, 300, {"learning_starts": 100, "random_steps": 100, "batch_size": 64}),
+}
+
+
+@pytest.mark.parametrize("algo", RESUMED)
+def test_a_run_resumed_on_the_gpu_ends_where_an_uninterrupted_one_does(algo, run_opts):
+    """PPO's draws are the CPU's; SAC draws its actions in each update on the GPU, from a generator the checkpoint
+    carries, and replays its update as a CUDA graph."""
+    env, steps, half, overrides = RESUMED[algo]
+    kw = dict(seed=2, steps=steps, eval_every=half, checkpoint_every=half, stop_return=1e9, device="cuda",
+              overrides=overrides, **run_opts)  # fmt: skip
+    whole = train(algo, env, name="whole", **kw)
+    again = train(algo, env, name="again", **kw)
     for a, b in zip(_params(whole), _params(again), strict=True):
         assert torch.equal(a, b), "two runs with the same seed differ on the GPU (nondeterministic kernels)"
-    part = train("ppo", "CartPole-v1", name="part", callbacks=[lambda i: i["env_steps"] >= 1_024], **kw, **run_opts)
+    part = train(algo, env, name="part", callbacks=[lambda i: i["env_steps"] >= half], **kw)
     assert part["stopped_by"] == "interrupted"
     resumed = train(resume=part.run_dir, progress=False)
     for a, b in zip(_params(whole), _params(resumed), strict=True):
