@@ -113,6 +113,7 @@ class StepGraph:
         if warmup < 1:
             raise ValueError(f"a CUDA graph needs at least one eager call before its capture, got warmup={warmup}")
         self.on = enabled and device.type == "cuda"
+        self.device = device  # the learner's: its streams are that GPU's (`cuda:1`), not the current device's
         self.warmup = warmup
         self.failed: str | None = None
         """Why the update is not captured (it synchronizes with the host: it stays eager); None while it may be."""
@@ -175,7 +176,7 @@ class StepGraph:
         """`fn(batch)` on a stream of its own, ordered after and before the current stream's work (PyTorch's
         warm-up before a capture). `watch`: under sync debug mode, and if `fn` synchronizes with the host, it is
         never captured (`failed` says why)."""
-        current, side = torch.cuda.current_stream(), self._side_stream()
+        current, side = torch.cuda.current_stream(self.device), self._side_stream()
         side.wait_stream(current)
         with torch.cuda.stream(side):
             out, syncs = _watched(fn, batch) if watch else (fn(batch), [])
@@ -193,7 +194,7 @@ class StepGraph:
         """The stream the warm-up calls and the captures run on: one, so that what the CUDA libraries set up per
         stream in the warm-up is there for the capture."""
         if self._side is None:
-            self._side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+            self._side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         return self._side
 
     def _capture(
@@ -203,7 +204,7 @@ class StepGraph:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         versions = [p._version for p in params]  # the steps a capture records bump them (`optimize`)
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream()
+        stream = torch.cuda.current_stream(self.device)
         try:
             # thread-local: a thread of an architecture (a sampler pinning memory) may use CUDA meanwhile
             with torch.cuda.graph(graph, stream=self._side_stream(), capture_error_mode="thread_local"):
