@@ -26,11 +26,25 @@ step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 step "machine"
 nvidia-smi -L
 nproc
-python3 -c "import torch, gymnasium; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'gymnasium', gymnasium.__version__)"
+python3 - << 'EOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.cuda.is_available())
+# what the steps import: one missing shows here, named, rather than as a failure in every step
+needed = ["numpy", "gymnasium", "ale_py", "cv2", "mujoco", "tqdm", "torch.utils.tensorboard", "matplotlib", "pytest",
+          "xdist", "stable_baselines3", "pandas", "cloudpickle"]
+found, missing = [], []
+for name in needed:
+    try:
+        found.append(f"{name} {getattr(importlib.import_module(name), '__version__', '')}".strip())
+    except Exception as e:  # an ImportError, or a package that fails as it loads
+        missing.append(f"{name} ({type(e).__name__}: {e})")
+print("found:", ", ".join(found))
+print("MISSING:", "; ".join(missing) if missing else "none")
+EOF
 
 if wanted tests; then
     step "tests: the gpu test module, without its learning runs"
-    timeout 270 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -q --durations=8
+    timeout 270 python3 -m pytest tests/gpu -m "gpu and not learning" -p no:cacheprovider -v --durations=8
 fi
 if wanted sac; then
     step "sac: SAC on HalfCheetah-v5, 20,000 steps, rlfleet (its update a CUDA graph) and SB3, learners on the GPU"
