@@ -119,7 +119,7 @@ def placement_note(
             f"parameter servers on {device}{name}: each shard and its optimizer state; the workers compute gradients "
             "on the CPU, and pulls and pushes cross in host memory"
         )
-    cnn = any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module))
+    cnn = algorithm_acts_on_device(algo)
     if arch in ("allreduce", "gossip"):
         exchange = "gradients are averaged" if arch == "allreduce" else "parameters gossip"
         acts = "acts on it too (a CNN policy)" if cnn else "acts on the CPU with a copy of its weights"
@@ -156,6 +156,12 @@ def place(algo: object, device: torch.device | str) -> torch.device:
 def acts_on_device(module: nn.Module) -> bool:
     """Whether a network acts on the learner's device rather than through a CPU copy: CNNs do."""
     return any(isinstance(m, nn.Conv2d) for m in module.modules())
+
+
+def algorithm_acts_on_device(algo: object) -> bool:
+    """Whether an algorithm's policy acts on its learner's device (one of its networks is a CNN, `acts_on_device`):
+    its recurrent state is kept there too."""
+    return any(acts_on_device(m) for m in vars(algo).values() if isinstance(m, nn.Module))
 
 
 def _state_tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from rlfleet.data.rollout import RolloutStorage
+from rlfleet.device import algorithm_acts_on_device
 from rlfleet.envs import make_vector_env
 from rlfleet.envs import snapshot as env_state
 from rlfleet.envs.normalize import normalize_observations, normalize_rewards
@@ -114,7 +115,9 @@ class SingleRunner(RunBase):
             envs_restored = env_state.restore(self.envs, payload.get("envs"))
             if envs_restored:
                 c.obs = col["obs"]
-                c.state = col.get("state")
+                c.state = col.get("state")  # loaded on the CPU; a CNN policy acts (and keeps it) on the device
+                if c.state is not None and algorithm_acts_on_device(self.algo):
+                    c.state = tuple(s.to(self.device) for s in c.state)
                 c.starts = col.get("starts", c.starts)
         if "torch_rng" in payload:
             torch.set_rng_state(payload["torch_rng"])

@@ -12,6 +12,7 @@ import torch
 from rlfleet.data.batch import Batch, map_obs, map_obs_pair
 from rlfleet.data.priority import PriorityIndex
 from rlfleet.data.segment_tree import MinTree, SumTree
+from rlfleet.device import host
 
 Obs = np.ndarray | dict[str, np.ndarray]
 _FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
@@ -488,7 +489,7 @@ class SequenceReplayBuffer(ReplayBuffer):
         NumPy or torch) the policy acted on ``obs`` from; None stores zeros."""
         row = self._ptr
         if self._states is not None and state is not None:
-            h, c = (np.asarray(x, dtype=np.float32) for x in state)
+            h, c = (np.asarray(host(x) if isinstance(x, torch.Tensor) else x, dtype=np.float32) for x in state)
             if h.shape != (self.n_envs, self.state_size) or c.shape != h.shape:
                 raise ValueError(
                     f"state must be (h, c) of shape ({self.n_envs}, {self.state_size}) each, got {h.shape} "
