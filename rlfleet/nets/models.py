@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from rlfleet.data.batch import map_obs, obs_len
+from rlfleet.device import module_device
 from rlfleet.nets.encoders import Encoder, make_encoder
 from rlfleet.nets.fast import NumpyMLP, compile_numpy
 from rlfleet.nets.heads import (
@@ -243,7 +244,7 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.value_head is None:
-            return torch.zeros(obs_len(obs))
+            return torch.zeros(obs_len(obs), device=module_device(self))
         if self.core is not None:
             raise ValueError("this ActorCritic has an LSTM core: its values come from unroll(obs, state, starts)")
         body = self.actor_body if self.critic_body is None else self.critic_body
