@@ -5,7 +5,10 @@ Worker processes interleave freely, so these runs are not bit-reproducible.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+from seeds import first_solving
 
 from rlfleet.arch.hogwild import PHASES
 from rlfleet.launch import train
@@ -52,12 +55,8 @@ def test_continuous_a3c_solves_pendulum(run_opts):
     workers reaches the -250 mean greedy return on Pendulum-v1. The workers' interleaving differs run to run
     and some runs never get there within 500k steps, so up to four seeds get a go, and the test fails only if
     none of them solves (docs/architectures/hogwild.md)."""
-    results = []
-    for seed in range(4):
-        result = train("a3c", "Pendulum-v1", preset="continuous", workers=2, steps=500_000, seed=seed,
-                       eval_every=10_000, stop_return=-250, **run_opts)  # fmt: skip
-        results.append(result.result)
-        if result["solved"]:
-            break
-    assert result["solved"], f"continuous a3c on hogwild, four seeds: {results}"
+    a3c = partial(train, "a3c", "Pendulum-v1", preset="continuous", workers=2, steps=500_000, eval_every=10_000,
+                  stop_return=-250, **run_opts)  # fmt: skip
+    result, tried = first_solving(a3c, seeds=range(4))
+    assert result["solved"], f"continuous a3c on hogwild, four seeds: {tried}"
     assert result["eval_return_mean"] >= -250
