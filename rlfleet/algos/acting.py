@@ -4,12 +4,12 @@ uniform actions."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast, overload
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from rlfleet.data.batch import map_obs, obs_len
+from rlfleet.data.batch import obs_len, obs_tensor
 from rlfleet.device import acting, host, module_device
 from rlfleet.nets.fast import (
     discrete_actions,
@@ -135,20 +135,3 @@ def q_values(model: QNetwork, obs: np.ndarray) -> np.ndarray:
 def uniform_actions(n: int, act_dim: int, rng: np.random.Generator) -> np.ndarray:
     """`[n, act_dim]` float32 actions drawn uniformly from [-1, 1] (the warm-up of off-policy continuous agents)."""
     return rng.uniform(-1.0, 1.0, size=(n, act_dim)).astype(np.float32)
-
-
-@overload
-def obs_tensor(obs: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor: ...
-@overload
-def obs_tensor(obs: dict[str, np.ndarray], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]: ...
-def obs_tensor(
-    obs: np.ndarray | dict[str, np.ndarray], device: torch.device | str = "cpu"
-) -> torch.Tensor | dict[str, torch.Tensor]:
-    """A NumPy observation batch as a tensor on `device` (on the CPU a zero-copy view; floats as float32, images
-    stay uint8); a dict of them for a dict one."""
-
-    def tensor(x: np.ndarray) -> torch.Tensor:
-        t = torch.as_tensor(x).to(device)
-        return t.float() if t.dtype == torch.float64 else t
-
-    return map_obs(tensor, obs)

@@ -29,12 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlfleet.algos.acting import epsilon_greedy, obs_tensor, q_values
+from rlfleet.algos.acting import epsilon_greedy, q_values
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.options import NetOptions, PriorityOptions, make_replay_buffer
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_mask, check_action_space
 from rlfleet.algos.updates import hard_update, linear
-from rlfleet.data.batch import Batch, map_obs
+from rlfleet.data.batch import Batch, map_obs, obs_tensor
 from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.device import acting, host, metric, module_device, place

@@ -229,6 +229,23 @@ def map_obs(fn: Callable[[Any], Any], obs: Any) -> Any:
     return fn(obs)
 
 
+@overload
+def obs_tensor(obs: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor: ...
+@overload
+def obs_tensor(obs: dict[str, np.ndarray], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]: ...
+def obs_tensor(
+    obs: np.ndarray | dict[str, np.ndarray], device: torch.device | str = "cpu"
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A NumPy observation batch as a tensor on `device` (on the CPU a zero-copy view; floats as float32, images
+    stay uint8); a dict of them for a dict one."""
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        t = torch.as_tensor(x).to(device)
+        return t.float() if t.dtype == torch.float64 else t
+
+    return map_obs(tensor, obs)
+
+
 def map_obs_pair(fn: Callable[[Any, Any], Any], first: Any, second: Any) -> Any:
     """`fn(first, second)` on two batches of observations, or entry by entry on dict ones (a dict comes back)."""
     if isinstance(first, Batch | Mapping):

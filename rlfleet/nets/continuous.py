@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlfleet.data.batch import map_obs, obs_len
+from rlfleet.data.batch import obs_len, obs_tensor
 from rlfleet.device import host, module_device
 from rlfleet.nets.encoders import ACTIVATIONS, MLP, FlatInput, flat_size
 from rlfleet.nets.fast import compile_numpy
@@ -129,13 +129,7 @@ class DeterministicActor(nn.Module):
         if self._np is not None:
             return np.tanh(self._np(obs)[0])
         with torch.inference_mode():
-            return host(self(_on_device(obs, self)))
-
-
-def _on_device(obs: Any, module: nn.Module) -> Any:
-    """An observation batch (or a dict of them) as tensors where `module` is: a CNN acts on its learner's device."""
-    device = module_device(module)
-    return map_obs(lambda x: torch.as_tensor(x).to(device), obs)
+            return host(self(obs_tensor(obs, module_device(self))))
 
 
 SDE_MEAN_CLIP = 2.0  # gSDE: μ before the squashing is clipped to ±this (Stable-Baselines3's clip_mean)
@@ -196,7 +190,7 @@ class SquashedGaussianActor(nn.Module):
             out = self._np(obs)[0]
         else:
             with torch.inference_mode():
-                out = self.body(_on_device(obs, self))
+                out = self.body(obs_tensor(obs, module_device(self)))
                 out = host(out if self.sde else self.head(out))
         if self.noise is not None:
             features = out

@@ -14,9 +14,9 @@ import torch
 from torch.nn import functional as F
 
 from rlfleet.algos import algorithm_names, resolve
-from rlfleet.algos.acting import epsilon_greedy, obs_tensor
+from rlfleet.algos.acting import epsilon_greedy
 from rlfleet.algos.spaces import UnsupportedSpaceError
-from rlfleet.data.batch import Batch
+from rlfleet.data.batch import Batch, obs_tensor
 from rlfleet.data.rollout import RolloutStorage, Segment
 from rlfleet.nets.heads import MASKED_LOGIT, action_mask_of, masked_logits
 
