@@ -1,4 +1,4 @@
-"""Learners on another device (PyTorch's `meta`, with `test_device.meta_learner` standing in for a GPU's host
+"""Learners on another device (PyTorch's `meta`, with the `meta_learner` fixture standing in for a GPU's host
 reads) fed every kind of input they take, beyond the default networks on CartPole and Pendulum of
 `tests/device_cases.py`: each observation space (Discrete, MultiDiscrete, MultiBinary, Dict, Tuple, images, a Dict
 with an image), action masks, recurrent policies on vectors and on frames, networks of the user's own (`net`,
@@ -13,8 +13,6 @@ on the device (`device_cases.run_case`); bc, which learns from a dataset, acts a
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -26,9 +24,6 @@ from device_cases import QUICK, run_case
 from rlfleet import train
 from rlfleet.algos import resolve
 from rlfleet.data.batch import Batch, stack_obs
-
-sys.path.insert(0, str(Path(__file__).parent))  # the meta_learner fixture of test_device
-from test_device import meta_learner  # noqa: E402, F401
 
 pytestmark = pytest.mark.usefixtures("meta_learner")
 
