@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rlfleet.fields import field_docs, parse_count
+from rlfleet.fields import MissingExtraError, field_docs, parse_count
 
 USAGE_ERROR = 2
 INTERRUPTED = 128 + 2  # as a shell reports a command that SIGINT ended
@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         CheckpointError,
         DatasetError,
         MetricsError,
+        MissingExtraError,
     ) as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return USAGE_ERROR

@@ -47,6 +47,11 @@ class ConfigError(ValueError):
     """A bad hyperparameter, preset or run option."""
 
 
+class MissingExtraError(ImportError):
+    """An optional package that an env or a way of running envs needs (an extra: ale-py, minatar, mujoco, envpool)
+    is not installed; the message names the env and the `pip install` line."""
+
+
 def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 

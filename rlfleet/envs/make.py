@@ -65,6 +65,7 @@ from rlfleet.envs.wrappers import (
     needs_flat_dict,
     sign_reward,
 )
+from rlfleet.fields import MissingExtraError
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ ATARI_FRAME_SKIP = 4
 ATARI_SCREEN_SIZE = 84
 ATARI_INSTALL_HINT = 'pip install "rlfleet[atari]"'
 ENVPOOL_INSTALL_HINT = 'pip install "rlfleet[envpool]"'
+MUJOCO_INSTALL_HINT = 'pip install "rlfleet[mujoco]"'
 
 
 class UnknownEnvError(ValueError):
@@ -167,7 +169,7 @@ def resolve_env_spec(env_id: str) -> EnvSpec:
 
     Raises:
         UnknownEnvError: ``env_id`` is not registered; the message lists close matches.
-        ImportError: an ``ALE/...`` id was asked for but ale-py is not installed.
+        MissingExtraError: an ``ALE/...`` id was asked for but ale-py is not installed.
     """
     if not isinstance(env_id, str) or not env_id:
         raise TypeError(f"env id must be a non-empty string, got {env_id!r}")
@@ -184,7 +186,9 @@ def resolve_env_spec(env_id: str) -> EnvSpec:
         return gym.spec(env_id)
     ale_available = _import_ale()
     if env_id.startswith("ALE/") and not ale_available:
-        raise ImportError(f"{env_id!r} is an Atari env and needs ale-py, which is not installed: {ATARI_INSTALL_HINT}")
+        raise MissingExtraError(
+            f"{env_id!r} is an Atari env and needs ale-py, which is not installed: {ATARI_INSTALL_HINT}"
+        )
     if env_id in gym.registry:
         return gym.spec(env_id)
     matches = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.6)
@@ -267,8 +271,11 @@ def route_mujoco_warnings() -> None:
     """Send MuJoCo's warnings to the `rlfleet.envs` logger instead of stderr and a `MUJOCO_LOG.TXT` in the working
     folder (MuJoCo's own handler writes both): a deprecation in a model file Gymnasium ships (HalfCheetah's
     `settotalmass`) at DEBUG level, any other warning (an unstable simulation) once per text at WARNING level.
-    Set when the first MuJoCo env is built, not at import."""
-    import mujoco
+    Set when the first MuJoCo env is built, not at import; a `MissingExtraError` without MuJoCo."""
+    try:
+        import mujoco
+    except ImportError:
+        raise MissingExtraError(f"MuJoCo envs need mujoco, which is not installed: {MUJOCO_INSTALL_HINT}") from None
 
     if mujoco.get_mju_user_warning() is not None:  # set already (by rlfleet, or by the user's own handler)
         return
@@ -331,7 +338,8 @@ def make_env(
 
     Raises:
         UnknownEnvError: unknown id (the message suggests close matches).
-        ImportError: an ``ALE/...`` id without ale-py installed, a ``MinAtar/...`` one without minatar.
+        MissingExtraError: an ``ALE/...`` id without ale-py installed, a ``MinAtar/...`` one without minatar, a
+            MuJoCo one without mujoco.
         ValueError: unknown or invalid options.
     """
     if isinstance(env, str):
@@ -472,8 +480,7 @@ def _envpool_atari_task(env_id: str, available: set[str]) -> str:
 def _build_envpool(task_id: str, num_envs: int, pool_kwargs: dict[str, Any], seeds: list[int] | None) -> Any:
     import warnings
 
-    import envpool
-
+    envpool = import_envpool()
     if seeds is None:
         first = int(np.random.default_rng().integers(0, 2**31 - 1 - num_envs))
         seeds = [first + i for i in range(num_envs)]
@@ -484,15 +491,23 @@ def _build_envpool(task_id: str, num_envs: int, pool_kwargs: dict[str, Any], see
     return pool
 
 
+def import_envpool() -> Any:
+    """The `envpool` module; a `MissingExtraError` naming the install line without it (a run checks this before it
+    writes anything)."""
+    try:
+        import envpool
+    except ImportError:
+        raise MissingExtraError(
+            f"the envpool vector mode needs EnvPool, which is not installed: {ENVPOOL_INSTALL_HINT} (or use the sync "
+            "or async mode)"
+        ) from None
+    return envpool
+
+
 def _make_envpool_vector_env(
     env: EnvSource, n_envs: int, *, seed: int | None, training: bool, env_kwargs: dict[str, Any]
 ) -> EnvPoolVectorEnv:
-    try:
-        import envpool
-    except ImportError as error:
-        raise ImportError(
-            f'mode="envpool" needs EnvPool, which is not installed: {ENVPOOL_INSTALL_HINT} (or use mode="sync"/"async")'
-        ) from error
+    envpool = import_envpool()
     if not isinstance(env, str):
         raise ValueError(f'mode="envpool" needs a Gymnasium id, not a callable ({env!r})')
     if env_kwargs.get("render_mode") is not None:

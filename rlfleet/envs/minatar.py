@@ -21,6 +21,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
+from rlfleet.fields import MissingExtraError
+
 MINATAR_PREFIX = "MinAtar/"
 MINATAR_INSTALL_HINT = 'pip install "rlfleet[minatar]"'
 DEFAULT_MAX_EPISODE_STEPS = 10_000
@@ -37,13 +39,14 @@ def is_minatar_spec(spec: EnvSpec) -> bool:
 
 
 def register(env_id: str) -> None:
-    """Register MinAtar's ids with Gymnasium (once); an ImportError with the install line without the package."""
+    """Register MinAtar's ids with Gymnasium (once); a `MissingExtraError` with the install line without the
+    package."""
     if env_id in gym.registry:
         return
     try:
         import minatar.gym
     except ImportError:
-        raise ImportError(
+        raise MissingExtraError(
             f"{env_id!r} is a MinAtar env and needs minatar, which is not installed: {MINATAR_INSTALL_HINT}"
         ) from None
     if f"{MINATAR_PREFIX}Breakout-v1" not in gym.registry:

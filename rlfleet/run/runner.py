@@ -29,7 +29,7 @@ from rlfleet.algos.spaces import UnsupportedSpaceError
 from rlfleet.backends.base import RunFailure
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.device import placement_note, resolve_device
-from rlfleet.envs import ENV_TIMEOUT_S, EnvProcessError, make_vector_env, resolve_vector_mode
+from rlfleet.envs import ENV_TIMEOUT_S, EnvProcessError, import_envpool, make_vector_env, resolve_vector_mode
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import (
     ObsStats,
@@ -350,6 +350,8 @@ class RunBase(abc.ABC):
                 f"--vector-mode {cfg.vector_mode} has no effect on {where}: only --arch single steps training envs "
                 "of its own as a vector env"
             )
+        if cfg.vector_mode == "envpool":
+            import_envpool()  # without it: one line now, not an empty run folder and a traceback later
         if cfg.env_timeout_s != ENV_TIMEOUT_S:
             mode = cfg.vector_mode
             training = cls.takes_vector_mode and resolve_vector_mode(cfg.env, algo_cfg.n_envs, mode) == "async"

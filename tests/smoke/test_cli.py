@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -597,6 +598,36 @@ def test_an_unwritable_output_is_one_line(tmp_path: Path, monkeypatch, capsys, c
     out, err = capsys.readouterr()
     check_one_error_line(code, out, err, expected)
     assert tree(folder) == before, "a failed command created or changed files"
+
+
+# an env, or a vector mode, whose optional package is not installed: (package hidden, arguments, expected)
+MISSING_EXTRAS = {
+    "atari": ("ale_py", ("train", "ppo", "--env", "ALE/Pong-v5"), ["ALE/Pong-v5", 'pip install "rlfleet[atari]"']),
+    "minatar": (
+        "minatar",
+        ("train", "dqn", "--env", "MinAtar/Breakout-v1"),
+        ['pip install "rlfleet[minatar]"'],
+    ),  # fmt: skip
+    "mujoco": ("mujoco", ("train", "sac", "--env", "HalfCheetah-v5"), ['pip install "rlfleet[mujoco]"']),
+    "envpool": (
+        "envpool",
+        ("train", "ppo", "--env", "CartPole-v1", "--vector-mode", "envpool"),
+        ['rlfleet[envpool]"'],
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", list(MISSING_EXTRAS))
+def test_a_missing_extra_is_one_line(tmp_path: Path, case: str):
+    """A fresh `rlfleet` process in which the extra's package cannot be imported (as on a machine without it)."""
+    hidden, args, expected = MISSING_EXTRAS[case]
+    command = f"import sys; sys.modules[{hidden!r}] = None; from rlfleet.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", command, *args, "--steps", "100", "--logdir", "runs", "--no-progress"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    check_one_error_line(proc.returncode, proc.stdout, proc.stderr, expected)
+    assert not any(tmp_path.iterdir()), "a failed command created files"
 
 
 def test_list_shows_every_algorithm(tmp_path: Path):
