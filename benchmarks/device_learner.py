@@ -22,6 +22,7 @@ evaluation, wall time, rlfleet (its `mujoco` preset) and SB3 (rl-zoo3's HalfChee
 
     python benchmarks/device_learner.py updates [--repeats 5]
     python benchmarks/device_learner.py sac --seeds 0 1 2
+    python benchmarks/device_learner.py sac --seeds 0 --steps 10500 --device cpu   # a rehearsal, without a GPU
 """
 
 from __future__ import annotations
@@ -207,12 +208,12 @@ def sac(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             r = train(
                 "sac", "HalfCheetah-v5", seed=seed, steps=args.steps, eval_every=args.steps, stop_return=1e9,
-                eval_episodes=10, device="cuda", logdir=tmp, progress=False,
+                eval_episodes=10, device=args.device, logdir=tmp, progress=False,
             )  # fmt: skip
             ours = time.perf_counter() - start
         print(f"seed {seed}: rlfleet {ours:.1f} s, return {r['eval_return_mean']:.0f}; SB3 now", flush=True)
         start = time.perf_counter()
-        theirs_return = _sb3_sac(seed, args.steps)
+        theirs_return = _sb3_sac(seed, args.steps, args.device)
         theirs = time.perf_counter() - start
         rows.append({"seed": seed, "rlfleet_s": ours, "rlfleet_return": r["eval_return_mean"], "sb3_s": theirs,
                      "sb3_return": theirs_return})  # fmt: skip
@@ -225,15 +226,15 @@ def sac(args: argparse.Namespace) -> None:
             json.dump({"rows": rows, "rlfleet_median_s": ours, "sb3_median_s": theirs}, f, indent=2)
 
 
-def _sb3_sac(seed: int, steps: int) -> float:
-    """rl-zoo3's HalfCheetah SAC entry (SB3's defaults and learning_starts=10000), learner on CUDA: trained for
+def _sb3_sac(seed: int, steps: int, device: str) -> float:
+    """rl-zoo3's HalfCheetah SAC entry (SB3's defaults and learning_starts=10000), learner on `device`: trained for
     `steps`, then 10 greedy episodes; their mean return."""
     from stable_baselines3 import SAC
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
     env = make_vec_env("HalfCheetah-v5", n_envs=1, seed=seed)
-    model = SAC("MlpPolicy", env, learning_starts=10_000, seed=seed, device="cuda", verbose=0)
+    model = SAC("MlpPolicy", env, learning_starts=10_000, seed=seed, device=device, verbose=0)
     model.learn(total_timesteps=steps)
     eval_env = make_vec_env("HalfCheetah-v5", n_envs=1, seed=seed + 10_000)
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
@@ -249,6 +250,7 @@ def main() -> None:
     s = sub.add_parser("sac", help="SAC on HalfCheetah-v5, rlfleet and SB3 on CUDA")
     s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     s.add_argument("--steps", type=int, default=20_000)
+    s.add_argument("--device", default="cuda", help="where both learners run (cpu: a rehearsal of the step)")
     s.add_argument("--out")
     args = parser.parse_args()
     {"updates": updates, "sac": sac}[args.command](args)
