@@ -4,6 +4,8 @@ other player's move included), lanes that wait for each other, shared policies' 
 
 from __future__ import annotations
 
+import importlib.util
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -24,6 +26,9 @@ TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
 AGENTS = ["adversary_0", "agent_0", "agent_1"]
+needs_envs = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("pettingzoo", "mpe2")), reason="the multiagent extra is not installed"
+)
 
 
 def test_shared_separate_and_mapped_policies():
@@ -62,6 +67,7 @@ def _greedy_game(env: AgentEnv, moves: list[int]) -> list:
     return [env.step({env.env.agent_selection: m}) for m in moves]
 
 
+@needs_envs
 def test_aec_turns_rewards_and_last_observations():
     env = make_agent_env(TICTACTOE)
     first = env.reset(seed=0)
@@ -76,6 +82,7 @@ def test_aec_turns_rewards_and_last_observations():
     assert {a: e[1:] for a, e in last.ended.items()} == {"player_1": (True, False), "player_2": (True, False)}
 
 
+@needs_envs
 def test_each_agent_learns_from_its_own_moves_to_its_next_one():
     """In a turn-based game a player's transition runs from its move to its next one: its next observation is the
     board after the opponent replied, its reward what it received meanwhile (the loss of the opponent's winning
@@ -131,6 +138,7 @@ def test_a_stream_cut_short_ends_in_its_column_before_another_begins_there():
     assert [(r["act"], r["truncated"], r["terminated"]) for r in rows.rows] == [(0, True, False), (5, False, True)]
 
 
+@needs_envs
 def test_agents_that_leave_and_join_mid_episode_learn_from_their_own_episodes():
     """`runner` leaves after 3 steps, `late` joins at step 2, `stayer` stays 8: each agent's transitions are its own
     (rewards 1 a step for action 1), every one of its episodes ends in its column, and no column runs away."""
@@ -151,6 +159,7 @@ def test_agents_that_leave_and_join_mid_episode_learn_from_their_own_episodes():
     assert all(r["rew"].min() == 1.0 for r in rows.lanes)  # every transition is an agent's own action-1 step
 
 
+@needs_envs
 def test_a_shared_policy_sees_the_agent_id_and_longer_observations_are_padded():
     spaces = agent_spaces(ADVERSARY)
     assert spaces.observation["adversary_0"].shape != spaces.observation["agent_0"].shape
@@ -172,6 +181,7 @@ def test_a_shared_policy_sees_the_agent_id_and_longer_observations_are_padded():
         Policies(_unlike_spaces(), policy_mapping(["a", "b"]), lambda *_: _Scripted(), 0)
 
 
+@needs_envs
 def test_random_policy_never_picks_a_masked_action_and_evaluation_counts_each_agent():
     spaces = agent_spaces(TICTACTOE)
     policies = Policies(

@@ -7,6 +7,8 @@ import shlex
 
 import pytest
 
+pytest.importorskip("ray.tune", reason="the tune extra is not installed")
+
 from rlfleet.arch.hogwild import HogwildRunner
 from rlfleet.arch.single import SingleRunner
 from rlfleet.cli import build_parser
