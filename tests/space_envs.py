@@ -83,6 +83,8 @@ class BitMatch(_OneStep):
 
 
 class DictPendulum(gym.ObservationWrapper):
+    metadata = PendulumEnv.metadata  # gymnasium.make reads it from the class (before 1.4: a Wrapper's is a property)
+
     def __init__(self, **kwargs):
         super().__init__(PendulumEnv(**kwargs))
         self.observation_space = gym.spaces.Dict(

@@ -447,6 +447,7 @@ def test_apex_picks_the_papers_preset_on_atari_and_keeps_beta_fixed(tmp_path, ca
     assert build_algo_config("dqn", None, {}, "atari", "ALE/Pong-v5")[1] == "atari"
     assert build_algo_config("dqn", None, {}, None, "CartPole-v1", "apex", ApexRunner.presets)[1] is None
     # a run: the preset is picked, and β stays 0.4 to the end of the budget
+    pytest.importorskip("ale_py")
     run = RunConfig(algo="dqn", env="ALE/Pong-v5", arch="apex", logdir=str(tmp_path), progress=False,
                     options={"backend": "serial", "actors": 1})  # fmt: skip
     runner = ApexRunner(run)
