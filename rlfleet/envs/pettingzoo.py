@@ -74,12 +74,15 @@ def env_module(env_id: str) -> ModuleType:
 
 
 def _close_modules(parent: str, name: str) -> list[str]:
-    """Env modules beside the one asked for whose names are close to it (a version typo: tictactoe_v2)."""
+    """Env modules beside the one asked for whose names are close to it (a version typo: tictactoe_v2); none where
+    it is there (what failed to import is inside it: a dependency of its own)."""
     try:
         package = importlib.import_module(parent)
     except ImportError:
         return []
     found = {m.name for m in pkgutil.iter_modules(getattr(package, "__path__", []))} | set(dir(package))
+    if name.rpartition(".")[2] in found:
+        return []
     names = [f"{parent}.{n}" for n in found if not n.startswith("_")]
     return difflib.get_close_matches(name, names, n=3, cutoff=0.7)
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlfleet.envs.pettingzoo import AgentEnv, agent_spaces, make_agent_env
+from rlfleet.envs.pettingzoo import AgentEnv, PettingZooError, agent_spaces, env_module, make_agent_env
 from rlfleet.run.config import ConfigError
 from rlfleet.run.multi_agent import (
     RANDOM,
@@ -65,6 +65,21 @@ def _greedy_game(env: AgentEnv, moves: list[int]) -> list:
     """Play `moves` in turn; every AgentStep."""
     env.reset(seed=0)
     return [env.step({env.env.agent_selection: m}) for m in moves]
+
+
+def test_an_env_module_that_fails_inside_is_named_without_a_suggestion(tmp_path, monkeypatch):
+    """A module that is there but imports something missing: the error is the missing import, and no "did you mean"
+    lists the module itself or its neighbours."""
+    (tmp_path / "my_envs").mkdir()
+    (tmp_path / "my_envs" / "__init__.py").write_text("")
+    for version in (1, 2):
+        (tmp_path / "my_envs" / f"race_v{version}.py").write_text("import a_package_nobody_has\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PettingZooError) as error:
+        env_module("pettingzoo:my_envs.race_v1")
+    assert "No module named 'a_package_nobody_has'" in str(error.value) and "did you mean" not in str(error.value)
+    with pytest.raises(PettingZooError, match=r"did you mean my_envs.race_v2, my_envs.race_v1\?"):  # a typo still gets its suggestion
+        env_module("pettingzoo:my_envs.race_v3")
 
 
 @needs_envs
