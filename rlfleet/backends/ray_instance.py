@@ -227,6 +227,8 @@ def import_ray(private: bool) -> ModuleType:
     """Ray, imported so that a private instance (or one on 127.0.0.1) listens on loopback only; a clear error if it
     is missing."""
     imported = sys.modules.get("ray")
+    if imported is not None and not hasattr(imported, "init"):
+        raise ConfigError(f"--backend ray needs Ray, an extra: pip install -e '.[ray]' ({_not_ray(imported)})")
     if imported is not None and imported.is_initialized():
         return imported  # connected already: the run uses that connection
     if private:
@@ -240,7 +242,15 @@ def import_ray(private: bool) -> ModuleType:
         import ray
     except ImportError:
         raise ConfigError("--backend ray needs Ray, an extra: pip install -e '.[ray]'") from None
+    if not hasattr(ray, "init"):
+        raise ConfigError(f"--backend ray needs Ray, an extra: pip install -e '.[ray]' ({_not_ray(ray)})")
     return ray
+
+
+def _not_ray(module: ModuleType) -> str:
+    """What was imported as `ray` without Ray installed: a folder named ray on the import path."""
+    where = ", ".join(map(str, getattr(module, "__path__", []))) or getattr(module, "__file__", None) or "?"
+    return f"'import ray' found {where}, which is not Ray"
 
 
 def system_temp_dir() -> str:
