@@ -78,7 +78,8 @@ def test_an_env_module_that_fails_inside_is_named_without_a_suggestion(tmp_path,
     with pytest.raises(PettingZooError) as error:
         env_module("pettingzoo:my_envs.race_v1")
     assert "No module named 'a_package_nobody_has'" in str(error.value) and "did you mean" not in str(error.value)
-    with pytest.raises(PettingZooError, match=r"did you mean my_envs.race_v2, my_envs.race_v1\?"):  # a typo still gets its suggestion
+    # a typo still gets its suggestions
+    with pytest.raises(PettingZooError, match=r"did you mean my_envs.race_v2, my_envs.race_v1\?"):
         env_module("pettingzoo:my_envs.race_v3")
 
 
