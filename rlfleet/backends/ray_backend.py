@@ -64,6 +64,7 @@ from rlfleet.backends.base import Backend
 from rlfleet.backends.ray_instance import (
     ANSI,
     PRIVATE_RESOURCE,
+    RAY_MISSING,
     RayLog,
     auth_problem,
     grpc_problem,
@@ -120,7 +121,7 @@ class RayBackend(Backend):
         answers at `--address` HOST:PORT (Ray itself retries its connection for minutes, or for ever where
         something else listens)."""
         if importlib.util.find_spec("ray") is None:
-            raise ConfigError("--backend ray needs Ray, an extra: pip install -e '.[ray]'")
+            raise ConfigError(RAY_MISSING)
         gpus = getattr(opts, "gpus_per_role", 0.0)
         if 0 < gpus < RESOURCE_UNIT:
             raise ConfigError(f"--gpus-per-role={gpus:g} is below Ray's smallest share of a resource, {RESOURCE_UNIT}")

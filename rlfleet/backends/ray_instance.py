@@ -31,6 +31,7 @@ from rlfleet.fields import ConfigError
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's error texts
 ADDRESS_TIMEOUT_S = 5.0  # to reach --address before Ray is asked to join it
 CLUSTER_ID_RPC = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # a Ray client's first call to a cluster's GCS
+RAY_MISSING = "--backend ray needs Ray, an extra: pip install -e '.[ray]'"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": every Ray listener of this machine on 127.0.0.1
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray reads its authentication settings
 PRIVATE_PREFIX = "rlfleet-ray-"  # of a private instance's folder, in the system's temp folder
@@ -227,9 +228,7 @@ def import_ray(private: bool) -> ModuleType:
     """Ray, imported so that a private instance (or one on 127.0.0.1) listens on loopback only; a clear error if it
     is missing."""
     imported = sys.modules.get("ray")
-    if imported is not None and not hasattr(imported, "init"):
-        raise ConfigError(f"--backend ray needs Ray, an extra: pip install -e '.[ray]' ({_not_ray(imported)})")
-    if imported is not None and imported.is_initialized():
+    if imported is not None and _real_ray(imported).is_initialized():
         return imported  # connected already: the run uses that connection
     if private:
         if imported is not None and os.environ.get(LOOPBACK_ENV) != "0":
@@ -241,16 +240,17 @@ def import_ray(private: bool) -> ModuleType:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--backend ray needs Ray, an extra: pip install -e '.[ray]'") from None
-    if not hasattr(ray, "init"):
-        raise ConfigError(f"--backend ray needs Ray, an extra: pip install -e '.[ray]' ({_not_ray(ray)})")
-    return ray
+        raise ConfigError(RAY_MISSING) from None
+    return _real_ray(ray)
 
 
-def _not_ray(module: ModuleType) -> str:
-    """What was imported as `ray` without Ray installed: a folder named ray on the import path."""
-    where = ", ".join(map(str, getattr(module, "__path__", []))) or getattr(module, "__file__", None) or "?"
-    return f"'import ray' found {where}, which is not Ray"
+def _real_ray(module: ModuleType) -> ModuleType:
+    """`module`, imported as `ray`, if it is Ray; without Ray installed, a folder named ray on the import path is
+    imported instead (a namespace package): a `ConfigError` naming the extra and that folder."""
+    if not hasattr(module, "init"):
+        where = ", ".join(map(str, getattr(module, "__path__", []))) or getattr(module, "__file__", None) or "?"
+        raise ConfigError(f"{RAY_MISSING} ('import ray' found {where}, which is not Ray)")
+    return module
 
 
 def system_temp_dir() -> str:
