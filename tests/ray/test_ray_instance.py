@@ -188,7 +188,8 @@ def test_the_private_instance_s_session_folder_goes_with_it(tmp_path: Path, ray_
                      env=dict(os.environ, RAY_TMPDIR=str(ray_tmpdir)))  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not (sessions := list(ray_tmpdir.glob(f"**/session_*_{proc.pid}"))):
+        # at its depth, not "**": a walk into a live session folder meets files that Ray removes as it walks
+        while not (sessions := list(ray_tmpdir.glob(f"rlfleet-ray-*/ray/session_*_{proc.pid}"))):
             assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
             assert time.monotonic() < deadline, "no session folder after 120 s"
             time.sleep(0.05)
