@@ -13,8 +13,10 @@ from rlfleet.launch import train
 
 pytestmark = pytest.mark.learning
 
-# budgets: at least 2.5x the most steps seeds 0-4 needed (docs/architectures/<arch>.md, "Tests")
-BUDGETS = {"data_parallel": 100_000, "grad_parallel": 150_000, "async_grad": 150_000, "param_server": 150_000}
+# budgets (docs/architectures/<arch>.md, "Tests"): grad_parallel's processes solve at one step count for a seed, so
+# its budget is a margin over seeds 0-4; the other three interleave differently from run to run, so theirs are over
+# 2x the most steps in 50 or more runs of seed 0, quiet and with two runs side by side (data_parallel: 5k-135k)
+BUDGETS = {"data_parallel": 300_000, "grad_parallel": 150_000, "async_grad": 300_000, "param_server": 300_000}
 OPTIONS = {"param_server": {"shards": 2}}
 
 
