@@ -603,17 +603,9 @@ def test_an_unwritable_output_is_one_line(tmp_path: Path, monkeypatch, capsys, c
 # an env, or a vector mode, whose optional package is not installed: (package hidden, arguments, expected)
 MISSING_EXTRAS = {
     "atari": ("ale_py", ("train", "ppo", "--env", "ALE/Pong-v5"), ["ALE/Pong-v5", 'pip install "rlfleet[atari]"']),
-    "minatar": (
-        "minatar",
-        ("train", "dqn", "--env", "MinAtar/Breakout-v1"),
-        ['pip install "rlfleet[minatar]"'],
-    ),  # fmt: skip
+    "minatar": ("minatar", ("train", "dqn", "--env", "MinAtar/Breakout-v1"), ['pip install "rlfleet[minatar]"']),
     "mujoco": ("mujoco", ("train", "sac", "--env", "HalfCheetah-v5"), ['pip install "rlfleet[mujoco]"']),
-    "envpool": (
-        "envpool",
-        ("train", "ppo", "--env", "CartPole-v1", "--vector-mode", "envpool"),
-        ['rlfleet[envpool]"'],
-    ),  # fmt: skip
+    "envpool": ("envpool", ("train", "ppo", "--env", "CartPole-v1", "--vector-mode", "envpool"), ['rlfleet[envpool]"']),
 }
 
 
