@@ -122,7 +122,7 @@ def test_shared_optimizers_return_the_closure_loss_and_skip_params_without_grad(
 def test_shared_optimizers_refuse_sparse_gradients(optimizer_cls):
     param = nn.Parameter(torch.zeros(3))
     opt = optimizer_cls([param], lr=0.01)
-    param.grad = torch.sparse_coo_tensor([[1]], [1.0], (3,))
+    param.grad = torch.sparse_coo_tensor([[1]], [1.0], (3,), check_invariants=True)
     with pytest.raises(RuntimeError, match=f"{optimizer_cls.__name__} does not support sparse gradients"):
         opt.step()
     assert torch.equal(param, torch.zeros(3))
