@@ -16,7 +16,7 @@ from rlfleet.data.rollout import RolloutStorage
 from rlfleet.device import algorithm_acts_on_device
 from rlfleet.envs import make_vector_env
 from rlfleet.envs import snapshot as env_state
-from rlfleet.envs.normalize import normalize_observations, normalize_rewards
+from rlfleet.envs.normalize import ObsNormalizedAgent, ReplayNormalizer, normalize_training_envs
 from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
 from rlfleet.run.config import RunConfig
@@ -55,14 +55,18 @@ class SingleRunner(RunBase):
                 timeout_s=cfg.env_timeout_s,
                 **cfg.env_kwargs,
             )
-            envs = normalize_observations(envs, self.obs_stats, update_stats=True)
-            self.envs = normalize_rewards(envs, self.reward_norm)
+            # replay keeps raw observations and rewards, normalised when sampled (rlfleet.envs.normalize)
+            replay = self.algo.data == "replay"
+            self.envs = normalize_training_envs(envs, self.obs_stats, self.reward_norm, raw=replay)
             self.eval_envs = self.make_eval_envs()
-        self.collector = Collector(self.envs, self.algo, seed=cfg.seed)
+        agent = ObsNormalizedAgent(self.algo, self.obs_stats) if replay and self.obs_stats is not None else self.algo
+        self.collector = Collector(self.envs, agent, seed=cfg.seed)
         self.buffer = None
         self.storage = None
-        if self.algo.data == "replay":
+        if replay:
             self.buffer = self.algo.make_buffer(n_envs, self.total_steps, seed=cfg.seed)
+            if self.obs_stats is not None or self.reward_norm is not None:
+                self.buffer.normalizer = ReplayNormalizer(self.obs_stats, self.reward_norm)
         else:
             self.storage = RolloutStorage(self.algo_cfg.rollout_len, n_envs)
         if resume_from is not None:

@@ -4,7 +4,7 @@ and uniform fixed-length sequences with stored recurrent states."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -16,6 +16,15 @@ from rlfleet.device import host
 
 Obs = np.ndarray | dict[str, np.ndarray]
 _FIELDS = ("obs", "act", "rew", "next_obs", "terminated", "truncated")
+
+
+class SampleNormalizer(Protocol):
+    """What a run with running normalisation statistics sets as `ReplayBuffer.normalizer`
+    (`rlfleet.envs.normalize.ReplayNormalizer`)."""
+
+    def observations(self, obs: Any) -> Any: ...
+
+    def rewards(self, rew: np.ndarray) -> np.ndarray: ...
 
 
 def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
@@ -65,6 +74,9 @@ class ReplayBuffer:
         self._ptr = 0  # next row to write
         self._size = 0  # number of written rows; written rows are always rows [0, _size)
         self._storage: dict[str, Any] | None = None
+        self.normalizer: SampleNormalizer | None = None
+        """Set by a run with `obs_norm` or `reward_norm`: the stored observations and rewards are raw, and each
+        sample's are normalised with the statistics as they are when it is drawn (rewards before n-step sums)."""
 
     def __len__(self) -> int:
         return self._size * self.n_envs
@@ -182,6 +194,12 @@ class ReplayBuffer:
             raise ValueError("cannot sample from an empty buffer; add transitions first")
         return self._all_indices() if batch_size == 0 else self._draw_indices(batch_size)
 
+    def _observations(self, obs: Any) -> Any:
+        return obs if self.normalizer is None else self.normalizer.observations(obs)
+
+    def _rewards(self, rew: np.ndarray) -> np.ndarray:
+        return rew if self.normalizer is None else self.normalizer.rewards(rew)
+
     def _done(self, rows: np.ndarray, env: np.ndarray) -> np.ndarray:
         assert self._storage is not None
         return self._storage["terminated"][rows, env] | self._storage["truncated"][rows, env]
@@ -213,7 +231,7 @@ class ReplayBuffer:
         done = self._done(step_rows, env[:, None])  # read past the newest row only where masked out below
         used = written & ((np.cumsum(done, axis=1) - done) == 0)
         n_used = used.sum(axis=1)
-        rewards = np.where(used, storage["rew"][step_rows, env[:, None]], 0.0)
+        rewards = np.where(used, self._rewards(storage["rew"][step_rows, env[:, None]]), 0.0)
         rew = (rewards * self.gamma ** steps.astype(np.float64)).sum(axis=1)
         last = step_rows[np.arange(len(indices)), n_used - 1]
 
@@ -231,10 +249,10 @@ class ReplayBuffer:
                 storage["next_obs"],
             )
         return Batch(
-            obs=obs,
+            obs=self._observations(obs),
             act=storage["act"][rows, env],
             rew=rew.astype(np.float32),
-            next_obs=next_obs,
+            next_obs=self._observations(next_obs),
             terminated=storage["terminated"][last, env].astype(np.float32),
             discount=(self.gamma**n_used).astype(np.float32),
         )
@@ -545,10 +563,10 @@ class SequenceReplayBuffer(ReplayBuffer):
         age = (first - (self._ptr - self._size)) % self.rows
         starts[:, 0] = np.where(age > 0, self._done((first - 1) % self.rows, env), True)
         batch = Batch(
-            obs=map_obs(lambda a: a[rows, col], storage["obs"]),
+            obs=self._observations(map_obs(lambda a: a[rows, col], storage["obs"])),
             act=storage["act"][rows, col],
-            rew=storage["rew"][rows, col],
-            next_obs=map_obs(lambda a: a[rows, col], storage["next_obs"]),
+            rew=self._rewards(storage["rew"][rows, col]),
+            next_obs=self._observations(map_obs(lambda a: a[rows, col], storage["next_obs"])),
             terminated=terminated.astype(np.float32),
             truncated=truncated.astype(np.float32),
             starts=starts,

@@ -15,6 +15,12 @@ value targets then have about unit scale whatever the env's reward units. Only t
 rewards: episode returns are recorded inside each env (`RecordEpisodeStatistics`) and evaluation envs
 are not wrapped.
 
+A replay algorithm's training envs (`normalize_training_envs(..., raw=True)`) update the same statistics but pass
+observations and rewards through raw: the policy acts on them normalised (`ObsNormalizedAgent`), the buffer keeps
+them raw, and `ReplayNormalizer` normalises each sampled batch with the statistics as they are when it is drawn, as
+SB3's `VecNormalize` does for off-policy algorithms. Stored normalised, a transition would keep the statistics of
+the moment it was collected and drift from what the network now sees for the same state.
+
 Every algorithm's `Config` inherits `NormOptions` (`--set obs_norm=true`, `--set reward_norm=true`, or a
 preset); the run (`rlfleet.run.runner.RunBase`) builds the statistics, wraps its training (and, for observations,
 evaluation) envs, and keeps the statistics in its checkpoints, from which `--resume` restores them. An
@@ -213,6 +219,26 @@ class NormalizeObservation(ForwardingVectorWrapper):
         return obs, rewards, terminations, truncations, info
 
 
+class ObservationStatistics(ForwardingVectorWrapper):
+    """A training vector env whose observations from `reset` and `step` are merged into `stats` and returned raw
+    (a replay run's: its buffer keeps raw observations; final observations are not merged, as in
+    `NormalizeObservation`)."""
+
+    def __init__(self, env: VectorEnv, stats: ObsStats):
+        super().__init__(env)
+        self.stats = stats
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.stats.update(obs)
+        return obs, info
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, info = self.env.step(actions)
+        self.stats.update(obs)
+        return obs, rewards, terminations, truncations, info
+
+
 def normalize_observations(envs: VectorEnv, stats: ObsStats | None, update_stats: bool) -> VectorEnv:
     """`envs` wrapped in `NormalizeObservation` with `stats`, or `envs` itself when `stats` is None."""
     return envs if stats is None else NormalizeObservation(envs, stats, update_stats)
@@ -230,11 +256,18 @@ class RewardNormalizer:
 
     def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
         """The scaled rewards of one vector step; `done` (terminated or truncated) restarts those returns."""
+        self.observe(rewards, done)
+        return self.scale(rewards)
+
+    def observe(self, rewards: np.ndarray, done: np.ndarray) -> None:
+        """Merge one vector step's discounted returns into the statistics; `done` restarts those returns."""
         self.returns = self.returns * self.gamma + np.asarray(rewards, dtype=np.float64)
         self.stats.update(self.returns)
-        scaled = self.stats.scale(rewards)
         self.returns[np.asarray(done, dtype=bool)] = 0.0
-        return scaled
+
+    def scale(self, rewards: np.ndarray) -> np.ndarray:
+        """`clip(r / sqrt(Var[R] + eps), ±reward_clip)` as float32, with the statistics as they are now."""
+        return self.stats.scale(rewards)
 
     def restart_returns(self) -> None:
         """Every env begins a new episode (envs rebuilt without their state): their returns start from 0."""
@@ -252,23 +285,51 @@ class RewardNormalizer:
 
 
 class NormalizeReward(ForwardingVectorWrapper):
-    """A training vector env whose rewards are scaled by a `RewardNormalizer` (which the step updates)."""
+    """A training vector env whose rewards are scaled by a `RewardNormalizer` (which the step updates); with
+    `raw=True` the step only updates it and the rewards pass through raw (a replay run's)."""
 
-    def __init__(self, env: VectorEnv, normalizer: RewardNormalizer):
+    def __init__(self, env: VectorEnv, normalizer: RewardNormalizer, raw: bool = False):
         super().__init__(env)
         if len(normalizer.returns) != env.num_envs:
             raise ValueError(f"a reward normalizer for {len(normalizer.returns)} envs on {env.num_envs} envs")
         self.normalizer = normalizer
+        self.raw = raw
 
     def step(self, actions):
         obs, rewards, terminations, truncations, info = self.env.step(actions)
-        rewards = self.normalizer(rewards, np.logical_or(terminations, truncations))
+        done = np.logical_or(terminations, truncations)
+        if self.raw:
+            self.normalizer.observe(rewards, done)
+        else:
+            rewards = self.normalizer(rewards, done)
         return obs, rewards, terminations, truncations, info
 
 
-def normalize_rewards(envs: VectorEnv, normalizer: RewardNormalizer | None) -> VectorEnv:
-    """`envs` wrapped in `NormalizeReward`, or `envs` itself when `normalizer` is None."""
-    return envs if normalizer is None else NormalizeReward(envs, normalizer)
+def normalize_training_envs(
+    envs: VectorEnv, obs_stats: ObsStats | None, reward_norm: RewardNormalizer | None, raw: bool
+) -> VectorEnv:
+    """A run's training envs with its observation statistics and reward normalisation (either may be None):
+    normalising what they return, or with `raw=True` (replay) only updating the statistics, for the buffer
+    to keep raw data that `ReplayNormalizer` normalises when it is sampled."""
+    if obs_stats is not None:
+        envs = ObservationStatistics(envs, obs_stats) if raw else NormalizeObservation(envs, obs_stats, True)
+    return envs if reward_norm is None else NormalizeReward(envs, reward_norm, raw)
+
+
+@dataclass
+class ReplayNormalizer:
+    """What a replay buffer of raw observations and rewards applies to each sample (`ReplayBuffer.normalizer`):
+    the run's statistics as they are when the batch is drawn, so every transition is normalised as the policy
+    now sees its state. Rewards are scaled one by one, before an n-step sum."""
+
+    obs_stats: ObsStats | None = None
+    reward_norm: RewardNormalizer | None = None
+
+    def observations(self, obs: Any) -> Any:
+        return obs if self.obs_stats is None else self.obs_stats.normalize(obs)
+
+    def rewards(self, rew: np.ndarray) -> np.ndarray:
+        return rew if self.reward_norm is None else self.reward_norm.scale(rew)
 
 
 class ObsNormalizedAgent:

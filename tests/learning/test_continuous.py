@@ -44,3 +44,14 @@ def test_off_policy_solves_pendulum(algo, run_opts):
     assert r["stop_return"] == PENDULUM_SOLVED  # Pendulum-v1's default solved return
     assert r["solved"], f"{algo} did not solve Pendulum-v1 in {budget} steps: eval {r['eval_return_mean']}"
     assert r["eval_return_mean"] >= PENDULUM_SOLVED
+
+
+@pytest.mark.learning
+def test_sac_with_observation_and_reward_normalisation_solves_pendulum(run_opts):
+    """Replay keeps raw observations and rewards, normalised when sampled: SAC with both normalisations solves as
+    fast as without (seeds 0-5 at 4,000 steps; budget 2x). With the buffer holding values normalised by the
+    statistics of their time, none of those seeds solved within 20k steps (docs/continuous_control.md)."""
+    result = train("sac", "Pendulum-v1", seed=0, steps=8_000, eval_every=1_000,
+                   overrides={"obs_norm": "true", "reward_norm": "true"}, **run_opts)  # fmt: skip
+    assert result["solved"], f"sac with obs_norm and reward_norm: {result.result}"
+    assert result["eval_return_mean"] >= PENDULUM_SOLVED

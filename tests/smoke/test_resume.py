@@ -19,11 +19,12 @@ from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import RunConfig
 
 STEPS = {"ppo": 4_000, "dqn": 3_000}  # ppo: 256 steps an iteration, dqn: 64 (learning starts at 1,000)
-# the same runs with observation and reward normalisation: their running statistics must resume exactly too
+# the same runs with observation and reward normalisation: their running statistics (and DQN's replay of raw data)
+# must resume exactly too
 # and recurrent DQN: its collector's LSTM state and the buffer's stored states must resume exactly
 RECURRENT_DQN = {"lstm": 8, "hidden": "32", "batch_size": 8, "burn_in": 2, "train_len": 4, "gradient_steps": 4}
 NORMALISED = {"obs_norm": "true", "reward_norm": "true"}
-CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", NORMALISED), ("dqn", RECURRENT_DQN)]
+CASES = [(algo, {}) for algo in sorted(STEPS)] + [("ppo", NORMALISED), ("dqn", NORMALISED), ("dqn", RECURRENT_DQN)]
 CASE_IDS = [f"{algo}{''.join(f'-{k}' for k in overrides if k in (*NORMALISED, 'lstm'))}" for algo, overrides in CASES]
 
 
@@ -98,7 +99,8 @@ def test_stop_and_resume_equals_uninterrupted(algo: str, overrides: dict, run_op
             load_checkpoint(whole.run_dir)["obs_norm"],
             load_checkpoint(resumed.run_dir)["obs_norm"],
         )
-        assert whole_stats["count"] == whole["env_steps"] + 8  # every observation acted on, the first resets too
+        n_envs = load_checkpoint(whole.run_dir)["algo_config"]["n_envs"]
+        assert whole_stats["count"] == whole["env_steps"] + n_envs  # every observation acted on, the first resets too
         assert differences(whole_stats, resumed_stats) == []
     if overrides.get("reward_norm"):
         whole_rewards = load_checkpoint(whole.run_dir)["reward_norm"]

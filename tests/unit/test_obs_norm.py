@@ -6,16 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.envs import make_vector_env
 from rlfleet.envs.make import finished_episodes
 from rlfleet.envs.normalize import (
     NormalizeObservation,
     NormalizeReward,
+    ReplayNormalizer,
     RewardNormalizer,
     RunningMeanStd,
     make_obs_stats,
     stats_from_state,
 )
+from rlfleet.launch import train
 from rlfleet.run.checkpoint import from_safe, to_safe
 
 
@@ -208,3 +211,79 @@ def test_reward_wrapper_scales_training_rewards_and_leaves_episode_returns_raw()
         NormalizeReward(make_vector_env("Pendulum-v1", 3, seed=0, mode="sync"), normalizer)
     raw.close()
     envs.close()
+
+
+def reference_nstep(rewards: np.ndarray, dones: np.ndarray, n: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """The n-step sum from each step of one stream, stopping after a done step or at the stream's end; and the
+    last step summed."""
+    out, last = np.zeros(len(rewards)), np.zeros(len(rewards), dtype=np.int64)
+    for i in range(len(rewards)):
+        for k in range(n):
+            if i + k == len(rewards):
+                break
+            out[i] += gamma**k * rewards[i + k]
+            last[i] = i + k
+            if dones[i + k]:
+                break
+    return out, last
+
+
+def test_a_replay_of_raw_data_is_normalised_when_sampled_with_the_statistics_as_they_are_then():
+    """A replay run keeps raw observations and rewards; each sample is normalised with the statistics of the
+    moment it is drawn, each reward scaled (and clipped) before the n-step sum."""
+    rng = np.random.default_rng(7)
+    stats, rewards_norm = RunningMeanStd((2,)), RewardNormalizer(1, gamma=0.9, clip=3.0)
+    stats.update(rng.normal([5.0, -3.0], [2.0, 0.5], size=(50, 2)))
+    for r in rng.normal(-1.0, 1.0, size=40):
+        rewards_norm.observe(np.array([r]), np.array([False]))
+    obs = rng.normal([5.0, -3.0], [2.0, 0.5], size=(21, 2)).astype(np.float32)
+    rew = rng.normal(-1.0, 1.0, size=20).astype(np.float32)
+    rew[6] = 500.0  # far beyond reward_clip standard deviations: clipped before the sum
+    terminated = np.zeros(20, dtype=bool)
+    terminated[11] = True
+    buffer = ReplayBuffer(100, n_step=3, gamma=0.9, seed=0)
+    sequences = SequenceReplayBuffer(100, seq_len=4, seed=0)
+    for t in range(20):
+        for b in (buffer, sequences):
+            b.add(obs[t : t + 1], np.zeros(1, np.int64), rew[t : t + 1], obs[t + 1 : t + 2], terminated[t : t + 1],
+                  np.zeros(1, bool))  # fmt: skip
+    raw = buffer.sample(0)
+    np.testing.assert_array_equal(raw.obs, obs[:20])  # without a normalizer: what was stored, raw
+    for b in (buffer, sequences):
+        b.normalizer = ReplayNormalizer(stats, rewards_norm)
+    for _ in range(2):  # and again after the statistics moved: normalised with them as they are now
+        batch = buffer.sample(0)
+        expected, last = reference_nstep(rewards_norm.scale(rew).astype(np.float64), terminated, 3, 0.9)
+        np.testing.assert_allclose(batch.rew, expected, rtol=1e-6)
+        np.testing.assert_array_equal(batch.obs, stats.normalize(obs[:20]))
+        np.testing.assert_array_equal(batch.next_obs, stats.normalize(obs[last + 1]))
+        assert rewards_norm.scale(rew)[6] == pytest.approx(3.0)
+        seq = sequences.sample(0)
+        np.testing.assert_array_equal(seq.obs[0], stats.normalize(obs[:4]))
+        np.testing.assert_array_equal(seq.rew[3], rewards_norm.scale(rew[3:7]))
+        stats.update(rng.normal([50.0, 10.0], 1.0, size=(30, 2)))
+        rewards_norm.observe(np.array([-40.0]), np.array([True]))
+    assert not np.allclose(stats.normalize(obs[:20]), batch.obs)  # the moved statistics changed the next sample
+
+
+def test_a_replay_runs_buffer_keeps_raw_data_and_its_policy_acts_on_normalised_observations(tmp_path):
+    """DQN on MountainCar-v0 (velocities within ±0.07, every reward −1) with both normalisations: the buffer holds
+    what the env gave, the policy acts on observations normalised as the evaluation envs' are."""
+    runs = []
+    train("dqn", "MountainCar-v0", seed=0, steps=600, eval_every=10**9, logdir=str(tmp_path), progress=False,
+          overrides={"obs_norm": "true", "reward_norm": "true", "learning_starts": 200},
+          callbacks=[lambda info: runs.append(info["trainer"])])  # fmt: skip
+    run = runs[-1]
+    stored = run.buffer.sample(0)
+    run.buffer.normalizer = None
+    raw = run.buffer.sample(0)
+    assert np.abs(raw.obs[:, 1]).max() <= 0.07 and np.abs(raw.obs[:, 0] + 0.3).max() <= 0.9
+    gamma, n_step = run.algo_cfg.gamma, run.algo_cfg.n_step
+    sums = [-sum(gamma**k for k in range(n)) for n in range(1, n_step + 1)]  # rewards of -1 to a done or n_step
+    assert n_step > 1 and np.isin(raw.rew, np.float32(sums)).all() and (raw.rew == np.float32(sums[-1])).any()
+    np.testing.assert_array_equal(stored.obs, run.obs_stats.normalize(raw.obs))
+    assert np.abs(stored.obs[:, 1]).max() > 0.5  # normalised velocities are of unit scale
+    obs = run.collector.obs
+    np.testing.assert_array_equal(
+        run.collector.algo.act(obs, explore=False)[0], run.algo.act(run.obs_stats.normalize(obs), explore=False)[0]
+    )
