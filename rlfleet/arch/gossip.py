@@ -733,6 +733,7 @@ class GossipRunner(ParallelRunner):
         self.state_rounds = list(saved.get("learner_rounds", self.state_rounds))
         self.round = int(saved.get("round", -1))
         self.spec.start_round = max([self.round, *self.state_rounds]) + 1
+        self.highest_round = self.spec.start_round - 1  # restarted mailboxes have the learners rejoin past it
 
     # ----------------------------------------------------------------------------------------- learning
     @torch.no_grad()

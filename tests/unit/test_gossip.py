@@ -299,19 +299,27 @@ def test_a_missing_peer_is_named_within_the_timeout():
         runner.take(items[-1])
 
 
-def test_resume_restarts_every_learner_from_its_checkpointed_state(rounds, run_opts, tmp_path):
+def test_resume_restarts_every_learner_from_its_checkpointed_state(rounds, run_opts, tmp_path, monkeypatch):
     """The checkpoint holds every learner's state; the resumed learners start from them (not from the averaged
-    model, nor afresh) and the rounds go on: the first resumed round is P applied to the saved parameters."""
+    model, nor afresh) and the rounds go on: the first resumed round is P applied to the saved parameters. Mailboxes
+    restarted before the resumed run completes a round would have every learner rejoin at that first round too."""
     first = gossip_alone("a2c", "ring", 4, 10, {**run_opts, "name": "r"}, backend="serial")
     saved = load_checkpoint(first.run_dir)["gossip"]
     assert len(saved["learners"]) == 4 and all(s is not None for s in saved["learners"])
     assert saved["round"] >= 8
     x_saved = np.stack([flat_of(first.algo, s) for s in saved["learners"]])
     rounds.clear()
+    rejoin, start_workers = [], GossipRunner.start_workers
+
+    def record_rejoin(self, *args):  # where restarted mailboxes would have the learners rejoin, before any round
+        rejoin.append(self.highest_round + 1)
+        return start_workers(self, *args)
+
+    monkeypatch.setattr(GossipRunner, "start_workers", record_rejoin)
     train(resume=first.run_dir, steps=4 * 8 * 20)
     resumed = sorted(rounds)
     start = max([saved["round"], *saved["learner_rounds"]]) + 1
-    assert resumed[0] == start and len(resumed) >= 8
+    assert resumed[0] == start and len(resumed) >= 8 and rejoin == [start]
     topology = Topology.make("ring", 4)
     for t, expected in zip(resumed, expected_rounds_from(topology, x_saved, start, len(resumed)), strict=True):
         np.testing.assert_allclose(rounds[t], expected, atol=2e-6, err_msg=f"round {t}")
