@@ -384,8 +384,10 @@ class MultiAgentDataParallelRunner(MultiAgentRunBase, ParallelRunner):
     the run's policies and sends its trained policies' transitions, each with its stream (copy, agent); the
     learner's data of a policy has a column for each (sampler, copy, agent), so a segment (rollout) holds every
     sampler's agents, and a replay buffer's columns are theirs, as a `single` run with `workers × n_envs` env copies
-    has them. The learner learns from whatever its data holds after
-    each item (`learn`); a sampler may collect its next item as soon as its last one is taken in."""
+    has them. The learner learns from whatever its data holds (`learn`): after each item on-policy (a segment is
+    learned from once every lane has its steps), and after every `workers` items with replay, so that, as on `single`,
+    one pass of `gradient_steps` updates follows every `train_freq` steps of all `workers × n_envs` copies. A sampler
+    may collect its next item as soon as its last one is taken in."""
 
     arch = "data_parallel"
     Options = ParallelOptions
@@ -406,6 +408,7 @@ class MultiAgentDataParallelRunner(MultiAgentRunBase, ParallelRunner):
         self.spec = self.agent_spec
         self.start_backend()
         self.data = self.policy_data(self.opts.workers * self.algo_cfg.n_envs)
+        self.items_taken = 0  # replay learns after every `workers` of them
         self.incarnations: dict[int, int] = {}
         self.new_agent_returns: dict[str, list[float]] = {}
         if resume_from is not None:
@@ -442,6 +445,9 @@ class MultiAgentDataParallelRunner(MultiAgentRunBase, ParallelRunner):
             for stream, transition in transitions:
                 data.put((item.worker, stream), transition)
         pool.release(item.worker, item.incarnation)
+        self.items_taken += 1
+        if self.algo.data == "replay" and self.items_taken % self.opts.workers:
+            return Taken(item.returns, {}, 0)  # a replay pass follows a block's worth from every sampler
         with self.publishing():
             self.algo.schedule(self.env_steps, self.total_steps)
             metrics, updates = self.learn(self.data)

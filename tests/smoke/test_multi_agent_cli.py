@@ -117,6 +117,17 @@ def test_data_parallel_on_the_serial_backend_feeds_every_trained_policy(tmp_path
     assert result["updates"] > 0 and set(result["eval_agents"]) == {"player_1", "player_2"}
 
 
+def test_data_parallel_replays_as_often_as_single_with_as_many_env_copies(tmp_path: Path):
+    """One pass of gradient_steps updates follows every train_freq steps of all workers × n_envs copies, as on
+    `single` with that many copies (it followed each sampler's item: twice as often with two samplers)."""
+    opts = dict(policy_map="player_1=learner,player_2=random", steps=3_000, seed=0, eval_every=10**9,
+                overrides={"learning_starts": 200}, logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
+    single = train("dqn", TICTACTOE, n_envs=4, name="single", **opts)
+    parallel = train("dqn", TICTACTOE, arch="data_parallel", workers=2, n_envs=2, backend="serial", name="dp", **opts)
+    assert single["env_steps"] == parallel["env_steps"] and single["updates"] > 20
+    assert abs(parallel["updates"] - single["updates"]) <= 1, (single.result, parallel.result)
+
+
 @pytest.mark.parametrize(
     ("env", "policies"),
     [
