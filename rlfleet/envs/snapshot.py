@@ -3,7 +3,10 @@
 The state of classic-control style envs (and of Gymnasium's wrappers and SyncVectorEnv) is plain data
 held in attributes: numbers, NumPy arrays, random generators, small deques. `snapshot` walks every
 sub-env's wrapper chain and records those attributes; `restore` writes them back into freshly built
-envs. A MuJoCo env's physics (its `MjData`) is recorded too, as MuJoCo's full integration state. Envs
+envs. A MinAtar env keeps its game one object further in (`game`, and the game its own `env`): the walk goes
+on through those, whose state is plain data and a legacy `RandomState` (sticky actions, spawns), restored in
+place because the game and its env share it. A MuJoCo env's physics (its `MjData`) is recorded too, as
+MuJoCo's full integration state. Envs
 whose state lives elsewhere (a C emulator, a subprocess) are not captured: `snapshot` returns None and a
 resumed run starts new episodes there instead (the `SingleRunner` then ends the episodes stored in its replay
 buffer at the checkpoint and restarts reward normalisation's running returns).
@@ -29,6 +32,9 @@ def _capture(value: Any) -> tuple[bool, Any]:
         return True, value.copy()
     if isinstance(value, np.random.Generator):
         return True, {"__generator__": value.bit_generator.state}
+    if isinstance(value, np.random.RandomState):
+        name, keys, pos, has_gauss, cached = value.get_state(legacy=True)
+        return True, {"__randomstate__": [name, np.array(keys), int(pos), int(has_gauss), float(cached)]}
     if isinstance(value, deque | list | tuple):
         items = [_capture(v) for v in value]
         if all(ok for ok, _ in items):
@@ -46,6 +52,10 @@ def _release(value: Any, current: Any) -> Any:
         gen = current if isinstance(current, np.random.Generator) else np.random.default_rng()
         gen.bit_generator.state = value["__generator__"]
         return gen
+    if isinstance(value, dict) and "__randomstate__" in value:  # in place: objects sharing it keep sharing it
+        legacy = current if isinstance(current, np.random.RandomState) else np.random.RandomState()
+        legacy.set_state(tuple(value["__randomstate__"]))
+        return legacy
     if isinstance(value, dict) and "__seq__" in value:
         items = [_release(v, None) for v in value["items"]]
         if value["__seq__"] == "deque":
@@ -54,10 +64,19 @@ def _release(value: Any, current: Any) -> Any:
     return value
 
 
+def _inner(layer: Any) -> Any:
+    """The object `layer` keeps its env in: a wrapper's `env`, MinAtar's `game` (and the game's `env`); or None."""
+    for name in ("env", "game"):
+        inner = getattr(layer, name, None)
+        if inner is not None and hasattr(inner, "__dict__") and not isinstance(inner, type):
+            return inner
+    return None
+
+
 def _layers(env: gym.Env) -> list[Any]:
     layers = [env]
-    while hasattr(layers[-1], "env"):
-        layers.append(layers[-1].env)
+    while (inner := _inner(layers[-1])) is not None:
+        layers.append(inner)
     return layers
 
 

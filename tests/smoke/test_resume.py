@@ -280,3 +280,19 @@ def test_a_checkpoint_whose_algorithm_state_does_not_fit_is_one_line_and_changes
     ):
         train(resume=tmp_path / "r", steps=1_024, progress=False)
     assert {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()} == before
+
+
+def test_a_minatar_run_resumes_exactly(run_opts: dict):
+    """MinAtar's games (held one object inside the env, with a legacy RandomState) are in the checkpoint's env
+    snapshot: the resumed run logs the uninterrupted run's rows and ends with its weights."""
+    pytest.importorskip("minatar")
+    total = 3_072  # three segments of the minatar preset's 8 envs x 128 steps
+    opts = dict(seed=3, steps=total, eval_every=10**9, stop_return=1e9, **run_opts)
+    whole = train("ppo", "MinAtar/Breakout-v1", name="whole", **opts)
+    half_way = lambda info: info["env_steps"] >= total // 2  # noqa: E731
+    stopped = train("ppo", "MinAtar/Breakout-v1", name="halves", callbacks=[half_way], **opts)
+    assert stopped["stopped_by"] == "interrupted" and load_checkpoint(stopped.run_dir)["envs"] is not None
+    resumed = train(resume=stopped.run_dir, steps=total, progress=False)
+    assert resumed["episodes"] == whole["episodes"] and resumed["env_steps"] == whole["env_steps"]
+    assert metric_rows(resumed.run_dir) == metric_rows(whole.run_dir)
+    assert differences(whole.algo.state_dict(), resumed.algo.state_dict()) == []

@@ -12,6 +12,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.envs import env_spec_info, make_env, make_vector_env, resolve_env_spec
+from rlfleet.envs import snapshot as env_state
 from rlfleet.envs.minatar import DEFAULT_MAX_EPISODE_STEPS
 from rlfleet.nets.encoders import MinAtarCNN, NatureCNN, make_encoder
 from rlfleet.run.config import build_algo_config
@@ -109,6 +110,29 @@ def test_a_vector_env_steps_in_one_process():
     assert obs.shape == (4, 4, 10, 10) and obs.dtype == np.uint8
     assert type(vec.unwrapped).__name__ == "SyncVectorEnv"  # a fast env: no subprocesses
     vec.close()
+
+
+@pytest.mark.parametrize("game", sorted(GAMES))
+def test_a_snapshot_restores_the_game_so_fresh_envs_go_on_exactly(game: str):
+    """The game lives one object in (`game`, its `env`), with a legacy RandomState for sticky actions and spawns:
+    fresh envs given a snapshot step exactly as the originals, across episode ends (a resumed run's envs)."""
+    env_id, rng = f"MinAtar/{game}-v1", np.random.default_rng(0)
+    envs = make_vector_env(env_id, 2, seed=0)
+    envs.reset(seed=0)
+    for _ in range(100):
+        envs.step(rng.integers(envs.single_action_space.n, size=2))
+    snap = env_state.snapshot(envs)
+    fresh = make_vector_env(env_id, 2, seed=5)
+    fresh.reset(seed=5)
+    assert env_state.restore(fresh, snap)
+    ends = 0
+    for actions in rng.integers(envs.single_action_space.n, size=(150, 2)):
+        (obs, rew, term, trunc, _), (obs2, rew2, term2, trunc2, _) = envs.step(actions), fresh.step(actions)
+        assert np.array_equal(obs, obs2) and np.array_equal(rew, rew2) and np.array_equal(term | trunc, term2 | trunc2)
+        ends += int((term | trunc).sum())
+    assert ends > 0 or game == "Freeway", "no episode ended: resets after a restore went unchecked"
+    envs.close()
+    fresh.close()
 
 
 def test_the_minatar_network_is_picked_for_small_grids_and_nature_cnn_for_atari_frames():
