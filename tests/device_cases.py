@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 
 STEPS = 400
+LEARN_SOON = {"learning_starts": 100}  # replay: updates within STEPS (the defaults start at 1,000 steps or later)
+ACT_AND_LEARN_SOON = {**LEARN_SOON, "random_steps": 100}  # and the policy acts after uniform actions
 SINGLE = [
     ("pg", "CartPole-v1", {}),
     ("a2c", "CartPole-v1", {}),
@@ -16,15 +18,15 @@ SINGLE = [
     ("ppo", "CartPole-v1", {}),
     ("ppo", "CartPole-v1", {"overrides": {"lstm": 16, "epochs": 1, "rollout_len": 8}}),  # meta ops are slow
     ("ppo", "Pendulum-v1", {"overrides": {"sde": True}}),
-    ("dqn", "CartPole-v1", {}),
-    ("dqn", "CartPole-v1", {"preset": "lstm"}),
+    ("dqn", "CartPole-v1", {"overrides": LEARN_SOON}),
+    ("dqn", "CartPole-v1", {"preset": "lstm", "overrides": LEARN_SOON}),
     ("onestep_q", "CartPole-v1", {}),
     ("sarsa", "CartPole-v1", {}),
     ("nstep_q", "CartPole-v1", {}),
-    ("ddpg", "Pendulum-v1", {}),
-    ("td3", "Pendulum-v1", {}),
-    ("sac", "Pendulum-v1", {}),
-    ("sac", "Pendulum-v1", {"overrides": {"sde": True}}),
+    ("ddpg", "Pendulum-v1", {"overrides": ACT_AND_LEARN_SOON}),
+    ("td3", "Pendulum-v1", {"overrides": ACT_AND_LEARN_SOON}),
+    ("sac", "Pendulum-v1", {"overrides": ACT_AND_LEARN_SOON}),
+    ("sac", "Pendulum-v1", {"overrides": {"sde": True, **ACT_AND_LEARN_SOON}}),
 ]
 CENTRAL = [
     ("ppo", "CartPole-v1", {"arch": "data_parallel", "workers": 2}),

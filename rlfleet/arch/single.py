@@ -137,19 +137,22 @@ class SingleRunner(RunBase):
                 self.reward_norm.restart_returns()
 
     # ----------------------------------------------------------------------------------------- loop
-    def _learn_rollout(self) -> dict[str, float]:
+    def _learn_rollout(self) -> tuple[dict[str, float], int]:
+        """A segment collected and learned from: its metrics, and one update."""
         assert self.storage is not None  # a rollout algorithm's run has its storage
         segment = self.collector.collect_rollout(self.storage)
         metrics: dict[str, float] = self.algo.update(segment)
-        return metrics
+        return metrics, 1
 
-    def _learn_replay(self) -> dict[str, float]:
+    def _learn_replay(self) -> tuple[dict[str, float], int]:
+        """`train_freq` steps into replay, then a pass of updates once it holds enough (one, as the run counts them;
+        none before `learning_starts`)."""
         cfg = self.algo_cfg
         assert self.buffer is not None  # a replay algorithm's run has its buffer
         self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
         if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
-            return {}
-        return self.replay_updates()
+            return {}, 0
+        return self.replay_updates(), 1
 
     def run(self) -> RunResult:
         learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay
@@ -161,9 +164,9 @@ class SingleRunner(RunBase):
                 try:
                     while c.env_steps < self.total_steps:
                         self.algo.schedule(c.env_steps, self.total_steps)
-                        metrics = learn()
+                        metrics, updates = learn()
                         returns = c.pop_new_returns()
-                        reason = self.after_update(logger, start, returns, c.returns, metrics, stop.requested)
+                        reason = self.after_update(logger, start, returns, c.returns, metrics, stop.requested, updates)
                         if reason is not None:
                             stopped_by = reason
                             break

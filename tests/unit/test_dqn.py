@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 from rlfleet.algos import resolve
 from rlfleet.data.batch import Batch
+from rlfleet.launch import train
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 B = 8
@@ -66,3 +67,14 @@ def test_the_online_nets_graph_covers_the_sampled_states_only():
     loss, _, _ = algo.td_loss(batch())
     assert sorted(calls) == [(B, False), (B, True)]
     assert loss.requires_grad
+
+
+def test_a_single_run_counts_a_pass_of_updates_only_once_its_replay_holds_enough(tmp_path):
+    """`updates` in result.json counts passes of gradient_steps updates on `single`: none for the iterations before
+    learning_starts, which only collect."""
+    result = train("dqn", "CartPole-v1", seed=0, steps=3_000, eval_every=10**9, overrides={"learning_starts": 2_000},
+                   logdir=str(tmp_path), progress=False)  # fmt: skip
+    cfg = result.algo.cfg
+    iterations = result["env_steps"] // (cfg.train_freq * cfg.n_envs)
+    assert 0 < result["updates"] < iterations / 2
+    assert result["updates"] * cfg.gradient_steps == result.algo.updates  # the gradient steps DQN counted itself
