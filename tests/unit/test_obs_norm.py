@@ -213,19 +213,12 @@ def test_reward_wrapper_scales_training_rewards_and_leaves_episode_returns_raw()
     envs.close()
 
 
-def reference_nstep(rewards: np.ndarray, dones: np.ndarray, n: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
-    """The n-step sum from each step of one stream, stopping after a done step or at the stream's end; and the
-    last step summed."""
-    out, last = np.zeros(len(rewards)), np.zeros(len(rewards), dtype=np.int64)
-    for i in range(len(rewards)):
-        for k in range(n):
-            if i + k == len(rewards):
-                break
-            out[i] += gamma**k * rewards[i + k]
-            last[i] = i + k
-            if dones[i + k]:
-                break
-    return out, last
+def filled(buffer: ReplayBuffer, obs: np.ndarray, rew: np.ndarray, terminated: np.ndarray) -> ReplayBuffer:
+    """`buffer` holding one env's stream: obs[t] -> obs[t + 1] with rew[t], ending where terminated."""
+    for t in range(len(rew)):
+        buffer.add(obs[t : t + 1], np.zeros(1, np.int64), rew[t : t + 1], obs[t + 1 : t + 2], terminated[t : t + 1],
+                   np.zeros(1, bool))  # fmt: skip
+    return buffer
 
 
 def test_a_replay_of_raw_data_is_normalised_when_sampled_with_the_statistics_as_they_are_then():
@@ -241,22 +234,20 @@ def test_a_replay_of_raw_data_is_normalised_when_sampled_with_the_statistics_as_
     rew[6] = 500.0  # far beyond reward_clip standard deviations: clipped before the sum
     terminated = np.zeros(20, dtype=bool)
     terminated[11] = True
-    buffer = ReplayBuffer(100, n_step=3, gamma=0.9, seed=0)
-    sequences = SequenceReplayBuffer(100, seq_len=4, seed=0)
-    for t in range(20):
-        for b in (buffer, sequences):
-            b.add(obs[t : t + 1], np.zeros(1, np.int64), rew[t : t + 1], obs[t + 1 : t + 2], terminated[t : t + 1],
-                  np.zeros(1, bool))  # fmt: skip
+    buffer = filled(ReplayBuffer(100, n_step=3, gamma=0.9, seed=0), obs, rew, terminated)
+    sequences = filled(SequenceReplayBuffer(100, seq_len=4, seed=0), obs, rew, terminated)
     raw = buffer.sample(0)
     np.testing.assert_array_equal(raw.obs, obs[:20])  # without a normalizer: what was stored, raw
     for b in (buffer, sequences):
         b.normalizer = ReplayNormalizer(stats, rewards_norm)
     for _ in range(2):  # and again after the statistics moved: normalised with them as they are now
         batch = buffer.sample(0)
-        expected, last = reference_nstep(rewards_norm.scale(rew).astype(np.float64), terminated, 3, 0.9)
-        np.testing.assert_allclose(batch.rew, expected, rtol=1e-6)
+        # the same stream stored as normalised now: the buffer's own n-step sums of the scaled rewards
+        expected = filled(ReplayBuffer(100, n_step=3, gamma=0.9), stats.normalize(obs), rewards_norm.scale(rew),
+                          terminated).sample(0)  # fmt: skip
+        np.testing.assert_allclose(batch.rew, expected.rew, rtol=1e-6)
         np.testing.assert_array_equal(batch.obs, stats.normalize(obs[:20]))
-        np.testing.assert_array_equal(batch.next_obs, stats.normalize(obs[last + 1]))
+        np.testing.assert_array_equal(batch.next_obs, expected.next_obs)
         assert rewards_norm.scale(rew)[6] == pytest.approx(3.0)
         seq = sequences.sample(0)
         np.testing.assert_array_equal(seq.obs[0], stats.normalize(obs[:4]))
