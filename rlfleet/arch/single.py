@@ -4,6 +4,7 @@ collect `train_freq` vector steps into the replay buffer and take `gradient_step
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,8 @@ from rlfleet.run.config import RunConfig
 from rlfleet.run.multi_agent import MultiAgentCollector
 from rlfleet.run.multi_agent_runner import MultiAgentRunBase, make_agent_envs
 from rlfleet.run.runner import FAILURES, RunBase, RunResult, StopRequest, as_failure, workers_ignore_sigint
+
+log = logging.getLogger(__name__)
 
 
 class SingleRunner(RunBase):
@@ -130,6 +133,11 @@ class SingleRunner(RunBase):
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
         if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
+            why = env_state.uncaptured(self.envs) or "the checkpoint holds none"
+            log.warning(
+                f"the training envs' state could not be saved ({why}): the resumed run starts new episodes, so it "
+                "does not repeat the uninterrupted run exactly"
+            )
             c.restart(seed=self.cfg.seed + c.env_steps)  # new episodes, not the first run's again
             if self.buffer is not None:
                 self.buffer.mark_boundary(np.arange(self.collector.n_envs))

@@ -155,9 +155,10 @@ def test_the_last_checkpoint_holds_the_final_evaluation(run_opts):
     assert state["best_eval"] == result["best_eval_return"]
 
 
-def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch):
-    """Envs that cannot be restored (Atari, async vector envs) start new episodes, not the first run's again: the
-    last stored step of every column becomes a boundary, and reward normalisation's running returns start over."""
+def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts, monkeypatch, caplog):
+    """Envs that cannot be restored (Box2D's, async vector envs) start new episodes, not the first run's again: the
+    last stored step of every column becomes a boundary, and reward normalisation's running returns start over. The
+    run says so, once: it will not repeat the uninterrupted run."""
     stopped = train("dqn", "CartPole-v1", name="r", steps=3_000, eval_every=10**9, eval_episodes=1, stop_return=1e9,
                     overrides={"reward_norm": "true"}, callbacks=[lambda info: info["env_steps"] >= 1_200],
                     **run_opts)  # fmt: skip
@@ -169,6 +170,8 @@ def test_a_resume_that_cannot_restore_the_envs_ends_the_stored_episodes(run_opts
     monkeypatch.setattr(env_state, "restore", lambda envs, state: False)
     trainer = SingleRunner(RunConfig(**payload["run_config"]), resume_from=payload, run_dir=stopped.run_dir)
     try:
+        said = [r.getMessage() for r in caplog.records if "starts new episodes" in r.getMessage()]
+        assert len(said) == 1 and "does not repeat the uninterrupted run exactly" in said[0], said
         after = trainer.buffer.state_dict()["storage"]
         assert (after["truncated"][newest] | after["terminated"][newest]).all()
         assert torch.equal(after["terminated"], before["terminated"])
