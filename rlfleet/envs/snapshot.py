@@ -176,7 +176,8 @@ def _layer_state(obj: Any, where: str) -> dict[str, Any]:
         arrays = {name: getattr(data, name) for name in dir(data) if not name.startswith("_")}
         state[_MUJOCO_ARRAYS] = {k: v.copy() for k, v in arrays.items() if isinstance(v, np.ndarray)}
     if ale is not None:
-        state[_ALE_KEY] = ale.cloneState(include_rng=True).serialize()  # with sticky actions' RNG
+        # with sticky actions' RNG; pickle's state: bytes, or a tuple of them before ale-py 0.11 (serialize() was str)
+        state[_ALE_KEY] = ale.cloneState(include_rng=True).__getstate__()
     return state
 
 
@@ -195,7 +196,9 @@ def _restore_engines(obj: Any, state: dict[str, Any]) -> None:
     if _ALE_KEY in state:
         import ale_py
 
-        vars(obj)["ale"].restoreState(ale_py.ALEState(state[_ALE_KEY]))
+        emulator = ale_py.ALEState.__new__(ale_py.ALEState)
+        emulator.__setstate__(state[_ALE_KEY])
+        vars(obj)["ale"].restoreState(emulator)
 
 
 def _base_vector_env(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:

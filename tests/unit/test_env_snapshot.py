@@ -5,15 +5,26 @@ from __future__ import annotations
 
 import array
 import functools
+import io
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from rlfleet.envs import make_vector_env
 from rlfleet.envs import snapshot as env_state
+from rlfleet.run.checkpoint import from_safe, to_safe
+
+
+def _through_a_checkpoint(state: Any) -> Any:
+    """What a checkpoint gives back: saved as `save_checkpoint` does, loaded with `weights_only=True`."""
+    file = io.BytesIO()
+    torch.save(to_safe(state), file)
+    file.seek(0)
+    return from_safe(torch.load(file, weights_only=True))
 
 
 def _steps_alike(make: Callable[[int], gym.vector.VectorEnv], warm: int = 60, steps: int = 300) -> int:
@@ -26,7 +37,7 @@ def _steps_alike(make: Callable[[int], gym.vector.VectorEnv], warm: int = 60, st
     for _ in range(warm):
         envs.step(envs.action_space.sample())
     assert env_state.uncaptured(envs) is None
-    assert env_state.restore(fresh, env_state.snapshot(envs))
+    assert env_state.restore(fresh, _through_a_checkpoint(env_state.snapshot(envs)))
     ends = 0
     for _ in range(steps):
         actions = envs.action_space.sample()
