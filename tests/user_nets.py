@@ -106,3 +106,37 @@ class PairCritic(Critic):
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         return super().forward(obs, act).repeat(1, 2)
+
+
+class Dropped(nn.Module):
+    """An MLP with Dropout and BatchNorm: random and batch-dependent in training mode, neither in eval mode."""
+
+    def __init__(self, obs_space: gym.Space, width: int = 32):
+        super().__init__()
+        size = int(np.prod(obs_space.shape))
+        self.net = nn.Sequential(nn.Linear(size, width), nn.BatchNorm1d(width), nn.Tanh(), nn.Dropout(0.5))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.float())
+
+
+class FixedBatch(nn.Module):
+    """Works for a batch of two only: wrong."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.linear = nn.Linear(int(np.prod(obs_space.shape)), 8)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(obs.float()).reshape(2, -1)
+
+
+class NoFeatures(nn.Module):
+    """Zero features per observation: wrong."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.float()[:, :0]
+
+
+def no_features(obs_space: gym.Space) -> nn.Module:
+    return NoFeatures()

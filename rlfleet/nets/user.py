@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -79,9 +79,19 @@ def net_path(net: Any, field: str = "net") -> str:
     return path
 
 
+PROBE_ROWS = (2, 3)
+"""The batch sizes a user module is tried on when it is built: two, so that one that only works for a batch size it
+assumed fails here, in one line, rather than in the run."""
+
+
 class UserModule(nn.Module):
     """A module a user factory built (`net`: the module itself, `path`: its factory's import path). rlfleet never
-    re-initialises its parameters, and never acts through it in NumPy (the fast path is for the built-in MLPs)."""
+    re-initialises its parameters, and never acts through it in NumPy (the fast path is for the built-in MLPs).
+
+    Modes, as `train()`/`eval()` set them in PyTorch: the module acts in eval mode (rlfleet acts, evaluates and
+    collects demonstrations under `torch.inference_mode()`), so Dropout is off and BatchNorm uses its running
+    statistics without updating them; it learns in the mode it is in, training mode (targets computed in an update
+    included)."""
 
     def __init__(self, path: str, kwargs: dict[str, Any] | None, args: tuple[Any, ...], option: str):
         super().__init__()
@@ -94,20 +104,34 @@ class UserModule(nn.Module):
             raise NetError(f"{option} {path}: the factory returned a {type(module).__name__}, not a torch.nn.Module")
         self.path, self.option, self.net = path, option, module
 
-    def _probe(self, inputs: tuple[Any, ...], shown: str) -> torch.Tensor:
-        """The module's output for two sample inputs (`shown` in messages), which must be one floating-point tensor
-        with a row per sample."""
+    def _call(self, *inputs: Any) -> torch.Tensor:
+        """The module's output: in eval mode under inference mode (acting), else in its own mode (learning)."""
+        if not (torch.is_inference_mode_enabled() and self.net.training):
+            return cast(torch.Tensor, self.net(*inputs))
+        self.net.eval()
+        try:
+            return cast(torch.Tensor, self.net(*inputs))
+        finally:
+            self.net.train()
+
+    def _probe(self, inputs: tuple[Any, ...], rows: int, shown: str) -> torch.Tensor:
+        """The module's output for `rows` sample inputs (`shown` in messages), which must be one floating-point tensor
+        with a row per sample. Taken in eval mode, as acting does: BatchNorm's statistics are not moved by it."""
+        training = self.net.training
         try:
             with torch.no_grad():
+                self.net.eval()
                 out = self.net(*inputs)
         except Exception as exc:  # the user's forward may raise anything
             raise NetError(f"{self.option} {self.path}: its module failed on {shown} ({_one_line(exc)})") from None
+        finally:
+            self.net.train(training)
         if isinstance(out, tuple):
             raise NetError(
                 f"{self.option} {self.path}: its module returned a tuple; a network here returns one tensor "
                 "(recurrence: --set lstm=N puts an LSTM core on top of a --net)"
             )
-        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() == 0 or len(out) != 2:
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() == 0 or len(out) != rows:
             raise NetError(f"{self.option} {self.path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
         return out
 
@@ -133,42 +157,44 @@ class UserNet(UserModule):
         args = (obs_space,) if action_space is None else (obs_space, action_space)
         super().__init__(path, kwargs, args, option)
         self.wanted = (
-            "the heads need floating-point features [batch, features], here [2, F]"
+            "the heads need floating-point features [batch, features], at least one feature, as many for every batch"
             if outputs is None
-            else f"the actor must give [batch, {outputs}], here [2, {outputs}]"
+            else f"the actor must give [batch, {outputs}]"
         )
-        sample = sample_batch(obs_space, 2)
-        shown = f"observations {_shapes(sample)}"
-        out = self._probe((sample,), shown)
-        if out.dim() != 2 or (outputs is not None and out.shape[1] != outputs):
-            raise NetError(f"{option} {path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
+        widths = set()
+        for rows in PROBE_ROWS:
+            sample = sample_batch(obs_space, rows)
+            shown = f"observations {_shapes(sample)}"
+            out = self._probe((sample,), rows, shown)
+            widths.add(out.shape[-1])
+            if out.dim() != 2 or out.shape[1] < 1 or len(widths) > 1 or outputs not in (None, out.shape[1]):
+                raise NetError(f"{option} {path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
         self.out_dim = int(out.shape[1])
 
     def forward(self, obs: Any) -> torch.Tensor:
-        out: torch.Tensor = self.net(obs)
-        return out
+        return self._call(obs)
 
 
 class UserCritic(UserModule):
     """A user's whole critic (`--critic-net`): the factory gets the observation and action spaces, and the module maps
     a batch of observations and one of actions (in [-1, 1], float32) to Q values, `[batch]` or `[batch, 1]`."""
 
-    wanted = "a critic must give one value per pair, [batch] or [batch, 1], here [2] or [2, 1]"
+    wanted = "a critic must give one value per pair, [batch] or [batch, 1]"
 
     def __init__(
         self, obs_space: gym.Space[Any], action_space: gym.Space[Any], path: str, kwargs: dict[str, Any] | None
     ):
         super().__init__(path, kwargs, (obs_space, action_space), "--critic-net")
-        act = torch.as_tensor(np.stack([action_space.sample() for _ in range(2)]), dtype=torch.float32)
-        sample = sample_batch(obs_space, 2)
-        shown = f"observations {_shapes(sample)} and actions {_shapes(act)}"
-        out = self._probe((sample, act), shown)
-        if out.numel() != 2:
-            raise NetError(f"--critic-net {path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
+        for rows in PROBE_ROWS:
+            act = torch.as_tensor(np.stack([action_space.sample() for _ in range(rows)]), dtype=torch.float32)
+            sample = sample_batch(obs_space, rows)
+            shown = f"observations {_shapes(sample)} and actions {_shapes(act)}"
+            out = self._probe((sample, act), rows, shown)
+            if out.numel() != rows:
+                raise NetError(f"--critic-net {path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
 
     def forward(self, obs: Any, act: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.net(obs, act)
-        return out.reshape(-1)
+        return self._call(obs, act).reshape(-1)
 
 
 def sample_batch(space: gym.Space[Any], n: int) -> Any:

@@ -391,6 +391,11 @@ USER_NETS = {
         ["maps observations [2, 4] float32 to [2, 2, 3]", "[batch, features]"],
     ),
     "net-returns-state": ((*TRAIN, "--net", "user_nets:WithState"), ["returned a tuple", "--set lstm=N"]),
+    "net-fixed-batch": (
+        (*TRAIN, "--net", "user_nets:FixedBatch"),
+        ["maps observations [3, 4] float32 to [2, 12]", "[batch, features]"],
+    ),
+    "net-no-features": ((*TRAIN, "--net", "user_nets:no_features"), ["to [2, 0]", "at least one feature"]),
     "actor-net-outputs": (
         ("train", "sac", "--env", "Pendulum-v1", "--logdir", "runs", "--actor-net", "user_nets:Actor"),
         ["--actor-net user_nets:Actor", "maps observations [2, 3] float32 to [2, 1]", "[batch, 2]"],

@@ -49,6 +49,27 @@ def test_the_user_network_acts_through_torch_and_keeps_its_initialisation():
     assert model.numpy_forward(np.zeros((3, 4), np.float32)) is None  # a plain Sequential, yet never compiled
 
 
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_user_network_acts_in_eval_mode_and_learns_in_training_mode(algo):
+    """Dropout and BatchNorm, as PyTorch users expect: acting (collection, evaluation) is deterministic for a greedy
+    policy and leaves BatchNorm's running statistics alone, building the network (its probe) too; an update runs the
+    network in training mode, and it stays there."""
+    algo_cls, config_cls, _, _ = resolve(algo)
+    env = gym.make("CartPole-v1")
+    agent = algo_cls(config_cls(net="user_nets:Dropped"), env.observation_space, env.action_space)
+    users = [u for m in vars(agent).values() if isinstance(m, torch.nn.Module) for u in m.modules()]
+    users = [u for u in users if isinstance(u, UserNet)]
+    norms = [m for u in users for m in u.net.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    assert norms and all(int(m.num_batches_tracked) == 0 for m in norms), "the probe moved BatchNorm's statistics"
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    first, again = agent.act(obs, explore=False)[0], agent.act(obs, explore=False)[0]
+    np.testing.assert_array_equal(first, again)
+    assert all(int(m.num_batches_tracked) == 0 for m in norms), "acting moved BatchNorm's statistics"
+    assert all(u.net.training for u in users)  # what an update finds
+    features = users[0](torch.as_tensor(obs))
+    assert not torch.equal(features, users[0](torch.as_tensor(obs)))  # dropout draws: training mode outside acting
+
+
 def test_net_given_as_an_object_is_kept_as_its_import_path():
     assert net_path(user_nets.mlp) == "user_nets:mlp" and net_path(user_nets.SmallCNN) == "user_nets:SmallCNN"
     with pytest.raises(NetError, match="a lambda or a local function, which other processes"):
