@@ -34,16 +34,22 @@ def _short(value: Any) -> str:
 
 
 class ProgressCallback(Callback):
-    """A bar over the sweep's trials, and a line for each one that ends (its values, its score, how it ended)."""
+    """A bar over the sweep's trials, and a line for each one that ends (its values, its score, how it ended).
+
+    Ray Tune keeps its callbacks with the experiment (`tune/tuner.pkl`) and a restored experiment runs the ones it
+    kept, not those of the command that resumes it: this callback is kept as its sweep only, and comes back as the
+    callback this process made for that sweep folder (`rlfleet tune --resume`'s, with its --no-progress), or as a new
+    one where there is none."""
 
     def __init__(self, spec: Sweep):
         self.spec = spec
         self.names = [p.name for p in spec.params]
         self.bar: Any = None
         self.best: float | None = None
+        _SHOWING[spec.folder] = self
 
-    def __getstate__(self) -> dict[str, Any]:  # Ray Tune keeps its callbacks with the experiment: not the bar
-        return {**self.__dict__, "bar": None}
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _progress_of, (self.spec.to_json(),)
 
     def _bar(self) -> Any:
         if self.bar is None:
@@ -87,6 +93,18 @@ class ProgressCallback(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        if _SHOWING.get(self.spec.folder) is self:
+            del _SHOWING[self.spec.folder]
+
+
+_SHOWING: dict[str, ProgressCallback] = {}
+"""The progress callback of each sweep this process runs, by the sweep's folder, until it is closed."""
+
+
+def _progress_of(sweep: dict[str, Any]) -> ProgressCallback:
+    """The progress callback that a kept one (`ProgressCallback.__reduce__`) comes back as."""
+    spec = Sweep.from_json(sweep)
+    return _SHOWING.get(spec.folder) or ProgressCallback(spec)
 
 
 # ---------------------------------------------------------------------------------------------- the table

@@ -48,9 +48,31 @@ class Param:
     def log_scale(self) -> bool:
         return self.dist == "loguniform"
 
-    def extremes(self) -> tuple[Any, Any]:
-        """Two values the distribution draws that lie furthest apart (its ends; the first and last choice)."""
-        return self.args[0], self.args[-1]
+    def values(self) -> list[Any]:
+        """The values a sweep checks before it runs: every choice, once (a choice's values need not share a field's
+        valid range or an env's accepted set, and there are few of them), or a range's two ends (the fields' limits
+        are intervals, so a draw between the ends lies within them)."""
+        if self.dist != "choice":
+            return list(self.args)
+        out: list[Any] = []
+        for value in self.args:
+            if not any(type(v) is type(value) and v == value for v in out):  # True and 1 are different choices
+                out.append(value)
+        return out
+
+    def mutation(self) -> Any:
+        """What PBT's explore step changes this parameter with (`hyperparam_mutations`): a choice's values as a list,
+        which Ray Tune moves along (to the value before or after in the order given, or a fresh draw) instead of
+        multiplying them as it does a domain's; a range's domain, which it multiplies by 1.2 or 0.8 or draws afresh
+        from, and `within` brings back between the ends."""
+        return list(self.args) if self.dist == "choice" else self.domain()
+
+    def within(self, value: Any) -> Any:
+        """A value PBT made from this range's by a factor, brought back between the range's ends (which were checked
+        against the field's limits) and, for randint, to an integer."""
+        low, high = self.args
+        value = min(max(value, low), high)
+        return int(round(value)) if self.dist == "randint" else float(value)
 
     def domain(self) -> Any:
         """The Ray Tune domain that draws this parameter's values."""
@@ -63,6 +85,21 @@ class Param:
         if self.dist == "randint":
             return tune.randint(self.args[0], self.args[1] + 1)  # Tune's upper end is excluded, ours included
         return tune.choice(list(self.args))
+
+
+@dataclass(frozen=True)
+class KeptInRange:
+    """PBT's explore step finished (`custom_explore_fn`): each searched range's value back within its ends. Ray Tune
+    multiplies a range's value by 1.2 or 0.8 and knows nothing of its ends, nor of the field's limits: gamma 0.99 x 1.2
+    is a trial that cannot run. A class, not a closure, as Ray Tune keeps its scheduler with the experiment."""
+
+    ranges: tuple[Param, ...]
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+        for p in self.ranges:
+            if p.name in config:
+                config[p.name] = p.within(config[p.name])
+        return config
 
 
 def _split_args(text: str) -> list[str]:

@@ -47,11 +47,12 @@ class TuneOptions:
     max_concurrent: int | None = bounded(None, ge=1, le=MAX_ROLES)
     """Trials at a time; default: as many as the CPUs allow (--cpus-per-trial each)."""
     cpus_per_trial: float | None = bounded(None, gt=0, le=MAX_ROLES)
-    """CPUs each trial reserves; default: 1, or one per role of a parallel architecture (--workers)."""
+    """CPUs each trial reserves; default: 1, or one per role of a parallel architecture (--workers: the most any
+    trial gets, where it is searched)."""
     grace_period: int | None = bounded(None, ge=1)
-    """asha: evaluations every trial makes before it may be stopped; default: an eighth of a run's."""
+    """asha (only): evaluations every trial makes before it may be stopped; default: an eighth of a run's."""
     perturbation_interval: int | None = bounded(None, ge=1)
-    """pbt: evaluations between a trial's exploit-and-explore steps; default: a tenth of a run's."""
+    """pbt (only): evaluations between a trial's exploit-and-explore steps; default: a tenth of a run's."""
     address: str = ""
     """The Ray cluster to run the trials on (HOST:PORT or auto); empty: a private Ray instance on 127.0.0.1."""
     progress: bool = True
@@ -74,7 +75,8 @@ class Sweep:
     tune: TuneOptions
     folder: str  # absolute
     max_evaluations: int
-    """Evaluations of a whole run (the schedulers' horizon)."""
+    """Evaluations of a whole run (the schedulers' horizon): the longest trial's, where `steps` or `eval_every` is
+    searched."""
     cwd: str = field(default_factory=os.getcwd)
     """Where the sweep started: each trial runs there, so that relative paths (`--dataset`) mean what they meant."""
     created: str = field(default_factory=lambda: f"{datetime.now():%Y-%m-%d %H:%M:%S}")

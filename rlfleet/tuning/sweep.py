@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ import signal
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,7 +51,7 @@ from rlfleet.fields import ConfigError, check_fields, single_folder_name
 from rlfleet.run.config import notes_at
 from rlfleet.run.paths import check_output_folder, name_part
 from rlfleet.run.runner import ResolvedConfig
-from rlfleet.tuning.space import Param, apply, parse_space
+from rlfleet.tuning.space import KeptInRange, Param, apply, parse_space
 from rlfleet.tuning.spec import (
     EXPLOITS,
     NODES_FILE,
@@ -76,12 +77,23 @@ def _check_installed() -> None:
                           "pip install -e '.[tune]'")  # fmt: skip
 
 
-def _check_trial_options(options: dict[str, Any]) -> None:
-    """Refuse the run options that a sweep owns or a trial cannot take, one line each."""
+def _check_trial_options(options: dict[str, Any], params: Sequence[Param] = ()) -> None:
+    """Refuse the run options that a sweep owns or a trial cannot take, one line each: the fixed `options`, then each
+    value a searched name draws (a searched --backend may draw ray as surely as a fixed one says it)."""
+    _check_trial_run(options)
+    for p in params:
+        for value in p.values():
+            try:
+                _check_trial_run(apply([p], {p.name: value}, {}))
+            except ConfigError as exc:
+                raise ConfigError(f"--search {p.text}: {exc}") from None
+
+
+def _check_trial_run(options: dict[str, Any]) -> None:
     if options.get("resume"):
         raise ConfigError("--resume of rlfleet tune takes a sweep folder (its trials resume with it)")
     backend = options.get("backend", "local")
-    if backend == "ray" or any(k in options for k in RAY_OPTIONS if k != "address"):
+    if backend == "ray" or any(k in options for k in RAY_OPTIONS):  # a sweep's own --address is a TuneOptions field
         raise ConfigError(
             "a trial's roles run as local processes of its Ray Tune actor: drop --backend ray and its options "
             "(--address places the whole sweep on a cluster; --cpus-per-trial sets what a trial reserves)"
@@ -90,30 +102,70 @@ def _check_trial_options(options: dict[str, Any]) -> None:
         raise ConfigError(f"--backend {backend}: a trial's roles run with the local or serial backend")
 
 
-def _check_space(algo: str, env: str, params: list[Param], options: dict[str, Any], pbt: bool) -> ResolvedConfig:
+SCHEDULER_OPTIONS = {
+    "grace_period": ("asha", "evaluations before ASHA may stop a trial"),
+    "perturbation_interval": ("pbt", "evaluations between PBT's exploit-and-explore steps"),
+}
+"""The sweep options only one scheduler reads, and what they set there."""
+
+
+def _check_scheduler_options(opts: TuneOptions) -> None:
+    """Refuse a scheduler's setting given with another scheduler, which would ignore it: a sweep that runs otherwise
+    than its command says is worse than one line asking to drop the setting."""
+    for name, (scheduler, what) in SCHEDULER_OPTIONS.items():
+        value = getattr(opts, name)
+        if value is not None and opts.scheduler != scheduler:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} has no effect with --scheduler {opts.scheduler}: "
+                              f"it sets the {what} (--scheduler {scheduler})")  # fmt: skip
+
+
+FULL_PRODUCT = 64
+"""Up to this many configurations (every combination of each searched name's checked values) are all checked before
+a sweep runs; beyond, each name's every value is checked with the other names at their first."""
+
+
+def _configurations(params: list[Param]) -> list[dict[str, Any]]:
+    """The searched values of the configurations checked before a sweep runs: every name at its first value, then
+    each name's other values with the rest at their first (a problem one name's value makes is found there, and named
+    after it), then, where there are few, every other combination (what two names' values make together)."""
+    values = [p.values() for p in params]
+    first = {p.name: v[0] for p, v in zip(params, values, strict=True)}
+    configs = [first] + [{**first, p.name: x} for p, v in zip(params, values, strict=True) for x in v[1:]]
+    if math.prod(len(v) for v in values) <= FULL_PRODUCT:
+        singles = {tuple(map(repr, c.values())) for c in configs}
+        for combo in itertools.product(*values):
+            if tuple(map(repr, combo)) not in singles:
+                configs.append(dict(zip(first, combo, strict=True)))
+    return configs
+
+
+def _check_space(algo: str, env: str, params: list[Param], options: dict[str, Any], pbt: bool) -> list[ResolvedConfig]:
     """Every value a trial may get, checked as `rlfleet train` checks it before anything is written: the sweep's
-    options with all searched names at their first extreme, then each name at its other one (their notes, such as
-    the preset picked, said once). With PBT, a trial's learner must load into a network built with any other trial's
-    values. Returns the first configuration, resolved."""
+    options with the searched names set as `_configurations` lists (their notes, such as the preset picked, said
+    once). With PBT, a trial's learner must load into a network built with any other trial's values. Returns each
+    configuration, resolved (the sweep's horizon and CPUs are its longest and largest trial's)."""
     from rlfleet.launch import check_run
     from rlfleet.run.checkpoint import CheckpointError, load_algo_state
 
-    low = {p.name: p.extremes()[0] for p in params}
-    resolved, base = check_run(algo, env, **apply(params, low, options))
+    first, *others = _configurations(params)
+    resolved, base = check_run(algo, env, **apply(params, first, options))
+    checked = [resolved]
     with notes_at(logging.WARNING):
-        for p in params:
-            _, other = check_run(algo, env, **apply(params, {**low, p.name: p.extremes()[1]}, options))
+        for config in others:
+            resolved, other = check_run(algo, env, **apply(params, config, options))
+            checked.append(resolved)
             if not pbt:
                 continue
             try:
                 load_algo_state(other, {"algo": base.state_dict()}, "a trial's learner", algo)
             except CheckpointError as exc:
                 detail = str(exc).split("(", 1)[-1].rstrip(")")
+                names = " and ".join(p.name for p in params if repr(config[p.name]) != repr(first[p.name]))
                 raise ConfigError(
-                    f"--scheduler pbt cannot search {p.name}: a trial's learner would not load into the network of a "
-                    f"trial with another {p.name} ({detail}); search it with fifo, asha or hyperband"
+                    f"--scheduler pbt cannot search {names}: a trial's learner would not load into the network of a "
+                    f"trial with another {names} ({detail}); search it with fifo, asha or hyperband"
                 ) from None
-    return resolved
+    return checked
 
 
 def _sweep_folder(logdir: str, name: str | None, algo: str, env: str) -> Path:
@@ -283,20 +335,21 @@ def tune(
         raise ConfigError("tune needs something to search: --search NAME=DIST(ARGS), e.g. lr=loguniform(1e-4,1e-2)")
     opts = TuneOptions(**given_tune)
     check_fields(opts, lambda f: "--" + f.name.replace("_", "-"))
-    _check_trial_options(train_options)
+    _check_scheduler_options(opts)
     from rlfleet.launch import user_net_as_overrides
 
     train_options = user_net_as_overrides(train_options)  # a network as its import path, which sweep.json keeps
     params = parse_space(list(search), algo, options_cls(algo, train_options))
-    resolved = _check_space(algo, env, params, train_options, pbt=opts.scheduler == "pbt")
-    if opts.cpus_per_trial is None:
-        opts.cpus_per_trial = float(getattr(resolved.opts, "workers", 1))
+    _check_trial_options(train_options, params)
+    checked = _check_space(algo, env, params, train_options, pbt=opts.scheduler == "pbt")
+    if opts.cpus_per_trial is None:  # every trial reserves what the largest needs
+        opts.cpus_per_trial = max(float(getattr(r.opts, "workers", 1)) for r in checked)
     if opts.address:
         from rlfleet.backends.ray_backend import RayBackend
 
         RayBackend.check_options(_ray_options(opts))  # something answers there, it is Ray, it takes our token
     folder = _sweep_folder(logdir, name, algo, env)
-    horizon = math.ceil(resolved.total_steps / resolved.eval_every)
+    horizon = max(math.ceil(r.total_steps / r.eval_every) for r in checked)  # the longest trial's evaluations
     spec = Sweep(algo, env, [p.text for p in params], train_options, opts, str(folder), horizon)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=2, default=str))
@@ -362,7 +415,12 @@ def _run(spec: Sweep, restore: bool) -> SweepResult:
             tune.with_parameters(run_trial, sweep=spec.to_json()), {"cpu": spec.tune.cpus_per_trial or 1.0}
         )
         progress = ProgressCallback(spec)
-        with _tune_log(folder / "ray.log"), warnings.catch_warnings(), _signal_handlers_kept() as ctrl_c:
+        with (
+            _tune_log(folder / "ray.log"),
+            warnings.catch_warnings(),
+            _signal_handlers_kept() as ctrl_c,
+            contextlib.closing(progress),  # on an error too: a later sweep of this folder makes its own
+        ):
             warnings.filterwarnings("ignore", message="Consider boosting PBT performance")  # by reusing actors
             grid = _tuner(spec, trainable, progress, restore).fit()
             progress.close()
@@ -478,7 +536,8 @@ def _scheduler(spec: Sweep) -> Any:
     if opts.scheduler == "pbt":
         return PopulationBasedTraining(
             perturbation_interval=_perturbation_interval(spec),
-            hyperparam_mutations={p.name: p.domain() for p in spec.params},
+            hyperparam_mutations={p.name: p.mutation() for p in spec.params},
+            custom_explore_fn=KeptInRange(tuple(p for p in spec.params if p.dist != "choice")),
             quantile_fraction=0.25,
             resample_probability=0.25,
             **common,

@@ -19,6 +19,9 @@ from rlfleet.run.checkpoint import load_checkpoint  # noqa: E402
 
 TUNE = ("tune", "ppo", "--env", "CartPole-v1", "--logdir", "sweeps", "--no-progress")
 LR = ("--search", "lr=loguniform(1e-4,1e-2)")
+FROZEN_LAKE = ("tune", "ppo", "--env", "FrozenLake-v1", "--logdir", "sweeps", "--no-progress")
+PARALLEL = ("tune", "a3c", "--env", "CartPole-v1", "--arch", "data_parallel", "--workers", "2", "--logdir", "sweeps",
+            "--no-progress")  # fmt: skip
 
 BAD_SWEEPS = {
     "out-of-range": ((*TUNE, "--search", "lr=uniform(-1,1)"), ["--search lr=uniform(-1,1)", "must be >= 0"]),
@@ -49,6 +52,35 @@ BAD_SWEEPS = {
     "setting-that-does-nothing": (
         (*TUNE, "--search", "obs_clip=uniform(1,10)"),
         ["obs_clip", "has no effect while obs_norm=False"],
+    ),
+    # every choice is checked against the whole configuration, not only the first and the last
+    "invalid-middle-choice": (
+        (*FROZEN_LAKE, "--search", "env_kwargs.map_name=choice('4x4','9x9','8x8')"),
+        ["env FrozenLake-v1 rejects --env-kwargs map_name='9x9'"],
+    ),
+    "pbt-network-shape-in-the-middle": (
+        (*TUNE, "--search", "hidden=choice((64,64),(32,32),(64,64))", "--scheduler", "pbt"),
+        ["--scheduler pbt cannot search hidden", "would not load"],
+    ),
+    # what a trial may not take is refused when searched as when fixed
+    "searched-ray-backend": (
+        (*PARALLEL, "--search", "backend=choice(local,ray)"),
+        ["--search backend=choice(local,ray)", "drop --backend ray"],
+    ),
+    "searched-ray-option": (
+        (*PARALLEL, "--search", "cpus_per_role=uniform(0.5,1)"),
+        ["--search cpus_per_role=uniform(0.5,1)", "drop --backend ray"],
+    ),
+    # a scheduler's setting given to a scheduler that has no use for it
+    "grace-period-with-fifo": ((*TUNE, *LR, "--grace-period", "3"), ["--grace-period 3 has no effect", "asha"]),
+    "grace-period-with-hyperband": (
+        (*TUNE, *LR, "--scheduler", "hyperband", "--grace-period", "3"),
+        ["--grace-period 3 has no effect with --scheduler hyperband"],
+    ),
+    "interval-with-fifo": ((*TUNE, *LR, "--perturbation-interval", "2"), ["--perturbation-interval 2 has no effect"]),
+    "interval-with-asha": (
+        (*TUNE, *LR, "--scheduler", "asha", "--perturbation-interval", "2"),
+        ["--perturbation-interval 2 has no effect with --scheduler asha", "pbt"],
     ),
     "resume-not-a-sweep": (("tune", "--resume", "sweeps"), ["sweeps is not a sweep folder", "sweep.json"]),
     "resume-with-options": (("tune", "--resume", "done", "--steps", "10"), ["a resumed sweep keeps", "--steps"]),

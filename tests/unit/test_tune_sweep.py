@@ -1,0 +1,82 @@
+"""What a sweep hands Ray Tune, checked without starting Ray: PBT's explore step keeps every value one the search
+space draws, the schedulers' horizon and each trial's CPUs fit the longest and largest trial, and a resumed sweep
+shows its progress as the resuming command asks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("ray.tune", reason="the tune extra is not installed")
+
+from rlfleet.launch import check_run
+from rlfleet.tuning import sweep
+from rlfleet.tuning.report import ProgressCallback
+from rlfleet.tuning.spec import Sweep, TuneOptions
+
+PBT_SEARCH = [
+    "gamma=choice(0.98,0.99,0.995)",
+    "activation=choice(tanh,relu)",
+    "gae_lambda=uniform(0.9,0.99)",
+    "epochs=randint(2,6)",
+    "lr=loguniform(1e-4,1e-3)",
+]
+
+
+def checked_sweep(monkeypatch, tmp_path: Path, algo: str, search: list[str], **options) -> Sweep:
+    """The sweep `rlfleet.tune` would run, after all its checks (Ray is not started)."""
+    monkeypatch.setattr(sweep, "_run", lambda spec, restore: spec)
+    return sweep.tune(algo, "CartPole-v1", search=search, logdir=str(tmp_path), name="s", progress=False, **options)
+
+
+def test_pbt_moves_a_choice_to_a_neighbour_and_keeps_a_range_within_its_ends():
+    spec = Sweep("ppo", "CartPole-v1", PBT_SEARCH, {"steps": 4096}, TuneOptions(scheduler="pbt"), "/nowhere", 10)
+    pbt = sweep._scheduler(spec)
+    donor = SimpleNamespace(config={"gamma": 0.99, "activation": "tanh", "gae_lambda": 0.985, "epochs": 6, "lr": 9e-4})
+    seen: dict[str, set] = {name: set() for name in donor.config}
+    for seed in range(300):
+        random.seed(seed)
+        config, _ = pbt._get_new_config(None, donor)  # noqa: SLF001 (Ray Tune's explore step, as PBT runs it)
+        for name, value in config.items():
+            seen[name].add(value)
+        assert 0.9 <= config["gae_lambda"] <= 0.99 and 1e-4 <= config["lr"] <= 1e-3, config
+        assert type(config["epochs"]) is int and 2 <= config["epochs"] <= 6, config
+        check_run("ppo", "CartPole-v1", **spec.trial_options(config, "t_00000"))  # every explored trial can run
+    assert seen["gamma"] == {0.98, 0.99, 0.995}  # the neighbours of 0.99 (and a fresh draw): never 0.99 x 1.2
+    assert seen["activation"] == {"tanh", "relu"}
+    assert 0.99 in seen["gae_lambda"] and 6 in seen["epochs"] and 1e-3 in seen["lr"]  # x1.2 stops at the high end
+
+
+def test_the_schedulers_horizon_is_the_longest_trials(monkeypatch, tmp_path: Path):
+    spec = checked_sweep(monkeypatch, tmp_path, "ppo", ["steps=choice(10000,50000)"], eval_every=2000,
+                         scheduler="asha")  # fmt: skip
+    assert spec.max_evaluations == 25  # 50,000 steps evaluated every 2,000, not the 10,000-step trials' 5
+    assert sweep._scheduler(spec)._max_t == 25  # noqa: SLF001
+
+
+@pytest.mark.parametrize("workers", ["1,2", "2,1", "1,4,2"])
+def test_each_trial_reserves_the_cpus_of_the_largest_trial(monkeypatch, tmp_path: Path, workers: str):
+    spec = checked_sweep(monkeypatch, tmp_path, "a3c", [f"workers=choice({workers})"], arch="hogwild", steps=4000)
+    assert spec.tune.cpus_per_trial == max(int(w) for w in workers.split(","))
+
+
+def test_a_resumed_sweep_shows_progress_as_the_resuming_command_asks(tmp_path: Path):
+    import ray
+    from ray import tune
+
+    spec = Sweep("ppo", "CartPole-v1", ["lr=uniform(0.001,0.01)"], {"steps": 4096}, TuneOptions(progress=False),
+                 str(tmp_path), 2)  # fmt: skip
+    trainable = tune.with_parameters(sweep.run_trial, sweep=spec.to_json())
+    first = ProgressCallback(spec)
+    sweep._tuner(spec, trainable, first, restore=False)  # writes tune/tuner.pkl, with its callbacks
+    first.close()
+    spec.tune.progress = True  # `rlfleet tune --resume SWEEP` without --no-progress
+    again = ProgressCallback(spec)
+    restored = sweep._tuner(spec, trainable, again, restore=True)
+    callbacks = restored._local_tuner.get_run_config().callbacks  # noqa: SLF001 (what the restored Tuner runs)
+    assert [c.spec.tune.progress for c in callbacks] == [True] and callbacks[0] is again
+    again.close()
+    assert not ray.is_initialized()
