@@ -13,7 +13,11 @@ turns, tic-tac-toe). Either way a run sees an `AgentEnv`:
 
 Action masks: where an agent's observation is a `Dict` with an `"action_mask"` entry it is kept as it is; where the
 env puts the mask in the agent's info (`info["action_mask"]`), the agent's observation becomes
-`{"observation": obs, "action_mask": mask}`. Either way the algorithms never choose a masked action.
+`{"observation": obs, "action_mask": mask}`. Either way the algorithms never choose a masked action. Which agents have
+their mask in their info is read at reset, from every agent's info (an AEC env's `infos`, not only the info of the
+agent whose turn it is), for the spaces are read there: an env gives the masks in the infos from reset on. An agent
+that is not there at reset (it joins later) is taken to have one where any agent's info has one and its actions are
+`Discrete`; a step whose info has none gives a mask of ones (every action legal).
 
 Agents may leave (terminate) or join during an episode: what `agents` holds at each step is who acts.
 """
@@ -124,6 +128,26 @@ class AgentEnv:
     def action_space(self, agent: str) -> gym.Space:
         return self.env.action_space(agent)
 
+    def _mask_in_obs(self, agent: str) -> bool:
+        """The agent's observations carry their mask themselves (tic-tac-toe's)."""
+        space = self.env.observation_space(agent)
+        return isinstance(space, gym.spaces.Dict) and MASK in space.spaces
+
+    def _find_masks(self, infos: dict[str, Any]) -> None:
+        """At reset, note the agents whose mask is in their info (`infos`: every agent's, for the spaces are read
+        there: `agent_spaces`). Agents not there yet are taken to have one where any agent has one and their actions
+        are `Discrete`: a mask of ones, while their info has none, changes nothing, whereas a mask the spaces lack
+        would change the agent's observations in the middle of a run."""
+        for agent, info in infos.items():
+            if info and MASK in info and not self._mask_in_obs(agent):
+                self._masked_in_info[agent] = len(np.asarray(info[MASK]))
+        if not self._masked_in_info:
+            return
+        for agent in self.possible_agents:
+            action_space = self.env.action_space(agent)
+            if agent not in infos and isinstance(action_space, gym.spaces.Discrete) and not self._mask_in_obs(agent):
+                self._masked_in_info.setdefault(agent, int(action_space.n))
+
     def _observe(self, agent: str, obs: Any, info: dict[str, Any] | None) -> Any:
         if info and MASK in info and not (isinstance(obs, dict) and MASK in obs):
             mask = np.asarray(info[MASK], dtype=np.int8)
@@ -137,8 +161,10 @@ class AgentEnv:
     def reset(self, seed: int | None = None) -> dict[str, Any]:
         if self.parallel:
             obs, infos = self.env.reset(seed=seed)
+            self._find_masks(infos)
             return {a: self._observe(a, obs[a], infos.get(a)) for a in self.env.agents}
         self.env.reset(seed=seed)
+        self._find_masks({a: self.env.infos.get(a) for a in self.env.agents})  # every agent's, not only the first's
         step = AgentStep({}, {}, {}, False)
         self._next_turn(step)
         return step.acting
@@ -210,6 +236,17 @@ class AgentSpaces:
     action: dict[str, gym.Space]
     parallel: bool
     max_cycles: int | None
+    """The env's `max_cycles` (None where it has none): the cycles after which its episodes are truncated, a cycle
+    being a step of every agent."""
+
+    @property
+    def max_steps(self) -> int | None:
+        """The most steps (`AgentEnv.step` calls) an episode takes by the env's `max_cycles`: a cycle is one step of
+        a parallel env (every agent acts in it), and one move of each agent in an AEC env (MPE simple_spread's 25
+        cycles are 75 moves of its 3 agents there)."""
+        if self.max_cycles is None:
+            return None
+        return self.max_cycles if self.parallel else self.max_cycles * len(self.agents)
 
 
 def agent_spaces(env_id: str, **env_kwargs: Any) -> AgentSpaces:
@@ -232,8 +269,9 @@ def agent_spaces(env_id: str, **env_kwargs: Any) -> AgentSpaces:
 
 def pettingzoo_info(env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """What `env_spec_info` says of a Gymnasium env, for a PettingZoo one: `agents` (`AgentSpaces`), the family
-    `multi_agent`, and as `observation_space`/`action_space` those of its first agent. A keyword the env does not
-    take or a value it rejects is a `ValueError` with one line."""
+    `multi_agent`, as `observation_space`/`action_space` those of its first agent, and as `max_episode_steps` (what
+    bounds an evaluation episode) the steps its `max_cycles` comes to (`AgentSpaces.max_steps`). A keyword the env
+    does not take or a value it rejects is a `ValueError` with one line."""
     env_module(env_id)  # an id that does not import says so first
     try:
         spaces = agent_spaces(env_id, **env_kwargs)
@@ -245,7 +283,7 @@ def pettingzoo_info(env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": env_id,
         "reward_threshold": None,
-        "max_episode_steps": spaces.max_cycles,
+        "max_episode_steps": spaces.max_steps,
         "is_atari": False,
         "family": "multi_agent",
         "observation_space": spaces.observation[first],

@@ -22,14 +22,16 @@ from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.envs.pettingzoo import agent_spaces, is_pettingzoo_id, make_agent_env
-from rlfleet.fields import Bounds, check_fields, check_value
+from rlfleet.fields import MAX_ENVS, Bounds, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
 from rlfleet.run.config import EVAL_MAX_STEPS, saved_run_config
 from rlfleet.run.multi_agent import checkpoint_policies, evaluate_agents
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)
-"""Episodes `rlfleet eval` and `rlfleet collect` run (`--episodes`)."""
+"""Episodes `rlfleet collect` runs (`--episodes`; `MAX_ENVS` at a time, so as many as wanted)."""
+EVAL_EPISODES = Bounds(ge=1, le=MAX_ENVS)
+"""Episodes `rlfleet eval` runs (`--episodes`): one env each, all at once, as a run's evaluation (`--eval-episodes`)."""
 SEED = Bounds(ge=0)
 """Seeds of evaluation envs (`--seed`)."""
 MAX_STEPS = Bounds(ge=1)
@@ -160,7 +162,7 @@ def evaluate_checkpoint(
     """Rebuild the agent of a checkpoint, run `episodes` greedy episodes (each at most `checkpoint_bound` steps),
     optionally save each as a GIF (into `video_dir`, made if missing)."""
 
-    check_value("--episodes", episodes, int, EPISODES)
+    check_value("--episodes", episodes, int, EVAL_EPISODES)
     check_value("--seed", seed, int, SEED)
     if max_steps is not None:
         check_value("--max-steps", max_steps, int, MAX_STEPS)
@@ -241,7 +243,7 @@ def _evaluate_agents_checkpoint(
         cfg = config_cls(**payload["algo_config"])
         check_fields(cfg, lambda f: f"{run['algo']} config {f.name}")
         policies = checkpoint_policies(
-            algo_cls, cfg, run, agent_spaces(run["env"], **run["env_kwargs"]), payload["algo"]
+            algo_cls, cfg, run, agent_spaces(run["env"], **run["env_kwargs"]), payload["algo"], seed
         )
     except MISFITS as exc:
         raise misfit(checkpoint, run["algo"], exc) from None

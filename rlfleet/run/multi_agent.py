@@ -611,15 +611,17 @@ def evaluate_agents(
 
 
 def checkpoint_policies(
-    algo_cls: Any, algo_cfg: Any, run: dict[str, Any], spaces: AgentSpaces, state: dict[str, Any]
+    algo_cls: Any, algo_cfg: Any, run: dict[str, Any], spaces: AgentSpaces, state: dict[str, Any], seed: int
 ) -> Policies:
     """The policies of a multi-agent run's checkpoint (its run config `run`, its algorithm's class and config, its
-    saved `state`), rebuilt for the env's `spaces` on the CPU."""
+    saved `state`), rebuilt for the env's `spaces` on the CPU. `seed` is the evaluation's (`rlfleet eval --seed`):
+    the `random` policy's draws follow it, and so do the games against it where the env's reset ignores its seed
+    (tic-tac-toe's)."""
     mapping = policy_mapping(spaces.agents, run["policies"], run["policy_map"], run["freeze"], run["load_policy"])
 
     def build(_: str, obs: gym.Space, act: gym.Space, seed: int, lanes: int) -> Any:
         return algo_cls(dataclasses.replace(algo_cfg, n_envs=lanes), obs, act, seed=seed)
 
-    policies = Policies(spaces, mapping, build, seed=0, copies=algo_cfg.n_envs)
+    policies = Policies(spaces, mapping, build, seed=seed, copies=algo_cfg.n_envs)
     policies.load_state_dict(state)
     return policies

@@ -109,6 +109,19 @@ def test_a_frozen_policy_loaded_from_an_earlier_run_keeps_its_weights(tmp_path: 
     assert any(not torch.equal(saved["learner"]["q"][k], saved["old"]["q"][k]) for k in source["q"])
 
 
+def test_eval_seed_draws_the_random_players_moves(tmp_path: Path, monkeypatch, capsys):
+    """`rlfleet eval --seed` reaches the `random` policy: tic-tac-toe's reset ignores its seed, so its games against
+    a random player differ from seed to seed by that player's draws alone, and one seed plays the same games again."""
+    run = train("dqn", TICTACTOE, policy_map="player_1=learner,player_2=random", steps=300, seed=0,
+                overrides={"learning_starts": 100}, logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    games = []
+    for seed in (1, 2, 1):
+        assert run_main(("eval", str(run.run_dir), "--episodes", "20", "--seed", str(seed))) == 0
+        games.append(json.loads(capsys.readouterr().out)["agent_returns"]["player_1"])
+    assert games[0] == games[2] and games[0] != games[1]
+
+
 def test_data_parallel_on_the_serial_backend_feeds_every_trained_policy(tmp_path: Path):
     result = train("dqn", TICTACTOE, arch="data_parallel", workers=2, backend="serial", steps=2_000, seed=0,
                    policies="separate", overrides={"learning_starts": 200}, logdir=str(tmp_path), progress=False,
@@ -134,13 +147,18 @@ def test_data_parallel_replays_as_often_as_single_with_as_many_env_copies(tmp_pa
         ("pettingzoo:changing_agents_env", "shared"),  # agents leave and join mid-episode
         ("pettingzoo:mpe2.simple_adversary_v3", "separate"),  # agents of different spaces, a policy each
         ("pettingzoo:mpe2.simple_adversary_v3", "shared"),  # the same, their observations padded to one width
+        ("pettingzoo:info_mask_turns_env", "separate"),  # AEC players whose masks are in their infos
+        ("pettingzoo:info_mask_turns_env", "shared"),  # the same players' alike spaces, masks included
     ],
 )
 def test_agents_that_change_or_differ_train_without_a_crash(tmp_path: Path, env: str, policies: str):
+    """Every evaluation episode ends by itself: an env's `max_cycles` (MPE's, and the AEC env's 4 cycles of 2 moves)
+    bounds no episode short of its end."""
     result = train("ppo", env, policies=policies, steps=600, seed=0, overrides={"n_envs": 2, "rollout_len": 25},
                    logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
     assert result["updates"] > 0 and result["env_steps"] >= 600
     assert set(result["eval_agents"]) == set(result["policy_map"])
+    assert result["eval_episodes_cut"] == 0
 
 
 DISCRETE = ("a2c", "dqn", "nstep_q", "onestep_q", "pg", "ppo", "sarsa")

@@ -1,6 +1,7 @@
 """Multi-agent pieces on real PettingZoo envs: the policy mapping and its errors, the AEC and parallel APIs behind
-one `AgentEnv`, each agent's transitions from its own action to its next one (rewards received in between, the
-other player's move included), lanes that wait for each other, shared policies' inputs (agent id, padding)."""
+one `AgentEnv`, masks in every agent's info, `max_cycles` as a bound in steps of either API, each agent's transitions
+from its own action to its next one (rewards received in between, the other player's move included), lanes that wait
+for each other, shared policies' inputs (agent id, padding)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlfleet.envs.pettingzoo import AgentEnv, PettingZooError, agent_spaces, env_module, make_agent_env
+from rlfleet.envs.pettingzoo import (
+    AgentEnv,
+    PettingZooError,
+    agent_spaces,
+    env_module,
+    make_agent_env,
+    pettingzoo_info,
+)
 from rlfleet.run.config import ConfigError
 from rlfleet.run.multi_agent import (
     RANDOM,
@@ -24,6 +32,8 @@ from rlfleet.run.multi_agent import (
 
 TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+INFO_MASKS = "pettingzoo:info_mask_turns_env"
+CHANGING = "pettingzoo:changing_agents_env"
 ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
 AGENTS = ["adversary_0", "agent_0", "agent_1"]
 needs_envs = pytest.mark.skipif(
@@ -96,6 +106,57 @@ def test_aec_turns_rewards_and_last_observations():
     assert last.over and not last.acting
     assert last.rewards == {"player_2": -1.0, "player_1": 1.0}
     assert {a: e[1:] for a, e in last.ended.items()} == {"player_1": (True, False), "player_2": (True, False)}
+
+
+@needs_envs
+@pytest.mark.parametrize(
+    ("env", "kwargs"),
+    [(INFO_MASKS, {}), (CHANGING, {"info_masks": True})],
+    ids=["aec-players-in-turn", "parallel-agent-that-joins"],
+)
+def test_every_agents_mask_in_its_info_is_in_its_space_and_its_observations(env, kwargs):
+    """An AEC env's second player (whose turn is not first) and a parallel env's agent that joins after reset have
+    their masks in their spaces, as in every observation they get; a shared policy takes them all."""
+    spaces = agent_spaces(env, **kwargs)
+    for agent in spaces.agents:
+        assert set(spaces.observation[agent].spaces) == {"observation", "action_mask"}, agent
+    built, seen = make_agent_env(env, **kwargs), set()
+    for episode in range(2):
+        acting = built.reset(seed=episode)
+        while acting:
+            for agent, obs in acting.items():
+                assert spaces.observation[agent].contains(obs), (agent, obs)
+                seen.add(agent)
+            step = built.step({a: int(np.flatnonzero(obs["action_mask"])[0]) for a, obs in acting.items()})
+            assert all(spaces.observation[a].contains(e[0]) for a, e in step.ended.items() if e[0] is not None)
+            assert all(r >= 0 for r in step.rewards.values())  # only legal moves were made
+            acting = {} if step.over else step.acting
+    assert seen == set(spaces.agents)
+    for policies in ("shared", "separate"):
+        Policies(spaces, policy_mapping(spaces.agents, policies), lambda *_: _Scripted(), 0)
+
+
+@needs_envs
+def test_max_cycles_bounds_an_episode_in_steps_of_either_api(tmp_path, monkeypatch):
+    """`max_cycles` counts cycles, each a step of every agent: one step of a parallel env, a move of each agent in an
+    AEC env; the bound of an evaluation episode (`max_episode_steps`) is in steps of `AgentEnv`, so no episode the
+    env would end by itself is cut."""
+    (tmp_path / "aec_spread.py").write_text("from mpe2.simple_spread_v3 import env  # noqa: F401\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # MPE through its AEC API only
+    for env, steps in ((SPREAD, 25), ("pettingzoo:aec_spread", 75)):
+        assert pettingzoo_info(env, {})["max_episode_steps"] == steps
+        built, taken = make_agent_env(env), 0
+        acting = built.reset(seed=0)
+        while acting:
+            step, taken = built.step(dict.fromkeys(acting, 0)), taken + 1
+            acting = {} if step.over else step.acting
+        assert taken == steps, env
+    bound = pettingzoo_info(INFO_MASKS, {"max_cycles": 3})["max_episode_steps"]
+    assert bound == 6
+    spaces = agent_spaces(INFO_MASKS, max_cycles=3)
+    policies = Policies(spaces, policy_mapping(spaces.agents), lambda *_: _Scripted(first_legal=True), 0)
+    result = evaluate_agents(policies, [make_agent_env(INFO_MASKS, max_cycles=3) for _ in range(2)], 0, bound)
+    assert result.cut == 0 and list(result.agents["p1"]) == [3.0, 3.0] and list(result.agents["p2"]) == [3.0, 3.0]
 
 
 @needs_envs
