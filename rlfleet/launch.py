@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlfleet.algos import resolve
+import torch
+
+from rlfleet.algos import config_fields, resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
-from rlfleet.arch.offline import check_data_source
+from rlfleet.arch.offline import PATH_OPTIONS, check_data_source, same_path
 from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
+from rlfleet.envs.kwargs import parse_env_value
 from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.nets.user import NetError, net_path
 from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
@@ -24,6 +28,7 @@ from rlfleet.run.config import (
     parse_field,
     saved_run_config,
 )
+from rlfleet.run.config import log as notes
 from rlfleet.run.runner import ResolvedConfig, RunBase, RunResult
 
 
@@ -53,6 +58,8 @@ def train(
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
         cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
+        check_resumed_steps(options.get("steps"), payload["env_steps"])
+        note_replaced_progress(resume, run_dir, payload["env_steps"])
         return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
@@ -98,7 +105,59 @@ def _run_config(algo: str, env: str, options: dict[str, Any]) -> RunConfig:
     options = user_net_as_overrides(options)
     run = {k: v for k, v in options.items() if k in RUN_FIELDS}
     arch_options = {k: v for k, v in options.items() if k not in RUN_FIELDS}
+    check_idle_user_net(algo, run.get("overrides"))
     return RunConfig(algo=algo, env=env, options=arch_options, **run)
+
+
+def check_idle_user_net(algo: str, overrides: Any) -> None:
+    """`net` given with both `actor_net` and `critic_net` (ddpg, td3, sac) is one `ConfigError`: the whole actor and
+    the whole critics of the user's own replace every module the encoder would sit in, so it would do nothing. A new
+    run's check only: a resumed run keeps what it started with."""
+    if not isinstance(overrides, dict) or not all(overrides.get(key) for key in USER_NETS):
+        return
+    if "actor_net" not in config_fields(resolve(algo)[1]):
+        return  # an algorithm without them: its config refuses them by name
+    raise ConfigError(
+        f"--net {overrides['net']} has no effect with both --actor-net and --critic-net: they replace the whole "
+        "actor and critics that the encoder would sit in; leave --net out, or one of the others"
+    )
+
+
+def check_resumed_steps(steps: Any, done: int) -> None:
+    """`--steps` of a resume must lie beyond the steps the checkpoint has taken (`done`): a run cannot train back to
+    fewer, and a budget it has reached would record a total it never trained to. A value that is no count is
+    left for the run's own check of `--steps`."""
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps <= done:
+        raise ConfigError(f"--steps {steps}: the run is at {done} steps already; --steps must exceed it")
+
+
+def note_replaced_progress(resume: str | Path, run_dir: Path, step: int) -> None:
+    """Say in one line what a resume from another checkpoint than the run's latest (`checkpoints/best.pt`) replaces:
+    the run goes on from `step`, so its `latest.pt` from later on and what it logged after `step` are overwritten."""
+    latest = run_dir / "checkpoints" / "latest.pt"
+    if Path(resume).is_dir() or not latest.is_file() or latest.resolve() == Path(resume).resolve():
+        return
+    later = saved_steps(latest)
+    if later is not None and later <= step:
+        return
+    at = f" at step {later}" if later is not None else " (unreadable)"
+    notes.warning(
+        f"resuming from {resume} at step {step}: it replaces {latest}{at}, and what the run logged after step {step} "
+        "(metrics.csv, tb/)"
+    )
+
+
+def saved_steps(checkpoint: Path) -> int | None:
+    """The env steps a checkpoint was saved at, its tensors mapped rather than read (a latest.pt may hold a replay of
+    gigabytes); None for a file that cannot be read."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        steps = payload["env_steps"]
+    except Exception:  # a foreign, cut-short or corrupt file: the resume replaces it all the same
+        return None
+    return steps if isinstance(steps, int) else None
 
 
 RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress", "env_timeout_s"}) | {
@@ -129,6 +188,9 @@ def resumed_config(
                 setattr(cfg, key, value)
             else:
                 cfg.options[key] = value
+        elif key in PATH_OPTIONS and isinstance(value, str) and isinstance(cfg.options.get(key), str):
+            if not same_path(value, cfg.options[key]):
+                differ.append(f"--{key} {value} (the run's: {cfg.options[key]})")
         else:
             saved = getattr(cfg, key) if key in RUN_FIELDS else cfg.options.get(key, _default_option(cfg.arch, key))
             if value != saved:
@@ -182,11 +244,23 @@ def user_net_as_overrides(options: dict[str, Any]) -> dict[str, Any]:
     for key in given:
         value = options.pop(key)
         try:
-            overrides[key] = value if key.endswith("_kwargs") else net_path(value, key)
+            value = value if key.endswith("_kwargs") else net_path(value, key)
         except NetError as exc:
             raise ConfigError(str(exc)) from None
+        if key in overrides and not _same_setting(value, overrides[key]):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {value} and --set {key}={overrides[key]} disagree: give one")
+        overrides[key] = value
     options["overrides"] = overrides
     return options
+
+
+def _same_setting(value: Any, setting: Any) -> bool:
+    """Whether a network option (`--net`, `--net-kwargs`, ...) and the `--set` of the same field say the same, the
+    text of `--set` read as the field reads it (keyword arguments typed as `--env-kwargs` types them)."""
+    if isinstance(value, dict) and isinstance(setting, str):
+        setting = parse_env_value(setting)
+    return bool(value == setting)
 
 
 def _runner(cfg: RunConfig) -> type[RunBase]:

@@ -21,12 +21,12 @@ import torch
 
 from rlfleet.algos.acting import policy_step
 from rlfleet.algos.contract import Metrics
-from rlfleet.algos.options import NetOptions
+from rlfleet.algos.options import ACTIVATION, ENCODER, NetOptions
 from rlfleet.algos.spaces import action_bounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import linear
 from rlfleet.data.batch import Batch
 from rlfleet.device import metric, place
-from rlfleet.fields import bounded
+from rlfleet.fields import bounded, checked
 from rlfleet.nets.models import ActorCritic
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize, set_lr
@@ -48,9 +48,9 @@ class Config(NetOptions):
     """Global gradient-norm clip; 0 disables it."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = "tanh"
+    activation: str = checked("tanh", ACTIVATION)
     """MLP activation: tanh, relu or elu."""
-    encoder: str = "auto"
+    encoder: str = checked("auto", ENCODER)
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     total_steps: int = bounded(5_000, ge=1)
     """Default budget in gradient steps (the offline runner counts gradient steps, not env steps)."""

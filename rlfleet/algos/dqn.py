@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from rlfleet.algos.acting import epsilon_greedy, q_values
 from rlfleet.algos.contract import Metrics
-from rlfleet.algos.options import NetOptions, PriorityOptions, make_replay_buffer
+from rlfleet.algos.options import ACTIVATION, ENCODER, NetOptions, PriorityOptions, make_replay_buffer
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_mask, check_action_space
 from rlfleet.algos.updates import hard_update, linear
 from rlfleet.data.batch import Batch, map_obs, obs_tensor
@@ -39,7 +39,7 @@ from rlfleet.data.buffer import ReplayBuffer, SequenceReplayBuffer
 from rlfleet.data.returns import sequence_nstep
 from rlfleet.device import acting, host, metric, module_device, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import MAX_ENVS, NEEDS, bounded
+from rlfleet.fields import MAX_ENVS, NEEDS, bounded, checked
 from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore, State
@@ -87,9 +87,9 @@ class Config(NetOptions, PriorityOptions, NormOptions):
     """Global gradient-norm clip; 0 disables it."""
     hidden: tuple[int, ...] = bounded((128, 128), ge=1)
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = "relu"
+    activation: str = checked("relu", ACTIVATION)
     """MLP activation."""
-    encoder: str = "auto"
+    encoder: str = checked("auto", ENCODER)
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells between encoder and head, trained on replayed sequences."""

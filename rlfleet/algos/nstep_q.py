@@ -31,7 +31,7 @@ import torch
 
 from rlfleet.algos.acting import epsilon_greedy, q_values, sample_final_epsilons
 from rlfleet.algos.contract import Metrics
-from rlfleet.algos.options import NetOptions
+from rlfleet.algos.options import ACTIVATION, ENCODER, OPTIMIZER, NetOptions
 from rlfleet.algos.spaces import DISCRETE_ACTIONS, check_action_mask, check_action_space
 from rlfleet.algos.updates import SyncClock, clip_norm, hard_update, linear
 from rlfleet.data.batch import Batch, map_obs
@@ -39,7 +39,7 @@ from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
 from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.fields import MAX_ENVS, bounded, checked, one_of
 from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.optim.make import make_optimizer
@@ -52,7 +52,7 @@ TARGETS = ("onestep_q", "sarsa", "nstep_q")
 class Config(NetOptions, NormOptions):
     """Hyperparameters of the A3C paper's value-based methods; the defaults solve CartPole-v1."""
 
-    target: str = "nstep_q"
+    target: str = checked("nstep_q", one_of(TARGETS))
     """onestep_q, sarsa or nstep_q."""
     n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
     """Parallel envs (each with its own final ε)."""
@@ -64,7 +64,7 @@ class Config(NetOptions, NormOptions):
     """Learning rate."""
     lr_anneal: bool = False
     """Anneal the learning rate linearly to 0 over the run (the paper does)."""
-    optimizer: str = "adam"
+    optimizer: str = checked("adam", OPTIMIZER)
     """adam, rmsprop or sgd."""
     target_update_every: int = bounded(1_000, ge=1)
     """Env steps between target-network copies (paper: 40,000 frames)."""
@@ -80,11 +80,11 @@ class Config(NetOptions, NormOptions):
     """Global gradient-norm clip; 0 disables it."""
     hidden: tuple[int, ...] = bounded((128, 128), ge=1)
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = "relu"
+    activation: str = checked("relu", ACTIVATION)
     """MLP activation."""
     dueling: bool = False
     """Dueling value/advantage head."""
-    encoder: str = "auto"
+    encoder: str = checked("auto", ENCODER)
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""

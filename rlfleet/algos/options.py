@@ -8,9 +8,20 @@ from typing import Any
 
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.envs.kwargs import keyword_args_problem
-from rlfleet.fields import MAX_ENVS, bounded, checked
+from rlfleet.fields import MAX_ENVS, bounded, checked, one_of
 from rlfleet.nets.continuous import UserNets
+from rlfleet.nets.encoders import ACTIVATIONS, ENCODERS
+from rlfleet.nets.heads import LOG_STDS
 from rlfleet.nets.user import factory_problem
+from rlfleet.optim.make import OPTIMIZERS
+
+# the `checked` tests of the algorithms' named choices: a name the networks do not know is refused with the rest of
+# the config, also where this run would not read it (`activation` under a network of the user's own, `log_std` on
+# Discrete actions), rather than kept in its config.json as if it meant something
+ACTIVATION = one_of(tuple(ACTIVATIONS))
+ENCODER = one_of(("auto", *sorted(ENCODERS)))
+LOG_STD = one_of(LOG_STDS)
+OPTIMIZER = one_of(tuple(OPTIMIZERS))
 
 
 @dataclass
@@ -21,7 +32,7 @@ class NetOptions:
     """A network of your own as the encoder: `package.module:factory`, called with the observation space and
     `net_kwargs`, returning a torch module that maps a batch of observations to features `[batch, F]`; the
     algorithm's heads (and an LSTM core with `lstm`) sit on top. "": the built-in encoders (`encoder`, `hidden`)."""
-    net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
+    net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict, needs="net")
     """Keyword arguments of the `net` factory (bools, numbers, strings, None, and lists and dicts of them)."""
 
 
@@ -35,13 +46,14 @@ class ActorCriticNetOptions(NetOptions):
     space ([-1, 1]^A) and `actor_net_kwargs`, returning a module from observations to A numbers (ddpg, td3: the
     action before the tanh) or 2A (sac: the Gaussian's mean and log σ before the squashing); in place of `net` for the
     actor. "": the built-in actor."""
-    actor_net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
+    actor_net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict, needs="actor_net")
     """Keyword arguments of the `actor_net` factory."""
     critic_net: str = checked("", check=factory_problem)
     """A whole critic of your own: `package.module:factory`, called with the observation and action spaces and
     `critic_net_kwargs` once per critic (TD3 and SAC have two), returning a module from a batch of observations and
-    one of actions (in [-1, 1]) to Q values, `[batch]` or `[batch, 1]`. "": the built-in critics."""
-    critic_net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict)
+    one of actions (in [-1, 1]) to Q values, `[batch]` or `[batch, 1]`. "": the built-in critics. With both
+    `actor_net` and `critic_net`, `net` has nothing left to sit in (a new run refuses it)."""
+    critic_net_kwargs: dict[str, Any] = checked(check=keyword_args_problem, default_factory=dict, needs="critic_net")
     """Keyword arguments of the `critic_net` factory."""
 
     def user_nets(self) -> UserNets:
@@ -71,11 +83,11 @@ class ReplayOptions:
     n_envs: int = bounded(1, ge=1, le=MAX_ENVS)
     """Parallel envs stepped in lockstep by one process."""
     buffer_size: int = bounded(100_000, ge=1)
-    """Replay capacity in transitions."""
+    """Replay capacity in transitions; at least `batch_size` and `learning_starts` (see `replay_problem`)."""
     batch_size: int = bounded(64, ge=1)
     """Minibatch size."""
     learning_starts: int = bounded(1_000, ge=0)
-    """Env steps collected before the first update."""
+    """Env steps collected before the first update (the replay must hold that many)."""
     random_steps: int = bounded(1_000, ge=0)
     """Env steps of uniformly random actions at the start (exploration warm-up)."""
     train_freq: int = bounded(1, ge=1)
@@ -118,3 +130,25 @@ def make_replay_buffer(cfg: Any, n_envs: int, total_steps: int, seed: int = 0) -
     updates = max(1, (total_steps - cfg.learning_starts) // (cfg.train_freq * n_envs))
     anneal = updates * cfg.gradient_steps if cfg.beta_anneal else 0  # 0: β stays `beta`
     return PrioritizedReplayBuffer(**common, alpha=cfg.alpha, beta=cfg.beta, beta_final=1.0, beta_anneal_steps=anneal)
+
+
+def replay_problem(cfg: Any) -> str | None:
+    """What keeps a replay algorithm's config from ever updating, or None: learning starts once the replay holds
+    max(`batch_size`, `learning_starts`) transitions (`ReplayBuffer.ready`; where the replay holds sequences, the
+    batch counts sequences and the replay their steps), and a replay holds at most `buffer_size` of them: a larger
+    batch or `learning_starts` and the run would step its envs to the end without one update."""
+    size = getattr(cfg, "buffer_size", None)
+    if size is None:
+        return None
+    batch, starts = cfg.batch_size, cfg.learning_starts
+    if batch > size:
+        return (
+            f"buffer_size={size} holds fewer transitions than a batch (batch_size={batch}), so the run would never "
+            f"update: set buffer_size >= {batch}"
+        )
+    if starts > size:
+        return (
+            f"learning_starts={starts} is more than buffer_size={size} ever holds, so the run would never update: set "
+            f"buffer_size >= {starts} or learning_starts <= {size}"
+        )
+    return None

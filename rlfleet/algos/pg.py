@@ -20,7 +20,7 @@ import torch
 
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.contract import Metrics
-from rlfleet.algos.options import NetOptions
+from rlfleet.algos.options import ACTIVATION, ENCODER, LOG_STD, NetOptions
 from rlfleet.algos.spaces import (
     POLICY_ACTIONS,
     action_bounds,
@@ -35,7 +35,7 @@ from rlfleet.data.returns import discounted_returns, episode_complete_mask
 from rlfleet.data.rollout import Segment
 from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.fields import MAX_ENVS, bounded, checked
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.models import ActorCritic
 from rlfleet.optim.make import make_optimizer
@@ -67,11 +67,11 @@ class Config(NetOptions, NormOptions):
     """Global gradient-norm clip; 0 disables it."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = "tanh"
+    activation: str = checked("tanh", ACTIVATION)
     """MLP activation: tanh, relu or elu."""
-    encoder: str = "auto"
+    encoder: str = checked("auto", ENCODER)
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
-    log_std: str = "state_independent"
+    log_std: str = checked("state_independent", LOG_STD)
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
     init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range."""

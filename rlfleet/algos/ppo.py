@@ -27,7 +27,7 @@ import torch
 from rlfleet.algos.acting import policy_step, state_values
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.algos.options import NetOptions, SDEOptions
+from rlfleet.algos.options import ACTIVATION, ENCODER, LOG_STD, NetOptions, SDEOptions
 from rlfleet.algos.spaces import (
     POLICY_ACTIONS,
     action_bounds,
@@ -49,7 +49,7 @@ from rlfleet.data.returns import gae
 from rlfleet.data.rollout import Segment
 from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import MAX_ENVS, bounded
+from rlfleet.fields import MAX_ENVS, bounded, checked
 from rlfleet.nets.encoders import has_image
 from rlfleet.nets.heads import SDEGaussianHead
 from rlfleet.nets.models import ActorCritic
@@ -95,13 +95,13 @@ class Config(NetOptions, NormOptions, SDEOptions):
     """Standardise advantages per minibatch."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = "tanh"
+    activation: str = checked("tanh", ACTIVATION)
     """MLP activation: tanh, relu or elu."""
-    encoder: str = "auto"
+    encoder: str = checked("auto", ENCODER)
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""
-    log_std: str = "state_independent"
+    log_std: str = checked("state_independent", LOG_STD)
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
     init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range (with `sde`: σ of each entry of the

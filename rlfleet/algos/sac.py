@@ -34,7 +34,7 @@ from torch import nn
 from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import SDEMatrices
-from rlfleet.algos.options import ActorCriticNetOptions, ReplayOptions
+from rlfleet.algos.options import ACTIVATION, ActorCriticNetOptions, ReplayOptions
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
 from rlfleet.cuda_graph import StepGraph
@@ -42,7 +42,7 @@ from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.device import acting, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded
+from rlfleet.fields import bounded, checked
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize
@@ -78,7 +78,7 @@ class Config(ActorCriticNetOptions, NormOptions, ReplayOptions):
     default for SAC is exp(−3) ≈ 0.05)."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the policy and the critic MLPs."""
-    activation: str = "relu"
+    activation: str = checked("relu", ACTIVATION)
     """MLP activation: relu, tanh or elu."""
     total_steps: int = bounded(50_000, ge=1)
     """Default training budget in env steps."""

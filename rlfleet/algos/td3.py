@@ -32,7 +32,7 @@ from torch import nn
 from rlfleet.algos.acting import uniform_actions
 from rlfleet.algos.contract import Metrics
 from rlfleet.algos.noise import ACTION_NOISES, ActionNoise
-from rlfleet.algos.options import ActorCriticNetOptions, PriorityOptions, ReplayOptions, make_replay_buffer
+from rlfleet.algos.options import ACTIVATION, ActorCriticNetOptions, PriorityOptions, ReplayOptions, make_replay_buffer
 from rlfleet.algos.spaces import BOX_ACTIONS, ActionBounds, check_action_mask, check_action_space, to_env_actions
 from rlfleet.algos.updates import soft_update
 from rlfleet.cuda_graph import StepGraph
@@ -69,7 +69,7 @@ class DPGOptions(ActorCriticNetOptions, PriorityOptions, NormOptions, ReplayOpti
     """ou noise: dt, the time one env step advances the process by."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the actor and the critic MLPs."""
-    activation: str = "relu"
+    activation: str = checked("relu", ACTIVATION)
     """MLP activation: relu, tanh or elu."""
     total_steps: int = bounded(50_000, ge=1)
     """Default training budget in env steps."""

@@ -40,9 +40,21 @@ class OfflineOptions:
     """The offline architecture's options."""
 
     dataset: str | None = None
-    """Demonstrations (an .npz written by `rlfleet collect`) to imitate."""
+    """Demonstrations (an .npz written by `rlfleet collect`) to imitate; the run keeps its absolute path."""
     expert: str | None = None
-    """Checkpoint (file or run folder) of an expert whose greedy actions label the learner's states (DAgger)."""
+    """Checkpoint (file or run folder) of an expert whose greedy actions label the learner's states (DAgger); the run
+    keeps its absolute path."""
+
+
+PATH_OPTIONS = ("dataset", "expert")
+"""The offline options that name files. A run keeps them as absolute paths (`OfflineRunner.check_config`), so that
+`--resume` finds them from any folder; a resume compares them as the files they name (`same_path`)."""
+
+
+def same_path(given: str, saved: str) -> bool:
+    """Whether two spellings of a path name the same file, seen from this folder (`data.npz`, `./data.npz` and its
+    absolute path alike); a run saved with a relative path compares as it did in the folder it was started in."""
+    return Path(given).resolve() == Path(saved).resolve()
 
 
 def check_data_source(cfg: RunConfig, algo_cls: type) -> None:
@@ -119,9 +131,9 @@ class OfflineRunner(RunBase):
             raise ConfigError(f"--set {dagger[0]}={cfg.overrides[dagger[0]]} has no effect without --expert (DAgger's)")
         info = self.env_info
         self.demos = load_demonstrations(self.opts.dataset)
-        self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"], cfg.env_kwargs)
-        if len(self.demos) == 0:
+        if len(self.demos) == 0:  # before the checks of its arrays, which have nothing to look at
             raise DatasetError(f"dataset {self.opts.dataset} holds no demonstrations")
+        self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"], cfg.env_kwargs)
         self.expert = None
         if self.opts.expert is not None:
             self.expert, expert_run = load_agent(self.opts.expert)
@@ -133,6 +145,11 @@ class OfflineRunner(RunBase):
                     f"{kwargs_items(expert_run['env_kwargs'])}, this run has {kwargs_items(cfg.env_kwargs)}: "
                     "give the same"
                 )
+        for key in PATH_OPTIONS:  # what was read, as the run keeps it (config.json, checkpoints): found from anywhere
+            path = getattr(self.opts, key)
+            if path is not None:
+                setattr(self.opts, key, str(Path(path).resolve()))
+                cfg.options[key] = getattr(self.opts, key)
 
     # ----------------------------------------------------------------------------------------- state
     @property

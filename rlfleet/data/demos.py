@@ -19,6 +19,7 @@ The file holds plain arrays only (read with `allow_pickle=False`):
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,17 +98,25 @@ class Demonstrations:
         else:
             meta["action_low"] = np.asarray(space.low, dtype=np.float32)
             meta["action_high"] = np.asarray(space.high, dtype=np.float32)
-        with open(path, "wb") as f:  # a file object: np.savez would append .npz to a name without it
-            obs = {f"obs.{k}": v for k, v in self.obs.items()} if isinstance(self.obs, dict) else {"obs": self.obs}
-            arrays: dict[str, Any] = {  # one mapping: numpy's stubs read a `**` of arrays as maybe `allow_pickle`
-                **obs,
-                "act": self.act,
-                "rew": self.rew.astype(np.float32),
-                "starts": self.starts.astype(bool),
-                "episode_returns": self.episode_returns,
-                **meta,
-            }
-            np.savez_compressed(f, **arrays)
+        obs = {f"obs.{k}": v for k, v in self.obs.items()} if isinstance(self.obs, dict) else {"obs": self.obs}
+        arrays: dict[str, Any] = {  # one mapping: numpy's stubs read a `**` of arrays as maybe `allow_pickle`
+            **obs,
+            "act": self.act,
+            "rew": self.rew.astype(np.float32),
+            "starts": self.starts.astype(bool),
+            "episode_returns": self.episode_returns,
+            **meta,
+        }
+        # a temp file beside it, renamed over it once whole: a write cut short (Ctrl-C, a full disk, a kill) never
+        # leaves half a file where an earlier dataset was (`rlfleet collect -o` over the last one)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name without it
+                np.savez_compressed(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def check_fits(
@@ -174,7 +183,7 @@ def actions_problem(act: np.ndarray, space: gym.Space) -> str | None:
 
 def _first_outside(act: np.ndarray, low: np.ndarray, high: np.ndarray, space: gym.Space) -> str | None:
     """The first action (by index) that is NaN or outside [low, high], named; None when there is none."""
-    values = act.astype(np.float64).reshape(len(act), -1)
+    values = act.astype(np.float64).reshape(len(act), int(np.prod(act.shape[1:])))  # (0, k) for no actions too
     low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
     bad = np.isnan(values) | (values < low) | (values > high)
     rows = np.flatnonzero(bad.any(axis=1))
@@ -185,12 +194,25 @@ def _first_outside(act: np.ndarray, low: np.ndarray, high: np.ndarray, space: gy
 
 
 def observations_problem(obs: np.ndarray | dict[str, np.ndarray]) -> str | None:
-    """What keeps dataset observations from being an agent's input, or None: every array holds numbers."""
+    """What keeps dataset observations from being an agent's input, or None: every array holds numbers, and every
+    float is finite (a NaN or inf in one minibatch makes every weight NaN, and the run would train on to the end
+    with a model that acts at random)."""
     arrays = obs.items() if isinstance(obs, dict) else [("", obs)]
     for key, value in arrays:
+        where = f" (entry {key!r})" if key else ""
         if value.dtype.kind not in "biuf":
-            where = f" (entry {key!r})" if key else ""
             return f"observations{where} are {value.dtype}, not numbers"
+        if value.dtype.kind == "f":
+            finite = np.isfinite(value.reshape(len(value), int(np.prod(value.shape[1:])))).all(axis=1)
+            rows = np.flatnonzero(~finite)
+            if rows.size:
+                i = int(rows[0])
+                row = np.asarray(value[i]).reshape(-1)
+                bad = row[~np.isfinite(row)][0]
+                return (
+                    f"observation {i}{where} holds {bad}, not a finite number ({int(rows.size)} of {len(value)} "
+                    "observations do)"
+                )
     return None
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlfleet.algos import config_fields, resolve
 from rlfleet.algos.env_presets import describe, env_id_of, env_preset, env_preset_names
+from rlfleet.algos.options import replay_problem
 from rlfleet.device import device_problem
 from rlfleet.envs import ENV_TIMEOUT_S, VECTOR_MODES
 from rlfleet.envs.kwargs import env_kwargs_problem, parse_env_value
@@ -81,6 +82,14 @@ limit of the envs Gymnasium registers, so that an env without a limit of its own
 game; a policy that loops on a cheap env costs seconds of it."""
 
 
+MAX_SEED = 2**32 - 1
+"""The largest `--seed`: 32 bits, the seeds NumPy's legacy `RandomState` and many env libraries take (Gymnasium and
+`np.random.default_rng` take any size, `torch.manual_seed` less than 2**64: a seed of 2**64 was a traceback). The
+seeds a run derives from it add offsets (`seed + 10_000` for evaluation, `seed + env_steps` for restarted envs, a
+worker's id and its restart and resume counts times up to 10^7 for the seeds workers give torch) that stay far below
+2**64 from here for any run that could ever be trained."""
+
+
 def none_or_non_empty(value: Any) -> str | None:
     """A `checked` test: None (the option is not given) or text that is not empty."""
     return None if value is None else non_empty(value)
@@ -107,7 +116,7 @@ class RunConfig:
     """The architecture's own options (the fields of its `Options` dataclass: `workers`, `grad_sets`, ...)."""
     steps: int | None = bounded(None, ge=1)
     """Env steps to train for; None takes the algorithm's `total_steps`."""
-    seed: int = bounded(0, ge=0)
+    seed: int = bounded(0, ge=0, le=MAX_SEED)
     """Seed for envs, networks and sampling."""
     n_envs: int | None = bounded(None, ge=1, le=MAX_ENVS)
     """Parallel training envs; None takes the algorithm's `n_envs`."""
@@ -375,20 +384,58 @@ def fit_preset_replay(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, 
     """Shrink a replay that a preset sized (not the user's `--set buffer_size`) to what fits in
     `REPLAY_MEMORY_SHARE` of this machine's memory once full, and say so in one line: the paper's 2M Atari
     transitions (each an observation and its next, 2 x 28 KB of frames) take ~110 GB, and a plain command must not
-    end, hours in, out of memory. The rows are written as they come, so nothing is allocated up front either way."""
+    end, hours in, out of memory. The rows are written as they come, so nothing is allocated up front either way.
+
+    A replay that holds fewer transitions than `learning_starts` never starts learning: the preset's
+    `learning_starts` shrinks with it (said in the same line); the user's own is one `ConfigError`. Then, with the
+    run's env count final (`--n-envs`), a sequence replay whose env columns are shorter than one sequence is one
+    `ConfigError` too (`check_sequence_replay`)."""
     size = getattr(algo_cfg, "buffer_size", None)
-    if size is None or "buffer_size" in overrides:
+    if size is None:
         return
+    if "buffer_size" not in overrides:
+        _fit_to_memory(algo_cfg, overrides, obs_space, preset)
+    check_sequence_replay(algo_cfg)
+
+
+def _fit_to_memory(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, preset: str | None) -> None:
+    """`fit_preset_replay`'s shrinking of a preset's replay (and of a preset's `learning_starts` with it)."""
+    size = algo_cfg.buffer_size
     per_transition = 2 * sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in _leaf_spaces(obs_space)) + 64
     fits = int(REPLAY_MEMORY_SHARE * machine_memory() // per_transition)
     if size <= fits:
         return
     algo_cfg.buffer_size = max(fits, getattr(algo_cfg, "batch_size", 1))
+    starts = getattr(algo_cfg, "learning_starts", 0)
+    if starts > algo_cfg.buffer_size and "learning_starts" in overrides:
+        raise ConfigError(
+            f"learning_starts={starts} is more than the {algo_cfg.buffer_size:,} transitions that buffer_size "
+            f"{size:,} (preset {preset!r}) fitted to half of this machine's memory holds, so the run would never "
+            "update: set a smaller learning_starts, or --set buffer_size=N"
+        )
+    lowered = ""
+    if starts > algo_cfg.buffer_size:
+        algo_cfg.learning_starts = algo_cfg.buffer_size
+        lowered = f", and learning starts once it is full (the preset's learning_starts: {starts:,})"
     log.info(
         f"buffer_size {size:,} (preset {preset!r}) would take ~{size * per_transition / 1e9:.0f} GB once full, more "
         f"than half of this machine's {machine_memory() / 1e9:.0f} GB: the replay holds {algo_cfg.buffer_size:,} "
-        "transitions (--set buffer_size=N to choose)"
+        f"transitions{lowered} (--set buffer_size=N to choose)"
     )
+
+
+def check_sequence_replay(algo_cfg: Any) -> None:
+    """A sequence replay (recurrent dqn: `lstm` > 0) keeps `buffer_size // n_envs` steps of each env and draws
+    sequences of `burn_in + train_len` steps from one env's column: a column shorter than that holds none, which
+    is one `ConfigError` before the run starts (the buffer would refuse it once the run folder is made)."""
+    if not getattr(algo_cfg, "lstm", 0) or getattr(algo_cfg, "buffer_size", None) is None:
+        return
+    length, n_envs = algo_cfg.burn_in + algo_cfg.train_len, algo_cfg.n_envs
+    if algo_cfg.buffer_size // n_envs < length:
+        raise ConfigError(
+            f"buffer_size={algo_cfg.buffer_size} keeps {algo_cfg.buffer_size // n_envs} steps of each of the {n_envs} "
+            f"envs, fewer than a sequence (burn_in + train_len = {length}): set buffer_size >= {length * n_envs}"
+        )
 
 
 def _leaf_spaces(space: Any) -> list[Any]:
@@ -448,6 +495,9 @@ def build_algo_config(
         values[key] = parse_field(algo, key, value) if isinstance(value, str) else value
     cfg = config_cls(**values)
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
+    problem = replay_problem(cfg)
+    if problem is not None:
+        raise ConfigError(f"{algo} config {problem}")
     if picked:  # once the config is valid: the run says which tuned settings it starts from
         assert env is not None and tuned is not None
         log.info(describe(algo, env, tuned))

@@ -80,8 +80,14 @@ def bad_datasets(folder: Path, obs: np.ndarray, starts: np.ndarray) -> None:
         ("box-nan", pend_obs, np.full((3, 1), np.nan, np.float32), "Pendulum-v1", pendulum),
         ("box-shape", pend_obs, np.zeros(3, np.float32), "Pendulum-v1", pendulum),
         ("obs-text", np.full((3, 4), "x"), np.zeros(3, np.int64), "CartPole-v1", cartpole),
-    ):
+        ("obs-nan", np.where([[0], [1], [0]], np.nan, obs).astype(np.float32), np.zeros(3, np.int64), "CartPole-v1",
+         cartpole),
+        ("obs-inf", np.where([[0], [0], [1]], np.inf, obs).astype(np.float32), np.zeros(3, np.int64), "CartPole-v1",
+         cartpole),
+    ):  # fmt: skip
         Demonstrations(observations, act, np.ones(3), starts, env, space).save(folder / f"{name}.npz")
+    no_pairs = Demonstrations(obs[:0], np.zeros(0, np.int64), np.ones(0), starts[:0], "CartPole-v1", cartpole)
+    no_pairs.save(folder / "no-pairs.npz")
     with np.load(folder / "demos.npz") as data:
         arrays = {k: data[k] for k in data.files}
     for name, text in (
@@ -186,6 +192,76 @@ CONFIG_RANGES = {
     ),
     "set-n-step-zero": (("train", "dqn", "--env", "CartPole-v1", "--set", "n_step=0"), ["n_step=0", ">= 1"]),
     "set-a3c-lr": (("train", "a3c", "--env", "CartPole-v1", "--set", "lr=-1"), ["a3c config lr=-1.0", "negative"]),
+    # named choices, refused also where the run would not read them
+    "set-log-std-on-discrete": ((*TRAIN, "--set", "log_std=foo"), ["ppo config log_std='foo'", "state_dependent"]),
+    "set-optimizer-unknown": (
+        ("train", "nstep_q", "--env", "CartPole-v1", "--set", "optimizer=foo"),
+        ["nstep_q config optimizer='foo' must be one of: adam, rmsprop, sgd"],
+    ),
+    "set-target-unknown": (
+        ("train", "nstep_q", "--env", "CartPole-v1", "--set", "target=foo"),
+        ["nstep_q config target='foo' must be one of: onestep_q, sarsa, nstep_q"],
+    ),
+}
+
+# a replay that could never hold a batch, or the transitions learning waits for: the run would never update
+DQN = ("train", "dqn", "--env", "CartPole-v1", "--logdir", "runs")
+REPLAY_SIZES = {
+    "dqn-batch-past-buffer": (
+        (*DQN, "--set", "batch_size=128", "--set", "buffer_size=100"),
+        ["dqn config buffer_size=100 holds fewer transitions than a batch (batch_size=128)", "never update"],
+    ),
+    "dqn-learning-starts-past-buffer": (
+        (*DQN, "--set", "learning_starts=2000", "--set", "buffer_size=1000"),
+        ["dqn config learning_starts=2000 is more than buffer_size=1000 ever holds", "never update"],
+    ),
+    "dqn-preset-learning-starts-past-buffer": (
+        (*DQN, "--preset", "minatar", "--set", "buffer_size=4000"),
+        ["dqn config learning_starts=5000 is more than buffer_size=4000"],
+    ),
+    "recurrent-dqn-batch-past-buffer": (
+        (*DQN, "--preset", "lstm", "--set", "buffer_size=16", "--set", "learning_starts=0"),
+        ["dqn config buffer_size=16 holds fewer transitions than a batch (batch_size=32)"],
+    ),
+    "recurrent-dqn-sequence-past-columns": (
+        (*DQN, "--preset", "lstm", "--set", "buffer_size=40", "--set", "batch_size=4", "--set", "learning_starts=0"),
+        ["buffer_size=40 keeps 10 steps of each of the 4 envs, fewer than a sequence (burn_in + train_len = 16)"],
+    ),
+    "recurrent-dqn-sequence-past-columns-n-envs": (
+        (
+            *DQN,
+            "--preset",
+            "lstm",
+            "--set",
+            "buffer_size=40",
+            "--set",
+            "batch_size=4",
+            "--set",
+            "learning_starts=0",
+            "--n-envs",
+            "8",
+        ),
+        ["buffer_size=40 keeps 5 steps of each of the 8 envs", "set buffer_size >= 128"],
+    ),
+    "apex-learning-starts-past-buffer": (
+        (*DQN, "--arch", "apex", "--set", "buffer_size=1000", "--set", "learning_starts=1001"),
+        ["dqn config learning_starts=1001 is more than buffer_size=1000"],
+    ),
+    "data-parallel-batch-past-buffer": (
+        (*DQN, "--arch", "data_parallel", "--set", "buffer_size=32", "--set", "batch_size=33"),
+        ["dqn config buffer_size=32 holds fewer transitions than a batch (batch_size=33)"],
+    ),
+    **{
+        f"{algo}-{case}-past-buffer": (
+            ("train", algo, "--env", "Pendulum-v1", "--logdir", "runs", "--set", "buffer_size=200", *sets),
+            [f"{algo} config", f"{key}=300", "buffer_size=200", "never update"],
+        )
+        for algo in ("ddpg", "td3", "sac")
+        for case, key, sets in (
+            ("batch", "batch_size", ("--set", "batch_size=300")),
+            ("learning-starts", "learning_starts", ("--set", "learning_starts=300", "--set", "batch_size=100")),
+        )
+    },
 }
 
 # run options: type, range and finiteness, declared with RunConfig's fields; eval's and collect's options
@@ -194,12 +270,15 @@ RUN_OPTIONS = {
     "time-limit-nan": ((*TRAIN, "--time-limit", "nan"), ["--time-limit=nan is not a finite number"]),
     "stop-return-nan": ((*TRAIN, "--stop-return", "nan"), ["--stop-return=nan is not a number"]),
     "steps-zero": ((*TRAIN[:4], "--steps", "0"), ["--steps=0", "must be >= 1"]),
-    "seed-negative": ((*TRAIN, "--seed", "-1"), ["--seed=-1 is negative", ">= 0"]),
+    "seed-negative": ((*TRAIN, "--seed", "-1"), ["--seed=-1 is negative", "in [0, 4294967295]"]),
+    "seed-past-64-bits": ((*TRAIN, "--seed", str(2**64)), ["--seed=18446744073709551616", "in [0, 4294967295]"]),
+    "seed-past-32-bits": ((*TRAIN, "--seed", str(2**32)), ["--seed=4294967296 is out of range", "[0, 4294967295]"]),
     "eval-episodes-zero": ((*TRAIN, "--eval-episodes", "0"), ["--eval-episodes=0", "in [1, 4096]"]),
     "grad-sets-negative": ((*TRAIN, "--arch", "grad_parallel", "--grad-sets", "-2"), ["--grad-sets=-2"]),
     "torch-threads-zero": ((*TRAIN, "--torch-threads", "0"), ["--torch-threads=0", "in [1, 1024]"]),
-    "eval-episodes-0": (("eval", "runs/old", "--episodes", "0"), ["--episodes=0", "must be >= 1"]),
+    "eval-episodes-0": (("eval", "runs/old", "--episodes", "0"), ["--episodes=0", "in [1, 4096]"]),
     "eval-episodes-negative": (("eval", "runs/old", "--episodes", "-3"), ["--episodes=-3 is negative"]),
+    "eval-episodes-huge": (("eval", "runs/old", "--episodes", "1e9"), ["--episodes=1000000000", "in [1, 4096]"]),
     "eval-seed-negative": (("eval", "runs/old", "--seed", "-1"), ["--seed=-1 is negative"]),
     "collect-episodes-0": (("collect", "runs/old", "-o", "d.npz", "--episodes", "0"), ["--episodes=0"]),
     "collect-seed-negative": (("collect", "runs/old", "-o", "d.npz", "--seed", "-1"), ["--seed=-1"]),
@@ -275,6 +354,18 @@ FILE_ARGUMENTS = {
     "dataset-obs-text": (
         ("train", "bc", "--env", "CartPole-v1", "--dataset", "obs-text.npz"),
         ["observations are <U1, not numbers"],
+    ),
+    "dataset-obs-nan": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "obs-nan.npz"),
+        ["does not fit CartPole-v1", "observation 1 holds nan, not a finite number (1 of 3 observations do)"],
+    ),
+    "dataset-obs-inf": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "obs-inf.npz"),
+        ["observation 2 holds inf, not a finite number"],
+    ),
+    "dataset-without-pairs": (
+        ("train", "bc", "--env", "CartPole-v1", "--dataset", "no-pairs.npz"),
+        ["dataset no-pairs.npz holds no demonstrations"],
     ),
     "dataset-env-kwargs-deep": (
         ("train", "bc", "--env", "CartPole-v1", "--dataset", "deep-dict.npz"),
@@ -426,6 +517,69 @@ USER_NETS = {
         (*TRAIN, "--net", "user_nets:mlp", "--net-kwargs", "width"),
         ["--net-kwargs expects KEY=VALUE items", "'width'"],
     ),
+    # settings of a user network that would do nothing, or that contradict each other
+    "net-kwargs-without-net": (
+        (*TRAIN, "--net-kwargs", "width=3"),
+        ["net_kwargs={'width': 3} has no effect while net=''", "set net too"],
+    ),
+    "actor-net-kwargs-without-actor-net": (
+        ("train", "td3", "--env", "Pendulum-v1", "--logdir", "runs", "--actor-net-kwargs", "width=8"),
+        ["actor_net_kwargs={'width': 8} has no effect while actor_net=''"],
+    ),
+    "critic-net-kwargs-without-critic-net": (
+        ("train", "sac", "--env", "Pendulum-v1", "--logdir", "runs", "--set", "critic_net_kwargs={'width': 8}"),
+        ["critic_net_kwargs={'width': 8} has no effect while critic_net=''"],
+    ),
+    "net-beside-whole-actor-and-critics": (
+        (
+            "train",
+            "ddpg",
+            "--env",
+            "Pendulum-v1",
+            "--logdir",
+            "runs",
+            "--net",
+            "user_nets:mlp",
+            "--actor-net",
+            "user_nets:Actor",
+            "--critic-net",
+            "user_nets:Critic",
+        ),
+        ["--net user_nets:mlp has no effect with both --actor-net and --critic-net"],
+    ),  # fmt: skip
+    "net-and-set-net": (
+        (*TRAIN, "--net", "user_nets:mlp", "--set", "net=user_nets:Scaled"),
+        ["--net user_nets:mlp and --set net=user_nets:Scaled disagree"],
+    ),
+    "net-kwargs-and-set-net-kwargs": (
+        (*TRAIN, "--net", "user_nets:mlp", "--net-kwargs", "width=8", "--set", "net_kwargs={'width': 4}"),
+        ["--net-kwargs {'width': 8} and --set net_kwargs={'width': 4} disagree"],
+    ),
+    "activation-under-a-user-net": (
+        (*TRAIN, "--net", "user_nets:mlp", "--set", "activation=foo"),
+        ["ppo config activation='foo' must be one of: relu, tanh, elu"],
+    ),
+    "encoder-under-a-user-net": (
+        (*TRAIN, "--net", "user_nets:mlp", "--set", "encoder=foo"),
+        ["ppo config encoder='foo' must be one of: auto, minatar, mlp, mnih2013, nature"],
+    ),
+    "activation-under-a-user-actor-and-critic": (
+        (
+            "train",
+            "td3",
+            "--env",
+            "Pendulum-v1",
+            "--logdir",
+            "runs",
+            "--actor-net",
+            "user_nets:Actor",
+            "--critic-net",
+            "user_nets:Critic",
+            "--set",
+            "activation=gelu",
+        ),
+        ["td3 config activation='gelu'"],
+    ),  # fmt: skip
 }
 
 # a setting that would do nothing in the run it is given to: refused, not ignored
@@ -495,6 +649,7 @@ IDLE_SETTINGS = {
 MORE_USAGE_ERRORS = {
     **EARLIER_USAGE_ERRORS,
     **CONFIG_RANGES,
+    **REPLAY_SIZES,
     **RUN_OPTIONS,
     **RUN_NAMES,
     **FILE_ARGUMENTS,
@@ -510,6 +665,7 @@ assert len(MORE_USAGE_ERRORS) == sum(
         (
             EARLIER_USAGE_ERRORS,
             CONFIG_RANGES,
+            REPLAY_SIZES,
             RUN_OPTIONS,
             RUN_NAMES,
             FILE_ARGUMENTS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # the CLI helpers of test_cli
 from test_cli import check_one_error_line, rlfleet, tree  # noqa: E402
 
 from rlfleet.data.demos import Demonstrations, load_demonstrations  # noqa: E402
-from rlfleet.run.checkpoint import load_checkpoint  # noqa: E402
+from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_bc_run_folder_and_eval(work: Path):
     assert result["gradient_steps"] == result["env_steps"] == 300 and result["stopped_by"] == "steps"
     assert result["dataset_size"] == len(load_demonstrations(work / "data.npz"))
     config = json.loads((run / "config.json").read_text())
-    assert config["run"]["options"]["dataset"] == "data.npz" and config["eval_every"] == 100
+    assert config["run"]["options"]["dataset"] == str((work / "data.npz").resolve()) and config["eval_every"] == 100
     rows = (run / "metrics.csv").read_text().splitlines()
     assert sum(",eval/return_mean," in r for r in rows) == 3
     assert any(",losses/cross_entropy," in r for r in rows) and any(",losses/accuracy," in r for r in rows)
@@ -94,6 +95,44 @@ def test_dagger_with_an_expert(work: Path):
     result = json.loads((work / "runs" / "dagger" / "result.json").read_text())
     assert result["dagger_rounds"] == 2 and result["episodes"] == 4
     assert result["training_size"] == result["dataset_size"] + result["dagger_env_steps"]
+    options = load_checkpoint(work / "runs" / "dagger")["run_config"]["options"]
+    assert options["expert"] == str((work / "runs" / "expert").resolve())
+
+
+def test_a_bc_run_resumes_from_another_folder_and_takes_its_dataset_spelled_otherwise(
+    work: Path, tmp_path: Path, monkeypatch, capsys
+):
+    """The bc run was started with --dataset data.npz (relative): it keeps the absolute path, so a resume from
+    another folder finds the file, and the same file named by its absolute path is no other dataset."""
+    from rlfleet.cli import main
+
+    run = tmp_path / "runs" / "bc"
+    shutil.copytree(work / "runs" / "bc", run)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", str(run), "--steps", "400", "--no-progress"]) == 0
+    dataset = str((work / "data.npz").resolve())
+    assert main(["train", "--resume", "runs/bc", "--dataset", dataset, "--steps", "500", "--no-progress"]) == 0
+    assert load_checkpoint(run)["env_steps"] == 500
+    capsys.readouterr()
+    assert main(["train", "--resume", "runs/bc", "--dataset", "data.npz", "--steps", "600", "--no-progress"]) == 2
+    assert f"--dataset data.npz (the run's: {dataset})" in capsys.readouterr().err  # not the file here: none is
+
+
+def test_a_bc_run_saved_with_a_relative_dataset_resumes_from_its_folder(work: Path, tmp_path: Path, monkeypatch):
+    """A run of an older version kept --dataset as given: from the folder it was started in, it resumes, and the
+    same file by its absolute path is the same dataset; the resumed run keeps the absolute path from then on."""
+    from rlfleet.cli import main
+
+    run = tmp_path / "runs" / "bc"
+    shutil.copytree(work / "runs" / "bc", run)
+    for name in ("latest.pt", "best.pt"):
+        payload = load_checkpoint(run / "checkpoints" / name)
+        payload["run_config"]["options"]["dataset"] = "data.npz"
+        save_checkpoint(run / "checkpoints" / name, payload)
+    monkeypatch.chdir(work)
+    dataset = str((work / "data.npz").resolve())
+    assert main(["train", "--resume", str(run), "--dataset", dataset, "--steps", "400", "--no-progress"]) == 0
+    assert load_checkpoint(run)["run_config"]["options"]["dataset"] == dataset
 
 
 def fake_demos(folder: Path) -> None:

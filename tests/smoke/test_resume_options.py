@@ -107,6 +107,39 @@ def test_resume_through_the_python_api_refuses_a_different_set_value(saved_run: 
         train(resume=saved_run, overrides={"gamma": 0.5}, progress=False)
 
 
+@pytest.mark.parametrize("steps", ["128", "256"])
+def test_a_resume_refuses_steps_the_run_has_reached(saved_run: Path, capsys, steps: str):
+    """The run is at 256 steps: --steps at or below that would record a budget it never trained to."""
+    before = tree(saved_run)
+    assert run_main(("train", "--resume", saved_run, "--steps", steps, "--no-progress")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"rlfleet: error: --steps {steps}: the run is at 256 steps already; --steps must exceed it" in err
+    assert tree(saved_run) == before
+
+
+def test_a_resume_from_an_earlier_checkpoint_says_what_it_replaces(saved_run: Path, tmp_path: Path, capsys):
+    """--resume RUN/checkpoints/best.pt goes on from best's step, as it always did, and says in one line that the
+    later latest.pt and the rows logged after that step are replaced; a resume from latest.pt says nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    checkpoints = run / "checkpoints"
+    shutil.copy(checkpoints / "latest.pt", checkpoints / "early.pt")  # at step 256
+    later = load_checkpoint(checkpoints / "latest.pt")
+    later["env_steps"] = 4096
+    save_checkpoint(checkpoints / "latest.pt", later)
+    assert run_main(("train", "--resume", checkpoints / "early.pt", "--steps", "512", "--no-progress")) == 0
+    out = capsys.readouterr().out
+    said = (
+        f"resuming from {checkpoints / 'early.pt'} at step 256: it replaces {checkpoints / 'latest.pt'} at step 4096, "
+        "and what the run logged after step 256"
+    )
+    assert said in out, out
+    assert load_checkpoint(run)["env_steps"] >= 512
+    assert run_main(("train", "--resume", checkpoints / "latest.pt", "--steps", "768", "--no-progress")) == 0
+    assert "replaces" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("arch", ["data_parallel", "allreduce", "gossip"])
 def test_a_presets_normalisation_is_switched_off_with_a_line_where_the_architecture_lacks_it(
     arch: str, run_opts: dict, caplog

@@ -13,6 +13,7 @@ import user_nets
 
 from rlfleet import train
 from rlfleet.algos import algorithm_names, resolve
+from rlfleet.launch import check_run
 from rlfleet.nets.models import ActorCritic, torch_default_init
 from rlfleet.nets.user import NetError, UserNet, net_path
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -83,6 +84,16 @@ def test_net_given_as_an_object_is_kept_as_its_import_path():
     local.__module__, local.__qualname__ = "__main__", "local"
     with pytest.raises(NetError, match="a class or function of the running script"):
         net_path(local)
+
+
+def test_a_network_named_twice_alike_is_one_setting_and_an_encoder_beside_one_whole_module_is_kept():
+    """`--net` and `--set net=` (and their kwargs) that agree are one setting; what is refused is their disagreeing
+    and `net` beside both a whole actor and whole critics, not `net` beside one of them (it is the other's encoder)."""
+    resolved, _ = check_run("ppo", "CartPole-v1", net=user_nets.mlp, net_kwargs={"width": 8},
+                            overrides={"net": "user_nets:mlp", "net_kwargs": "{'width': 8}"})  # fmt: skip
+    assert resolved.algo_cfg.net == "user_nets:mlp" and resolved.algo_cfg.net_kwargs == {"width": 8}
+    resolved, agent = check_run("td3", "Pendulum-v1", net="user_nets:mlp", actor_net="user_nets:Actor")
+    assert resolved.algo_cfg.actor_net == "user_nets:Actor" and len(agent.critic.encoders) == agent.critic.n
 
 
 def test_a_user_network_goes_through_checkpoint_eval_and_resume(run_opts, tmp_path):

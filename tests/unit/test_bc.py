@@ -13,7 +13,13 @@ from rlfleet import train
 from rlfleet.algos import resolve
 from rlfleet.algos.bc import BC, Config
 from rlfleet.data.batch import Batch
-from rlfleet.data.demos import DatasetError, Demonstrations, actions_problem, load_demonstrations
+from rlfleet.data.demos import (
+    DatasetError,
+    Demonstrations,
+    actions_problem,
+    load_demonstrations,
+    observations_problem,
+)
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 from rlfleet.run.config import RunConfig
 from rlfleet.run.evaluate import load_agent
@@ -103,6 +109,50 @@ def test_dataset_records_env_kwargs_and_reads_files_without_them(tmp_path: Path)
     np.savez(tmp_path / "bad.npz", **arrays, env_kwargs=np.array("[1, 2]"))
     with pytest.raises(DatasetError, match="not a valid rlfleet dataset: env_kwargs is"):
         load_demonstrations(tmp_path / "bad.npz")
+
+
+def test_a_save_cut_short_leaves_the_earlier_dataset_whole(tmp_path: Path, monkeypatch):
+    """`rlfleet collect -o` over an earlier dataset writes a temp file beside it and renames it over the old one
+    once whole: a write stopped half-way (Ctrl-C here, a full disk, a crash) loses nothing and leaves no temp file."""
+    import rlfleet.data.demos as demos_module
+
+    path = demos().save(tmp_path / "d.npz")
+    before = path.read_bytes()
+    savez = np.savez_compressed
+
+    def cut_short(file, **arrays):
+        savez(file, **arrays)
+        file.truncate(100)  # half of a zip on disk, then the interruption
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demos_module.np, "savez_compressed", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        demos(n=30, seed=1).save(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]
+    monkeypatch.undo()
+    demos(n=30, seed=1).save(path)  # replaced once whole
+    assert len(load_demonstrations(path)) == 30 and sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]
+
+
+@pytest.mark.parametrize(
+    ("obs", "problem"),
+    [
+        (np.zeros((3, 2), np.float32), None),
+        (np.array([[0.0, 1.0], [np.nan, 0.0], [np.nan, 2.0]], np.float32), "observation 1 holds nan, not a finite"),
+        (np.array([[0.0, -np.inf]]), "observation 0 holds -inf, not a finite number (1 of 1 observations do)"),
+        ({"a": np.zeros((2, 1), np.uint8), "b": np.array([0.0, np.inf])}, "observation 1 (entry 'b') holds inf"),
+        (np.zeros((0, 4), np.float32), None),
+    ],
+)
+def test_observations_must_be_finite(obs, problem):
+    found = observations_problem(obs)
+    assert found == problem if problem is None else problem in found
+
+
+def test_an_empty_dataset_has_no_action_out_of_range():
+    """No pairs at all: nothing outside the space (the run refuses the empty dataset itself, by name)."""
+    assert actions_problem(np.zeros(0, np.int64), gym.spaces.Discrete(2)) is None
+    assert actions_problem(np.zeros((0, 1), np.float32), gym.spaces.Box(-1, 1, (1,))) is None
 
 
 # ---------------------------------------------------------------------------------------------- bc

@@ -15,7 +15,7 @@ import pytest
 
 from rlfleet import train
 from rlfleet.algos import REGISTRY, resolve
-from rlfleet.fields import Bounds, ConfigError, field_bounds
+from rlfleet.fields import CHECK, Bounds, ConfigError, field_bounds
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import RunConfig, build_algo_config
 
@@ -118,6 +118,49 @@ def test_every_field_is_checked_for_its_type(algo):
             build_algo_config(algo, None, {f.name: bad})
 
 
+def algo_text_fields() -> list[tuple[str, str]]:
+    return [(algo, f.name) for algo in ALGOS for f, annotation in config_fields(resolve(algo)[1]) if annotation is str]
+
+
+@pytest.mark.parametrize("algo, name", algo_text_fields())
+def test_every_text_field_declares_the_values_it_takes(algo, name):
+    """A name no network, optimizer or target knows is refused with the config, also where the run would not read
+    it (an activation under a network of the user's own, log_std on Discrete actions)."""
+    f = config_fields_by_name(algo)[name]
+    assert f.metadata.get(CHECK) is not None, f"{algo} config {name} declares no check"
+    with pytest.raises(ConfigError, match=rf"{algo} config {name}='no-such-thing' "):
+        build_algo_config(algo, None, {name: "no-such-thing"})
+
+
+def config_fields_by_name(algo: str) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(resolve(algo)[1])}
+
+
+REPLAY_ALGOS = [algo for algo in ALGOS if "buffer_size" in config_fields_by_name(algo)]
+
+
+def test_every_replay_algorithm_is_checked():
+    assert REPLAY_ALGOS == ["ddpg", "dqn", "sac", "td3"]
+
+
+@pytest.mark.parametrize("algo", REPLAY_ALGOS)
+@pytest.mark.parametrize("preset", [None, "lstm"])
+def test_a_replay_that_never_holds_a_batch_or_learning_starts_is_refused(algo, preset):
+    """Learning starts once the replay holds max(batch_size, learning_starts) transitions, and it never holds more
+    than buffer_size: past that, a run would step its envs to the end without one update (dqn's recurrent replay
+    too, whose batches count sequences)."""
+    if preset is not None and preset not in resolve(algo)[2]:
+        pytest.skip(f"{algo} has no {preset} preset")
+    with pytest.raises(ConfigError) as error:
+        build_algo_config(algo, preset, {"buffer_size": 100, "batch_size": 101, "learning_starts": 0})
+    assert f"{algo} config buffer_size=100 holds fewer transitions than a batch (batch_size=101)" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        build_algo_config(algo, preset, {"buffer_size": 100, "batch_size": 16, "learning_starts": 101})
+    assert f"{algo} config learning_starts=101 is more than buffer_size=100" in str(error.value)
+    cfg, _ = build_algo_config(algo, preset, {"buffer_size": 100, "batch_size": 100, "learning_starts": 100})
+    assert cfg.buffer_size == cfg.batch_size == cfg.learning_starts == 100  # a full replay is ready
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_every_preset_lies_inside_the_ranges(algo):
     _, _, presets, _ = resolve(algo)
@@ -151,7 +194,8 @@ def test_config_messages_name_the_field_the_value_and_the_range(overrides, fragm
 RUN_OPTION_ERRORS = {
     "steps-zero": (dict(steps=0), ["--steps=0", "must be >= 1"]),
     "steps-text": (dict(steps="100"), ["--steps='100' is not an int"]),
-    "seed-negative": (dict(seed=-1), ["--seed=-1 is negative", "must be >= 0"]),
+    "seed-negative": (dict(seed=-1), ["--seed=-1 is negative", "must be in [0, 4294967295]"]),
+    "seed-past-64-bits": (dict(seed=2**64), ["--seed=18446744073709551616 is out of range", "[0, 4294967295]"]),
     "n-envs-float": (dict(n_envs=2.0), ["--n-envs=2.0 is not an int"]),
     "time-limit-negative": (dict(time_limit=-1.0), ["--time-limit=-1.0 is negative", "must be > 0"]),
     "time-limit-zero": (dict(time_limit=0), ["--time-limit=0 is out of range", "must be > 0"]),
@@ -248,3 +292,26 @@ def test_a_presets_replay_is_shrunk_to_half_the_machines_memory_and_the_users_is
     mine, _ = build_algo_config("dqn", "apex", {"buffer_size": "2e6"})
     config.fit_preset_replay(mine, {"buffer_size": "2e6"}, frames, preset)
     assert mine.buffer_size == 2_000_000  # the user's own choice stands
+
+
+def test_a_replay_shrunk_below_the_presets_learning_starts_starts_learning_once_full(monkeypatch, caplog):
+    """The apex preset learns once 50,000 transitions are stored: a replay fitted to 8,847 would never hold them, so
+    learning starts once it is full, and the line says so; a learning_starts of the user's own is refused instead."""
+    import logging
+
+    import gymnasium as gym
+    import numpy as np
+
+    import rlfleet.run.config as config
+
+    monkeypatch.setattr(config, "machine_memory", lambda: 10**9)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    cfg, preset = build_algo_config("dqn", "apex", {})
+    assert cfg.learning_starts == 50_000
+    with caplog.at_level(logging.INFO, logger="rlfleet.run.config"):
+        config.fit_preset_replay(cfg, {}, frames, preset)
+    assert cfg.buffer_size == cfg.learning_starts == 8_847
+    assert "and learning starts once it is full (the preset's learning_starts: 50,000)" in caplog.text
+    mine, _ = build_algo_config("dqn", "apex", {"learning_starts": "20000"})
+    with pytest.raises(ConfigError, match="learning_starts=20000 is more than the 8,847 transitions"):
+        config.fit_preset_replay(mine, {"learning_starts": "20000"}, frames, preset)

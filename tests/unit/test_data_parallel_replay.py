@@ -48,8 +48,8 @@ def test_a_restarted_samplers_first_block_ends_the_episodes_stored_in_its_column
     cfg = RunConfig("dqn", "CartPole-v1", arch="data_parallel", options={"workers": 2, "backend": "serial"}, n_envs=1,
                     logdir=str(tmp_path),
                     progress=False, eval_episodes=1,
-                    overrides={"learning_starts": 10**6, "n_step": 3, "gamma": g, "prioritized": False})  # fmt: skip
-    learner = DataParallelRunner(cfg)
+                    overrides={"learning_starts": 50_000, "n_step": 3, "gamma": g, "prioritized": False})  # fmt: skip
+    learner = DataParallelRunner(cfg)  # learning_starts: a full replay, far past these blocks (no update)
     try:
         learner.learn_blocks([block_item(0, 0, [1.0, 1.0]), block_item(1, 0, [1.0, 1.0])])
         learner.learn_blocks([block_item(0, 0, [1.0, 1.0]), block_item(1, 1, [1.0, 1.0])])  # sampler 1 restarted
