@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import select
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -139,20 +142,27 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_run_notes() -> None:
-    """What a run logs for its user at INFO level goes to stdout as the command's own lines: the per-env preset
-    it picked ("preset for ENV: ..."), logged once its configuration has passed the checks."""
-    import logging
-
+@contextlib.contextmanager
+def _run_notes(shown: bool) -> Iterator[None]:
+    """While a `train` command runs (`shown`), what a run logs for its user at INFO level goes to stdout as the
+    command's own lines: the per-env preset it picked ("preset for ENV: ..."), logged once its configuration has
+    passed the checks. Taken away afterwards: a later command in the same process (a test's, a notebook's) writes to
+    a stdout of its own, and a `tune` command keeps those lines off its terminal."""
+    if not shown:
+        yield
+        return
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     notes = logging.getLogger("rlfleet.run.config")
-    for old in [h for h in notes.handlers if getattr(h, "rlfleet_notes", False)]:  # an earlier command's, in-process
-        notes.removeHandler(old)
-    setattr(handler, "rlfleet_notes", True)  # noqa: B010 (our mark on a logging handler)
+    saved = notes.level, notes.propagate
     notes.addHandler(handler)
     notes.setLevel(logging.INFO)
     notes.propagate = False
+    try:
+        yield
+    finally:
+        notes.removeHandler(handler)
+        notes.level, notes.propagate = saved
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -417,9 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.run.plot import MetricsError
 
     try:
-        if args.command == "train":
-            _show_run_notes()
-        return args.func(args)
+        with _run_notes(args.command == "train"):
+            return args.func(args)
     except BrokenPipeError:  # `rlfleet list | head`: the reader has what it wanted; any other pipe is the command's
         if not _reader_gone():
             raise
