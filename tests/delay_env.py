@@ -52,17 +52,17 @@ gym.register("HangingCartPole-v0", entry_point="delay_env:HangingCartPole", max_
 
 
 class HangingOnceCartPole(CartPoleEnv):
-    """CartPole that hangs (sleeps for an hour) at its 200th step in the first process other than `driver_pid` to
+    """CartPole that hangs (sleeps for an hour) at its `at`-th step in the first process other than `driver_pid` to
     get there, on any backend: that process creates the file `flag` (atomically), so its restarted incarnation and
     every other process run plain CartPole."""
 
-    def __init__(self, flag: str = "", driver_pid: int = 0, **kwargs):
+    def __init__(self, flag: str = "", driver_pid: int = 0, at: int = 200, **kwargs):
         super().__init__(**kwargs)
-        self.flag, self.driver_pid, self.steps = flag, int(driver_pid), 0
+        self.flag, self.driver_pid, self.at, self.steps = flag, int(driver_pid), int(at), 0
 
     def step(self, action):
         self.steps += 1
-        if self.steps == 200 and self.flag and os.getpid() != self.driver_pid:
+        if self.steps == self.at and self.flag and os.getpid() != self.driver_pid:
             try:
                 with open(self.flag, "x") as f:
                     f.write(str(os.getpid()))

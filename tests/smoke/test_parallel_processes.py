@@ -354,9 +354,12 @@ def test_sigkilled_gossip_learner_rejoins_from_its_in_neighbours_and_rounds_go_o
 def test_a_hung_gossip_learner_is_killed_for_want_of_a_heartbeat_restarted_and_the_run_solves(run_opts, tmp_path):
     """A learner hangs in an env step (alive, silent). Its neighbours wait for it, beating (so they are not taken
     for hung themselves), until after --heartbeat-s its process is killed and restarted; it rejoins from its
-    in-neighbours and the run solves. A gossip timeout below the heartbeat would have ended the run instead."""
+    in-neighbours and the run solves. A gossip timeout below the heartbeat would have ended the run instead. The hang
+    comes at an env's 20th step, long before a lucky run could solve (one solved at 5,120 steps, before the default
+    200th step of each env came)."""
     flag = tmp_path / "hung"
-    result = train("a2c", "delay_env:HangingOnceCartPole-v0", env_kwargs={"flag": str(flag), "driver_pid": os.getpid()},
+    hanging = {"flag": str(flag), "driver_pid": os.getpid(), "at": 20}
+    result = train("a2c", "delay_env:HangingOnceCartPole-v0", env_kwargs=hanging,
                    arch="gossip", learners=4, heartbeat_s=10.0, state_every=1, steps=400_000, eval_every=5_000,
                    stop_return=475.0, **run_opts)  # fmt: skip
     assert flag.exists()  # a learner did hang
