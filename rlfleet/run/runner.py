@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
@@ -179,6 +180,21 @@ def as_failure(exc: Exception) -> RunFailure:
     return exc if isinstance(exc, RunFailure) else RunFailure(str(exc))
 
 
+GAUSSIAN_ONLY = ("log_std", "init_std")
+"""The fields of a Gaussian policy's σ (pg, a2c, a3c, ppo), which only Box actions have."""
+
+
+def gaussian_setting(given: dict[str, Any], action_space: Any) -> None:
+    """`--set log_std=...` or `init_std=...` (`given`) where the actions are not Box ones: one `ConfigError`, since the
+    policy has no σ for them to set."""
+    idle = [key for key in GAUSSIAN_ONLY if key in given]
+    if idle and isinstance(action_space, gym.spaces.Space) and not isinstance(action_space, gym.spaces.Box):
+        raise ConfigError(
+            f"--set {idle[0]}={given[idle[0]]} has no effect on {action_space} actions: it sets a Gaussian policy's σ, "
+            "which only Box actions have; leave it out"
+        )
+
+
 @dataclass
 class ResolvedConfig:
     """A run's configuration as `RunBase.resolve_config` resolved it."""
@@ -330,6 +346,7 @@ class RunBase(abc.ABC):
             algo_cfg.n_envs = cfg.n_envs
         if not resuming:
             idle_setting(algo_cfg, cfg.overrides, "--set")
+            gaussian_setting(cfg.overrides, info.get("action_space"))
             cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)

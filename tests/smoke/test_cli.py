@@ -194,6 +194,14 @@ CONFIG_RANGES = {
     "set-a3c-lr": (("train", "a3c", "--env", "CartPole-v1", "--set", "lr=-1"), ["a3c config lr=-1.0", "negative"]),
     # named choices, refused also where the run would not read them
     "set-log-std-on-discrete": ((*TRAIN, "--set", "log_std=foo"), ["ppo config log_std='foo'", "state_dependent"]),
+    "set-log-std-valid-on-discrete": (
+        (*TRAIN, "--set", "log_std=state_dependent"),
+        ["--set log_std=state_dependent has no effect on Discrete(2) actions", "only Box actions have"],
+    ),
+    "set-init-std-on-discrete": (
+        (*TRAIN, "--set", "init_std=0.3"),
+        ["--set init_std=0.3 has no effect on Discrete(2)"],
+    ),
     "set-optimizer-unknown": (
         ("train", "nstep_q", "--env", "CartPole-v1", "--set", "optimizer=foo"),
         ["nstep_q config optimizer='foo' must be one of: adam, rmsprop, sgd"],
