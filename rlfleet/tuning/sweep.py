@@ -124,18 +124,26 @@ FULL_PRODUCT = 64
 a sweep runs; beyond, each name's every value is checked with the other names at their first."""
 
 
+LONGEST = {"steps": max, "eval_every": min}
+"""How the names that set a trial's evaluations (its length on the schedulers' clock) pick their values in the
+longest trial, which is checked too: the sweep's horizon is the most evaluations a checked configuration makes."""
+
+
 def _configurations(params: list[Param]) -> list[dict[str, Any]]:
     """The searched values of the configurations checked before a sweep runs: every name at its first value, then
     each name's other values with the rest at their first (a problem one name's value makes is found there, and named
-    after it), then, where there are few, every other combination (what two names' values make together)."""
+    after it), then, where there are few, every other combination (what two names' values make together), and in any
+    case the longest trial (`LONGEST`)."""
     values = [p.values() for p in params]
     first = {p.name: v[0] for p, v in zip(params, values, strict=True)}
     configs = [first] + [{**first, p.name: x} for p, v in zip(params, values, strict=True) for x in v[1:]]
-    if math.prod(len(v) for v in values) <= FULL_PRODUCT:
-        singles = {tuple(map(repr, c.values())) for c in configs}
-        for combo in itertools.product(*values):
-            if tuple(map(repr, combo)) not in singles:
-                configs.append(dict(zip(first, combo, strict=True)))
+    combos = itertools.product(*values) if math.prod(len(v) for v in values) <= FULL_PRODUCT else iter(())
+    longest = {p.name: LONGEST[p.name](v) if p.name in LONGEST else v[0] for p, v in zip(params, values, strict=True)}
+    seen = {tuple(map(repr, c.values())) for c in configs}
+    for combo in itertools.chain(combos, [tuple(longest.values())]):
+        if tuple(map(repr, combo)) not in seen:
+            seen.add(tuple(map(repr, combo)))
+            configs.append(dict(zip(first, combo, strict=True)))
     return configs
 
 

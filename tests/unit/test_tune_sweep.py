@@ -57,6 +57,14 @@ def test_the_schedulers_horizon_is_the_longest_trials(monkeypatch, tmp_path: Pat
     assert sweep._scheduler(spec)._max_t == 25  # noqa: SLF001
 
 
+def test_the_horizon_is_the_longest_trials_where_too_many_combinations_to_check_them_all(monkeypatch, tmp_path: Path):
+    """Over 64 combinations each name varies alone; the longest trial (most steps, shortest interval) is checked too."""
+    lrs = ",".join(f"{k}e-4" for k in range(1, 18))  # 17 x 2 x 2 = 68 combinations
+    search = ["steps=choice(4000,20000)", "eval_every=choice(4000,1000)", f"lr=choice({lrs})"]
+    spec = checked_sweep(monkeypatch, tmp_path, "ppo", search, scheduler="asha")
+    assert spec.max_evaluations == 20  # 20,000 steps evaluated every 1,000: no one name's value makes it alone
+
+
 @pytest.mark.parametrize("workers", ["1,2", "2,1", "1,4,2"])
 def test_each_trial_reserves_the_cpus_of_the_largest_trial(monkeypatch, tmp_path: Path, workers: str):
     spec = checked_sweep(monkeypatch, tmp_path, "a3c", [f"workers=choice({workers})"], arch="hogwild", steps=4000)
