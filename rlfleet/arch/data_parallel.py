@@ -71,7 +71,7 @@ from rlfleet.data.batch import map_obs
 from rlfleet.data.buffer import Obs
 from rlfleet.data.rollout import Segment
 from rlfleet.envs.pettingzoo import make_agent_env
-from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.config import ConfigError, RunConfig, check_sequence_replay
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.multi_agent import MultiAgentCollector, Policies, TransitionLog
 from rlfleet.run.multi_agent_runner import AgentEnvs, MultiAgentRunBase
@@ -215,6 +215,7 @@ class DataParallelRunner(ParallelRunner):
         self.check_parallel(on_policy_only=False, uses_optimizer=False)
         if self.algo.data not in ("rollout", "replay"):
             raise ConfigError(f"{self.cfg.algo} wants {self.algo.data!r} data; data_parallel feeds rollout or replay")
+        check_sequence_replay(self.algo_cfg, sources=self.opts.workers)  # the learner's buffer: every sampler's envs
 
     def __init__(
         self,

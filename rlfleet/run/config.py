@@ -42,6 +42,7 @@ __all__ = [
     "build_algo_config",
     "build_options",
     "check_run_config",
+    "check_sequence_replay",
     "drop_preset_normalisation",
     "fit_preset_replay",
     "parse_field",
@@ -424,13 +425,14 @@ def _fit_to_memory(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, pre
     )
 
 
-def check_sequence_replay(algo_cfg: Any) -> None:
-    """A sequence replay (recurrent dqn: `lstm` > 0) keeps `buffer_size // n_envs` steps of each env and draws
-    sequences of `burn_in + train_len` steps from one env's column: a column shorter than that holds none, which
-    is one `ConfigError` before the run starts (the buffer would refuse it once the run folder is made)."""
+def check_sequence_replay(algo_cfg: Any, sources: int = 1) -> None:
+    """A sequence replay (recurrent dqn: `lstm` > 0) keeps `buffer_size // envs` steps of each env (`n_envs` of each
+    of `sources`: a data_parallel learner's samplers) and draws sequences of `burn_in + train_len` steps from one
+    env's column: a column shorter than that holds none, which is one `ConfigError` before the run starts (the buffer
+    would refuse it once the run folder is made)."""
     if not getattr(algo_cfg, "lstm", 0) or getattr(algo_cfg, "buffer_size", None) is None:
         return
-    length, n_envs = algo_cfg.burn_in + algo_cfg.train_len, algo_cfg.n_envs
+    length, n_envs = algo_cfg.burn_in + algo_cfg.train_len, algo_cfg.n_envs * sources
     if algo_cfg.buffer_size // n_envs < length:
         raise ConfigError(
             f"buffer_size={algo_cfg.buffer_size} keeps {algo_cfg.buffer_size // n_envs} steps of each of the {n_envs} "
