@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from rlfleet.algos import config_fields, resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
@@ -19,7 +16,7 @@ from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
 from rlfleet.envs.kwargs import parse_env_value
 from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.nets.user import NetError, net_path
-from rlfleet.run.checkpoint import load_checkpoint, run_folder_of
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, run_folder_of
 from rlfleet.run.config import (
     RUN_FIELDS,
     ConfigError,
@@ -148,14 +145,10 @@ def note_replaced_progress(resume: str | Path, run_dir: Path, step: int) -> None
 
 
 def saved_steps(checkpoint: Path) -> int | None:
-    """The env steps a checkpoint was saved at, its tensors mapped rather than read (a latest.pt may hold a replay of
-    gigabytes); None for a file that cannot be read."""
+    """The env steps a checkpoint was saved at (its tensors mapped, not read); None for a file that cannot be read."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-        steps = payload["env_steps"]
-    except Exception:  # a foreign, cut-short or corrupt file: the resume replaces it all the same
+        steps = load_checkpoint(checkpoint, mmap=True).get("env_steps")
+    except CheckpointError:  # a foreign, cut-short or corrupt file: the resume replaces it all the same
         return None
     return steps if isinstance(steps, int) else None
 

@@ -181,9 +181,14 @@ def actions_problem(act: np.ndarray, space: gym.Space) -> str | None:
     return _first_outside(act, start, start + np.broadcast_to(np.asarray(counts), shape) - 1, space)
 
 
+def _rows(a: np.ndarray) -> np.ndarray:
+    """`a` as one flat row per item, `[N, k]` (`[0, k]` for no items too, where `reshape(0, -1)` fails)."""
+    return a.reshape(len(a), int(np.prod(a.shape[1:])))
+
+
 def _first_outside(act: np.ndarray, low: np.ndarray, high: np.ndarray, space: gym.Space) -> str | None:
     """The first action (by index) that is NaN or outside [low, high], named; None when there is none."""
-    values = act.astype(np.float64).reshape(len(act), int(np.prod(act.shape[1:])))  # (0, k) for no actions too
+    values = _rows(act.astype(np.float64))
     low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
     bad = np.isnan(values) | (values < low) | (values > high)
     rows = np.flatnonzero(bad.any(axis=1))
@@ -203,12 +208,11 @@ def observations_problem(obs: np.ndarray | dict[str, np.ndarray]) -> str | None:
         if value.dtype.kind not in "biuf":
             return f"observations{where} are {value.dtype}, not numbers"
         if value.dtype.kind == "f":
-            finite = np.isfinite(value.reshape(len(value), int(np.prod(value.shape[1:])))).all(axis=1)
-            rows = np.flatnonzero(~finite)
+            flat = _rows(value)
+            rows = np.flatnonzero(~np.isfinite(flat).all(axis=1))
             if rows.size:
                 i = int(rows[0])
-                row = np.asarray(value[i]).reshape(-1)
-                bad = row[~np.isfinite(row)][0]
+                bad = flat[i][~np.isfinite(flat[i])][0]
                 return (
                     f"observation {i}{where} holds {bad}, not a finite number ({int(rows.size)} of {len(value)} "
                     "observations do)"

@@ -33,7 +33,7 @@ _PLAIN = (int, float, bool, str, bytes, type(None))
 _STATELESS = (gym.Space, EnvSpec, enum.Enum, type, types.ModuleType)
 _STATELESS_MODULES = ("pygame", "gymnasium.envs.mujoco.mujoco_rendering")  # rendering: screens, clocks, viewers
 _FIXED = {"gymnasium.envs.toy_text": ("P",)}  # set up once: toy text's transition table (Taxi's: 2 MB for 8 envs)
-_DEPTH = 6  # how far the walk follows containers and objects (toy text's transition table: 4 levels)
+_DEPTH = 6  # how far the walk follows containers and objects into an attribute (a deque of frames: 1 level)
 
 
 class _Opaque(Exception):

@@ -59,8 +59,9 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint written by `save_checkpoint`; clear `CheckpointError` for anything else."""
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint written by `save_checkpoint`; clear `CheckpointError` for anything else. `mmap`: its tensors
+    mapped rather than read (to look at its counters: a latest.pt may hold a replay of gigabytes)."""
     path = Path(path)
     if path.is_dir():
         path = path / "checkpoints" / "latest.pt"
@@ -71,7 +72,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():  # foreign pickles make torch warn over several lines; we reject them anyway
             warnings.simplefilter("ignore")
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises several types for corrupt or foreign files
         # one line: torch's own messages run over many lines (and suggest weights_only=False, unsafe here)
         detail = "" if isinstance(exc, pickle.UnpicklingError) else (str(exc).strip().splitlines() or [""])[0]

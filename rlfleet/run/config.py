@@ -391,8 +391,7 @@ def fit_preset_replay(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, 
     `learning_starts` shrinks with it (said in the same line); the user's own is one `ConfigError`. Then, with the
     run's env count final (`--n-envs`), a sequence replay whose env columns are shorter than one sequence is one
     `ConfigError` too (`check_sequence_replay`)."""
-    size = getattr(algo_cfg, "buffer_size", None)
-    if size is None:
+    if getattr(algo_cfg, "buffer_size", None) is None:
         return
     if "buffer_size" not in overrides:
         _fit_to_memory(algo_cfg, overrides, obs_space, preset)
