@@ -394,6 +394,13 @@ class ApexRunner(ParallelRunner):
                 f"--replay-shards {self.opts.replay_shards} leaves {size // self.opts.replay_shards} transitions per "
                 f"shard, fewer than a batch ({batch}); use 1 to {size // batch}"
             )
+        held, starts = size // self.opts.replay_shards * self.opts.replay_shards, self.algo_cfg.learning_starts
+        if starts > held:  # the shards' rings round buffer_size down to a multiple of the shard count
+            raise ConfigError(
+                f"--replay-shards {self.opts.replay_shards} hold {held} transitions in all (buffer_size={size} split "
+                f"evenly), fewer than learning_starts={starts}, so the run would never update: set learning_starts "
+                f"<= {held} or buffer_size >= {-(-starts // self.opts.replay_shards) * self.opts.replay_shards}"
+            )
         if self.opts.block > self.total_steps:  # the step count grows a block at a time: one block would overshoot
             raise ConfigError(
                 f"--block {self.opts.block} is more than the run's {self.total_steps} steps (the run counts steps as "

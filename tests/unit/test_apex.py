@@ -298,6 +298,10 @@ def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_pat
         ({"algo": "sac", "env": "Pendulum-v1"}, "sac is not one of them"),
         ({"replay_shards": 1_000, "overrides": {"buffer_size": 1_000}}, "--replay-shards 1000 leaves 1"),
         ({"overrides": {"lstm": 8}}, "recurrent dqn"),
+        (  # three shards of 333 hold 999 transitions: learning would never start
+            {"replay_shards": 3, "overrides": {"buffer_size": 1_000, "learning_starts": 1_000, "batch_size": 32}},
+            r"hold 999 transitions in all .* learning_starts <= 999 or buffer_size >= 1002",
+        ),
     ],
 )
 def test_bad_apex_options_are_clear_errors(options, message, tmp_path):
