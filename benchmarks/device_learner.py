@@ -193,9 +193,7 @@ def updates(args: argparse.Namespace) -> None:
         best = settings[int(np.argmax(rates))][0]
         rows[what] = dict(zip([s[0] for s in settings], rates, strict=True))
         print(f"| {what} | " + " | ".join(f"{r:,.0f}/s" for r in rates) + f" | {best} |", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "cores": cores, "rows": rows}, f, indent=2)
+        _write(args.out, {"torch": torch.__version__, "cores": cores, "rows": rows})  # each row: a timeout keeps it
 
 
 def sac(args: argparse.Namespace) -> None:
@@ -218,12 +216,18 @@ def sac(args: argparse.Namespace) -> None:
         rows.append({"seed": seed, "rlfleet_s": ours, "rlfleet_return": r["eval_return_mean"], "sb3_s": theirs,
                      "sb3_return": theirs_return})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-    ours = statistics.median(r["rlfleet_s"] for r in rows)
-    theirs = statistics.median(r["sb3_s"] for r in rows)
+        ours = statistics.median(r["rlfleet_s"] for r in rows)
+        theirs = statistics.median(r["sb3_s"] for r in rows)
+        _write(args.out, {"rows": rows, "rlfleet_median_s": ours, "sb3_median_s": theirs})  # each seed's, as it ends
     print(f"median wall time: rlfleet {ours:.1f} s, SB3 {theirs:.1f} s: rlfleet {ours / theirs:.2f}x SB3's")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"rows": rows, "rlfleet_median_s": ours, "sb3_median_s": theirs}, f, indent=2)
+
+
+def _write(path: str | None, summary: dict) -> None:
+    """The summary so far, to `path` (when given): rewritten after each measurement, so that a run stopped by its
+    time limit keeps what it measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)
 
 
 def _sb3_sac(seed: int, steps: int, device: str) -> float:

@@ -34,7 +34,8 @@ from torch.autograd.graph import increment_version
 from rlfleet.fields import ConfigError
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
-_DEVICE = re.compile(r"^(auto|cpu|meta|cuda|cuda:\d+)$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+TEST_DEVICES: frozenset[str] = frozenset()  # devices a test suite adds (`meta`: no values, see the module's docstring)
 
 # architectures whose learner (or centre; allreduce's and gossip's learners; param_server's servers) takes a device;
 # hogwild learns in CPU shared memory
@@ -53,7 +54,7 @@ DEVICE_ARCHS = (
 
 def device_problem(value: object) -> str | None:
     """A `checked` test of `--device`'s syntax (whether the machine has it is `resolve_device`'s)."""
-    if isinstance(value, str) and _DEVICE.match(value):
+    if isinstance(value, str) and (_DEVICE.match(value) or value in TEST_DEVICES):
         return None
     return f"must be one of {DEVICE_CHOICES}"
 
@@ -61,10 +62,11 @@ def device_problem(value: object) -> str | None:
 def resolve_device(setting: str, convolutional: bool, arch: str) -> torch.device:
     """The learner's device for `--device setting`: `auto` gives CUDA to a CNN learner (`convolutional`) when
     there is a GPU and the architecture takes a device, the CPU otherwise. A device the machine lacks or the
-    architecture cannot use is a `ConfigError` naming it."""
+    architecture cannot use is a `ConfigError` naming it. A CUDA device comes with its index, and becomes the
+    process's current one (`current_cuda`)."""
     if setting == "auto":  # not param_server's: an elementwise optimizer's step on a flat shard gains nothing there
         use = convolutional and arch in DEVICE_ARCHS and arch != "param_server" and torch.cuda.is_available()
-        return torch.device("cuda" if use else "cpu")
+        setting = "cuda" if use else "cpu"
     device = torch.device(setting)
     if device.type == "cpu":
         return device
@@ -84,6 +86,15 @@ def resolve_device(setting: str, convolutional: bool, arch: str) -> torch.device
             )
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+    return current_cuda(device)
+
+
+def current_cuda(device: torch.device) -> torch.device:
+    """`device`, made the process's current CUDA device when it is one: what PyTorch allocates pinned memory and
+    CUDA graphs' pools for, and synchronizes before a capture, is the current device (cuda:0 unless set), so a
+    learner on cuda:1 would otherwise hold a context on cuda:0 and wait for the wrong device."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     return device
 
 
@@ -100,7 +111,7 @@ def worker_device(setting: str) -> torch.device:
             f"this learner's process sees no CUDA device for --device {setting} (with --backend ray: reserve one per "
             "learner with --gpus-per-role)"
         )
-    return device if device.index is not None and device.index < count else torch.device("cuda", 0)
+    return current_cuda(device if device.index is not None and device.index < count else torch.device("cuda", 0))
 
 
 def placement_note(

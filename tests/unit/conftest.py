@@ -1,10 +1,12 @@
-"""Fixtures of the unit tests: `meta_learner`, which stands in for a GPU's host reads of a learner on PyTorch's
-`meta` device (`test_device.py`, `test_device_inputs.py`)."""
+"""Fixtures of the unit tests: `meta_device`, which accepts `--device meta`, and `meta_learner`, which stands in
+for a GPU's host reads of a learner on PyTorch's `meta` device (`test_device.py`, `test_device_inputs.py`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+import rlfleet.device
 
 T = torch.Tensor
 
@@ -14,7 +16,13 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture
-def meta_learner(monkeypatch):
+def meta_device(monkeypatch):
+    """`--device meta` accepted, as a run option (it is the tests' own: refused otherwise)."""
+    monkeypatch.setattr(rlfleet.device, "TEST_DEVICES", frozenset({"meta"}))
+
+
+@pytest.fixture
+def meta_learner(meta_device, monkeypatch):
     """Reads of a meta tensor's values from the host (`.item()`, `.cpu()`, `.to("cpu")`, a copy into a CPU tensor,
     `int()`, `bool()`) give zeros, as a GPU would give its values. Yields the number of `.item()`, `float()`,
     `int()`, `.cpu()` and `.tolist()` reads so far (a list of one count)."""

@@ -315,3 +315,11 @@ def test_a_replay_shrunk_below_the_presets_learning_starts_starts_learning_once_
     mine, _ = build_algo_config("dqn", "apex", {"learning_starts": "20000"})
     with pytest.raises(ConfigError, match="learning_starts=20000 is more than the 8,847 transitions"):
         config.fit_preset_replay(mine, {"learning_starts": "20000"}, frames, preset)
+
+
+def test_meta_is_the_tests_own_device(tmp_path):
+    """`--device meta` (no values: nothing would be learned) is refused outside the `meta_device` fixture, before a
+    run folder is made."""
+    with pytest.raises(ConfigError, match="device.*must be one of auto, cpu, cuda, cuda:N"):
+        train("ppo", "CartPole-v1", device="meta", logdir=str(tmp_path), progress=False)
+    assert not any(tmp_path.iterdir())

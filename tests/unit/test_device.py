@@ -37,6 +37,8 @@ from rlfleet.device import (
 from rlfleet.fields import ConfigError
 from rlfleet.optim.step import optimize
 
+pytestmark = pytest.mark.usefixtures("meta_device")
+
 
 def _demos(tmp_path, n: int = 64) -> str:
     rng = np.random.default_rng(0)
@@ -185,13 +187,19 @@ def test_one_hot_inputs_are_made_on_the_learners_device(space, meta_learner):
 
 # ------------------------------------------------------------------------------------------ which device
 def test_auto_gives_the_gpu_to_cnn_learners_only(monkeypatch):
+    current: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    # with its index, as `--device cuda` gives it, and made the current device (the one pinned memory is for)
+    assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cuda", 1) == current[-1]
+    assert resolve_device("cuda", convolutional=True, arch="single") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0", convolutional=False, arch="single") == torch.device("cuda", 0) == current[-1]
     assert resolve_device("auto", convolutional=False, arch="single") == torch.device("cpu")
     assert resolve_device("auto", convolutional=True, arch="hogwild") == torch.device("cpu")
     assert resolve_device("auto", convolutional=True, arch="param_server") == torch.device("cpu")  # servers: no gain
-    assert resolve_device("auto", convolutional=True, arch="gossip") == torch.device("cuda")
+    assert resolve_device("auto", convolutional=True, arch="gossip") == torch.device("cuda", 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto", convolutional=True, arch="single") == torch.device("cpu")
 
@@ -202,6 +210,7 @@ def test_a_device_the_machine_lacks_is_refused(monkeypatch):
         resolve_device("cuda", convolutional=False, arch="single")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     with pytest.raises(ConfigError, match=r"--device cuda:7: this machine has 1 CUDA device \(cuda:0\)"):
         resolve_device("cuda:7", convolutional=False, arch="single")
     with pytest.raises(ConfigError, match="the hogwild architecture learns on the CPU.*single, offline.*param_server"):
@@ -342,6 +351,7 @@ def test_parameter_servers_on_ray_cannot_take_a_gpu(monkeypatch, run_opts):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
     with pytest.raises(ConfigError, match="--device cuda with --backend ray: the parameter servers are Ray actors"):
         train("a2c", "CartPole-v1", arch="param_server", backend="ray", device="cuda", steps=100, **run_opts)
