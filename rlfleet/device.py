@@ -258,9 +258,9 @@ def read_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()}
 
 
-def host(t: torch.Tensor) -> np.ndarray:
-    """A tensor's values as a NumPy array on the host (a view for a CPU tensor)."""
-    return t.detach().cpu().numpy()
+def host(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A tensor's values as a NumPy array on the host (a view for a CPU tensor); an array as it is."""
+    return t if isinstance(t, np.ndarray) else t.detach().cpu().numpy()
 
 
 def host_modules(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:

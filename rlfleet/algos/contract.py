@@ -120,7 +120,8 @@ class ReplayAlgorithm(Algorithm, Protocol):
         ...
 
     def update(self, batch: Any) -> Metrics:
-        """One update on a sampled batch; with prioritized replay, its metrics hold "priorities" ([B])."""
+        """One update on a sampled batch; its metrics hold "priorities" ([B] |TD errors|, a tensor on the learner's
+        device, read on the host only by a prioritized replay) where the algorithm computes them."""
         ...
 
 

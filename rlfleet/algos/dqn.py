@@ -270,7 +270,9 @@ class DQN:
             return
         self.eps = linear(self.cfg.eps_start, self.cfg.eps_final, self.cfg.eps_anneal_steps, env_steps)
 
-    def td_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, np.ndarray]:
+    def td_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, torch.Tensor]:
+        """The loss, its metrics and the batch's `[B]` |TD errors| (on the learner's device: read on the host only
+        where they are needed, after the step is queued)."""
         if self.q.core is not None:
             return self._sequence_loss(batch)
         b = batch.to_torch(self.device)
@@ -282,9 +284,9 @@ class DQN:
         td = y - q
         loss = (b.weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": metric(loss), "q": metric(q.mean()), "epsilon": self.eps}
-        return loss, metrics, host(td.abs())
+        return loss, metrics, td.abs().detach()
 
-    def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, np.ndarray]:
+    def _sequence_loss(self, batch: Batch) -> tuple[torch.Tensor, Metrics, torch.Tensor]:
         """The recurrent loss over `[B, burn_in + train_len]` sequences (`SequenceReplayBuffer.sample`)."""
         burn = self.cfg.burn_in
         ret, last, bootstrap = sequence_nstep(
@@ -313,7 +315,7 @@ class DQN:
         td = y - q
         loss = (b.weight.unsqueeze(1) * F.smooth_l1_loss(q, y, reduction="none")).mean()
         metrics = {"loss": metric(loss), "q": metric(q.mean()), "epsilon": self.eps}
-        return loss, metrics, host(td.abs().mean(1))
+        return loss, metrics, td.abs().mean(1).detach()
 
     def _next_value(
         self, next_q_target: torch.Tensor, next_q_online: torch.Tensor | None, next_obs: Any
@@ -333,7 +335,7 @@ class DQN:
         """|TD error| of each transition of `batch` (its `weight` column included, as `loss` reads it) under the
         current online and target networks: the priorities `update` would write back, computed by `loss`
         without learning (an Ape-X actor's initial priorities)."""
-        return self.td_loss(batch)[2]
+        return host(self.td_loss(batch)[2])
 
     def update(self, batch: Batch) -> Metrics:
         loss, metrics, td_abs = self.td_loss(batch)

@@ -236,8 +236,7 @@ class TD3:
         learn = functools.partial(self._learn, policy_step=policy_step)
         metrics = self.graph(learn, b, self.optimizer, variant=policy_step)  # on CUDA: a replayed graph
         self.policy_updates += policy_step
-        metrics["priorities"] = host(metrics["priorities"])
-        return metrics
+        return metrics  # its priorities on the device: a prioritized replay reads them (`PriorityState.checked`)
 
     def _learn(self, b: Batch, policy_step: bool) -> Metrics:
         """`update`'s tensor work on a batch on the device, with actions in the policy's [-1, 1]."""

@@ -93,6 +93,7 @@ from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.batch import Batch, map_obs, map_obs_pair
 from rlfleet.data.priority import PriorityIndex, importance_weights
 from rlfleet.data.returns import NStepBuilder
+from rlfleet.device import host
 from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.logger import RunLogger
@@ -562,7 +563,7 @@ class ApexRunner(ParallelRunner):
                 break
             with self.publishing():
                 out = self.algo.update(Batch(sampled.data))
-            priorities = out.pop("priorities")
+            priorities = host(out.pop("priorities"))  # read once the step is queued: they cross to the shard
             out.pop("epsilon", None)  # the learner does not act: the actors' exploration is logged apart
             assert self.services is not None  # it sampled them
             handle = self.services.handles[sampled.shard]

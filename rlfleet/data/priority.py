@@ -6,8 +6,10 @@ storage and hand the slots' priorities to one of these."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from rlfleet.data.segment_tree import MinTree, SumTree, update_trees
+from rlfleet.device import host
 
 
 def importance_weights(mass: np.ndarray, min_mass: float, beta: float) -> np.ndarray:
@@ -33,8 +35,10 @@ class PriorityIndex:
         self.sum_tree = SumTree(self.capacity)
         self.min_tree = MinTree(self.capacity)
 
-    def checked(self, priorities: np.ndarray, n: int) -> np.ndarray:
+    def checked(self, priorities: np.ndarray | torch.Tensor, n: int) -> np.ndarray:
         """|priorities| + eps, one finite value for each of `n` slots."""
+        if isinstance(priorities, torch.Tensor):  # an update's, on the learner's device: read here, where needed
+            priorities = host(priorities)
         p = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)
         if p.shape != (n,):
             raise ValueError(f"got {p.size} priorities for {n} transitions; give one per transition")

@@ -250,6 +250,29 @@ def test_a_step_whose_kernel_leaves_the_version_counters_alone_still_refreshes_t
     assert value._version == before  # a parameter the step did not write keeps its version (graphs on it hold)
 
 
+@pytest.mark.parametrize(("name", "env"), [("dqn", "CartPole-v1"), ("td3", "Pendulum-v1"), ("ddpg", "Pendulum-v1")])
+def test_a_replay_update_on_a_device_reads_its_priorities_only_for_a_prioritized_replay(name, env, meta_learner):
+    """An update's |TD errors| stay on the device (a read would wait for the forward pass before the backward could
+    be queued): a uniform replay never reads them, a prioritized one once, after the update."""
+    algo_cls, config_cls, _, _ = resolve(name)
+    e = gym.make(env)
+    for prioritized, reads in ((False, 0), (True, 1)):
+        algo = algo_cls(config_cls(prioritized=prioritized), e.observation_space, e.action_space, device="meta")
+        buffer = algo.make_buffer(1, 1_000)
+        for _ in range(64):
+            obs, act, next_obs = e.observation_space.sample(), e.action_space.sample(), e.observation_space.sample()
+            buffer.add(
+                obs[None], np.asarray(act)[None], np.ones(1), next_obs[None], np.zeros(1, bool), np.zeros(1, bool)
+            )
+        batch = buffer.sample(32)
+        before = meta_learner[0]
+        priorities = algo.update(batch).pop("priorities")
+        assert isinstance(priorities, torch.Tensor) and priorities.is_meta and priorities.shape == (32,)
+        if prioritized:
+            buffer.update_priorities(batch.index, priorities)
+        assert meta_learner[0] - before == reads
+
+
 def test_minibatch_steps_on_a_device_read_their_metrics_once_at_the_end(meta_learner):
     """Each read of a value on a device waits for every kernel queued before it: PPO's 16 minibatch steps (4 epochs
     of 4) keep their losses, entropy, clip fraction, KL and gradient norm on the device and read each mean once,
