@@ -171,9 +171,19 @@ class Batch:
             for start in range(0, n, size):
                 yield self[start : start + size]
             return
-        order = (rng if rng is not None else np.random.default_rng()).permutation(n)
+        order: np.ndarray | torch.Tensor = (rng if rng is not None else np.random.default_rng()).permutation(n)
+        devices = {leaf.device if isinstance(leaf, torch.Tensor) else None for leaf in self._leaves()}
+        if len(devices) == 1 and (device := devices.pop()) is not None and device.type != "cpu":
+            order = torch.as_tensor(order, device=device)  # uploaded once: minibatches index with slices of it there
         for start in range(0, n, size):
             yield self[order[start : start + size]]
+
+    def _leaves(self) -> Iterator[Leaf]:
+        for value in self._data.values():
+            if isinstance(value, Batch):
+                yield from value._leaves()
+            else:
+                yield value
 
     # ---- combining ----------------------------------------------------------------------------
     @staticmethod
@@ -188,9 +198,12 @@ class Batch:
 
 
 def _index_for(leaf: Leaf, index: Any) -> Any:
-    """Index a torch leaf with a NumPy index array by turning it into a tensor."""
+    """Index a torch leaf with a NumPy index array by turning it into a tensor on the leaf's device, and a leaf with
+    a tensor index on another device by bringing the index to it."""
     if isinstance(leaf, torch.Tensor) and isinstance(index, np.ndarray):
         return torch.as_tensor(index, device=leaf.device)
+    if isinstance(index, torch.Tensor) and index.device != getattr(leaf, "device", torch.device("cpu")):
+        return index.cpu().numpy() if isinstance(leaf, np.ndarray) else index.to(leaf.device)
     return index
 
 

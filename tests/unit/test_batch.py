@@ -165,3 +165,17 @@ def test_batch_survives_pickle_and_deepcopy():
     for c in (pickle.loads(pickle.dumps(b)), copy.deepcopy(b)):
         np.testing.assert_array_equal(c.info.score, b.info.score)
         assert len(c) == len(b)
+
+
+def test_a_shuffled_split_on_a_device_uploads_its_order_once(monkeypatch):
+    """Each upload to a GPU is a copy and a wait: the permutation goes once, and each minibatch indexes every leaf
+    with a slice of it there (not one upload per minibatch and leaf)."""
+    rows = torch.arange(64.0)
+    batch = Batch(a=rows.to("meta"), b=Batch(c=torch.zeros(64, 3, device="meta")), d=torch.zeros(64, device="meta"))
+    uploads: list = []
+    as_tensor = torch.as_tensor
+    monkeypatch.setattr(torch, "as_tensor", lambda x, *a, **k: uploads.append(x) or as_tensor(x, *a, **k))
+    minibatches = list(batch.split(16, rng=np.random.default_rng(0)))
+    assert len(uploads) == 1 and [len(m) for m in minibatches] == [16] * 4 and minibatches[0].b.c.is_meta
+    on_cpu = [m.a for m in Batch(a=rows, b=Batch(c=rows.numpy())).split(16, rng=np.random.default_rng(0))]
+    assert sorted(torch.cat(on_cpu).tolist()) == rows.tolist()  # every row once, as before
