@@ -150,14 +150,15 @@ def placement_note(
 
 
 def place(algo: object, device: torch.device | str) -> torch.device:
-    """Move every network (`nn.Module` attribute) and free parameter (SAC's log α) of `algo` to `device`; returns
-    the device. Called once the networks are built and before anything holds their parameters (optimizer,
-    parameter lists): a parameter may come back as a new object (PyTorch keeps it for CUDA, not for `meta`)."""
+    """Move every network (`nn.Module` attribute, but those marked `host_only`, which the host reads) and free
+    parameter (SAC's log α) of `algo` to `device`; returns the device. Called once the networks are built and
+    before anything holds their parameters (optimizer, parameter lists): a parameter may come back as a new object
+    (PyTorch keeps it for CUDA, not for `meta`)."""
     device = torch.device(device)
     if device.type == "cpu":
         return device
     for name, value in list(vars(algo).items()):
-        if isinstance(value, nn.Module):
+        if isinstance(value, nn.Module) and not getattr(value, "host_only", False):
             value.to(device)
         elif isinstance(value, nn.Parameter):
             setattr(algo, name, nn.Parameter(value.detach().to(device), requires_grad=value.requires_grad))

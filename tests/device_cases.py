@@ -62,7 +62,7 @@ def run_case(train, case, device: str, run_opts: dict):
     tensors = {
         f"{name}.{key}": t
         for name, module in vars(learner).items()
-        if isinstance(module, torch.nn.Module)
+        if isinstance(module, torch.nn.Module) and not getattr(module, "host_only", False)  # a clock the host reads
         for key, t in module.state_dict().items()
     }
     elsewhere = [name for name, t in tensors.items() if t.device.type != torch.device(device).type]

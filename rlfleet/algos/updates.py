@@ -120,6 +120,7 @@ class SyncClock(nn.Module):
     workers, as there is one target network; so the copies follow the global step, not each worker's)."""
 
     synced_at: torch.Tensor
+    host_only = True  # the host reads it at every segment: on a GPU each read would wait for the queued kernels
 
     def __init__(self, every: int):
         super().__init__()

@@ -273,6 +273,14 @@ def test_a_replay_update_on_a_device_reads_its_priorities_only_for_a_prioritized
         assert meta_learner[0] - before == reads
 
 
+def test_a_target_clock_the_host_reads_every_segment_stays_on_the_host(meta_learner):
+    learner = _algo("nstep_q", "CartPole-v1", "meta")
+    assert all(p.is_meta for p in learner.q.parameters()) and learner.target_clock.synced_at.device.type == "cpu"
+    before = meta_learner[0]
+    assert learner.target_clock.due(10_000) and not learner.target_clock.due(10_001)
+    assert meta_learner[0] == before
+
+
 def test_minibatch_steps_on_a_device_read_their_metrics_once_at_the_end(meta_learner):
     """Each read of a value on a device waits for every kernel queued before it: PPO's 16 minibatch steps (4 epochs
     of 4) keep their losses, entropy, clip fraction, KL and gradient norm on the device and read each mean once,
