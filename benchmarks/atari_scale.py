@@ -17,8 +17,12 @@ frame skip where given: a run stops at whichever comes first):
   all    every experiment above, in that order.
 
 Frames are env steps times the frame skip (4 for ALE ids, 1 for MinAtar); frames/s is the steady rate, the median
-of a run's `charts/SPS` rows after the first (start-up and evaluations left out). Writes OUT/summary.json (every run:
-options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables) and OUT/curves_<experiment>.png.
+of a run's `charts/SPS` rows after the first, leaving out those whose interval holds an evaluation (start-up and
+evaluations left out; the other rates likewise). Writes OUT/runs/<run> (the run folders), OUT/summary.json (every
+run: options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables) and OUT/curves_<experiment>.png.
+Experiments run one at a time into one OUT add to its summary (with the same --env, --minutes, --frames and
+--reference; an experiment run again replaces its entry); a run folder already in OUT/runs is an error before any
+run (remove it to run that experiment again).
 
     python benchmarks/atari_scale.py ppo --env ALE/Pong-v5 --minutes 10 --device cuda --envs 16
     python benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 8 --workers 1,2,4,8,16
@@ -36,6 +40,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +82,21 @@ def read_metrics(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
     return rows
 
 
+def steady_rows(rows: dict[str, list], key: str) -> list[float]:
+    """The values of a rate the run logs with its `charts/SPS` rows (each over the time since the row before) that
+    neither start-up nor an evaluation is in: its rows after the first, leaving out those whose interval holds the
+    start of an evaluation, which the rate then spans (an evaluation's row comes after the rate's row of its update,
+    at the same or a later time)."""
+    logged = rows.get(key, [])
+    starts = [seconds for _, seconds, _ in rows.get("eval/return_mean", [])]
+    return [v for (_, before, _), (_, t, v) in pairwise(logged) if not any(before <= e < t for e in starts)]
+
+
 def median_of(rows: dict[str, list], key: str) -> float | None:
-    values = [v for _, _, v in rows.get(key, [])[1:]] or [v for _, _, v in rows.get(key, [])]  # after the first line
+    """The steady value of a rate: the median of its `steady_rows`; where there are none (an evaluation in every
+    interval), of its rows after the first; of one row, its value."""
+    logged = rows.get(key, [])
+    values = steady_rows(rows, key) or [v for _, _, v in logged[1:]] or [v for _, _, v in logged]
     return statistics.median(values) if values else None
 
 
@@ -97,13 +115,16 @@ def one_run(name: str, algo: str, args: argparse.Namespace, out: Path, **options
     evals = [(step, seconds, value) for step, seconds, value in rows.get("eval/return_mean", [])]
     reached = next(((s, t) for s, t, v in evals if v >= args.reference), None)
     skip = args.frame_skip
+    if len(rows.get("charts/SPS", [])) > 1 and not steady_rows(rows, "charts/SPS"):
+        note = "so its frames/s includes evaluation time (a larger --eval-every leaves intervals without one)"
+        print(f"[atari_scale] {name}: an evaluation falls in every charts/SPS interval, {note}", file=sys.stderr)
     return {
         "name": name,
         "algo": algo,
         "options": {k: v for k, v in options.items() if k != "time_limit"},
         "frames": r["env_steps"] * skip,
         "seconds": r["wall_time_s"],
-        # steady: the median of the run's SPS rows after the first (no start-up, no evaluation in them)
+        # steady: the median of the run's SPS rows after the first and without an evaluation in them
         "frames_per_s": (median_of(rows, "charts/SPS") or r["env_steps"] / max(r["wall_time_s"], 1e-9)) * skip,
         "score": r["eval_return_mean"],
         "best_score": r["best_eval_return"],
@@ -140,6 +161,52 @@ def run_gala(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
 
 RUNNERS = {"ppo": run_ppo, "a3c": run_a3c, "apex": run_apex, "gala": run_gala}
+
+
+def run_names(experiment: str, args: argparse.Namespace) -> list[str]:
+    """The run folders (in OUT/runs) an experiment makes."""
+    if experiment == "a3c":
+        return [f"a3c-{n}" for n in args.workers]
+    if experiment == "apex":
+        return [f"apex-{args.actors}"]
+    if experiment == "gala":
+        return [f"gala-{k}" for k in args.learners] + ["a2c"]
+    return [experiment]
+
+
+SETTINGS = ("env", "minutes", "frames", "reference")
+"""What the runs of one summary share (its tables' heads say them)."""
+
+
+def setting(key: str, value: Any) -> str:
+    """A setting of a summary as its option would give it."""
+    if value is None:
+        return f"no --{key}"
+    return f"--{key} {value:g}" if isinstance(value, float) else f"--{key} {value}"
+
+
+def earlier_summary(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The experiments of OUT/summary.json, which this invocation adds to; a parser error (before any run) where its
+    runs had other settings, or where a run folder this invocation makes is already in OUT/runs."""
+    names = [name for experiment in args.experiments for name in run_names(experiment, args)]
+    there = [name for name in names if (out / "runs" / name).exists()]
+    if there:
+        parser.error(f"{out / 'runs'} already holds {', '.join(there)}: give another --out, or remove "
+                     f"{'it' if len(there) == 1 else 'them'} to run again")  # fmt: skip
+    path = out / "summary.json"
+    if not path.exists():
+        return {}
+    try:
+        earlier = json.loads(path.read_text())
+        experiments = earlier["experiments"]
+        if not isinstance(experiments, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        parser.error(f"{path} is not a summary this script wrote: give another --out, or remove it")
+    differ = [setting(key, earlier[key]) for key in SETTINGS if key in earlier and earlier[key] != getattr(args, key)]
+    if differ:
+        parser.error(f"{path} holds runs with {', '.join(differ)}: give those, or another --out")
+    return experiments
 
 
 def score_at(run: dict[str, Any], frames: int) -> float | None:
@@ -268,18 +335,21 @@ def main() -> None:
     args.frame_skip = 4 if info["is_atari"] else 1
     if args.eval_every is None:
         args.eval_every = 100_000 if info["is_atari"] else 10_000
+    args.experiments = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     out = args.out or Path(tempfile.mkdtemp(prefix="atari-scale-"))
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out} is a file, not a folder")
+    earlier = earlier_summary(parser, args, out)
     out.mkdir(parents=True, exist_ok=True)
-    experiments = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
-    document: dict[str, Any] = {"machine": machine(), "env": args.env, "minutes": args.minutes,
+    document: dict[str, Any] = {"machine": machine(), "env": args.env, "minutes": args.minutes, "frames": args.frames,
                                 "reference": args.reference, "experiments": {}}  # fmt: skip
-    markdown = []
-    for experiment in experiments:
+    for experiment in args.experiments:
         runs = RUNNERS[experiment](args, out)
-        document["experiments"][experiment] = runs
-        markdown.append(table(experiment, runs, args))
+        done = {**earlier, **document["experiments"], experiment: runs}
+        document["experiments"] = {e: done[e] for e in EXPERIMENTS if e in done}  # in the order of `all`
         plot(experiment, runs, args, out / f"curves_{experiment}.png")
         (out / "summary.json").write_text(json.dumps(document, indent=1) + "\n")  # after each: a crash loses little
+    markdown = [table(experiment, runs, args) for experiment, runs in document["experiments"].items()]
     m = document["machine"]
     header = f"Machine: {m['cpu']}, {m['cores']} cores, GPU {m['gpu'] or 'none'}; torch {m['torch']}.\n\n"
     (out / "summary.md").write_text(header + "\n".join(markdown))

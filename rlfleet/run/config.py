@@ -83,12 +83,12 @@ limit of the envs Gymnasium registers, so that an env without a limit of its own
 game; a policy that loops on a cheap env costs seconds of it."""
 
 
-MAX_SEED = 2**32 - 1
-"""The largest `--seed`: 32 bits, the seeds NumPy's legacy `RandomState` and many env libraries take (Gymnasium and
-`np.random.default_rng` take any size, `torch.manual_seed` less than 2**64: a seed of 2**64 was a traceback). The
-seeds a run derives from it add offsets (`seed + 10_000` for evaluation, `seed + env_steps` for restarted envs, a
-worker's id and its restart and resume counts times up to 10^7 for the seeds workers give torch) that stay far below
-2**64 from here for any run that could ever be trained."""
+MAX_SEED = 2**31 - 1
+"""The largest `--seed` (of a run, `rlfleet eval` and `rlfleet collect`): 31 bits, so that every env seed derived from
+it stays a 32-bit seed, the seeds NumPy's legacy `RandomState` and the envs that seed one (MinAtar) take. Sub-env i
+is seeded with `seed + i`, evaluation envs with `seed + 10_000 + i`, restarted envs with `seed + env_steps`, a
+worker's envs with its id and its restart and resume counts times up to 10^7 added: the 2**31 left above this bound
+hold them all for any run that could ever be trained (evaluation seeds are taken modulo 2**31 besides)."""
 
 
 def none_or_non_empty(value: Any) -> str | None:

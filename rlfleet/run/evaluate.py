@@ -18,13 +18,14 @@ import numpy as np
 from gymnasium.vector import VectorEnv
 
 from rlfleet.algos import resolve
+from rlfleet.data.batch import stack_obs
 from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.envs.pettingzoo import agent_spaces, is_pettingzoo_id, make_agent_env
 from rlfleet.fields import MAX_ENVS, Bounds, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
-from rlfleet.run.config import EVAL_MAX_STEPS, saved_run_config
+from rlfleet.run.config import EVAL_MAX_STEPS, MAX_SEED, saved_run_config
 from rlfleet.run.multi_agent import checkpoint_policies, evaluate_agents
 from rlfleet.run.paths import check_output_folder
 
@@ -32,8 +33,9 @@ EPISODES = Bounds(ge=1)
 """Episodes `rlfleet collect` runs (`--episodes`; `MAX_ENVS` at a time, so as many as wanted)."""
 EVAL_EPISODES = Bounds(ge=1, le=MAX_ENVS)
 """Episodes `rlfleet eval` runs (`--episodes`): one env each, all at once, as a run's evaluation (`--eval-episodes`)."""
-SEED = Bounds(ge=0)
-"""Seeds of evaluation envs (`--seed`)."""
+SEED = Bounds(ge=0, le=MAX_SEED)
+"""Seeds of evaluation envs (`--seed`): those of a run (`MAX_SEED`), so that episode i's `seed + i` stays a 32-bit
+seed, which envs that seed a legacy `RandomState` (MinAtar) take."""
 MAX_STEPS = Bounds(ge=1)
 """Steps an evaluation episode of an env without a time limit may take (`--max-steps`, `--eval-max-steps`)."""
 
@@ -107,12 +109,21 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
     """The trained algorithm of a checkpoint (file or run folder) and the run config it was trained with.
 
     The agent acts on raw observations: one trained with `obs_norm` normalises them with the checkpoint's
-    frozen statistics (`ObsNormalizedAgent`)."""
+    frozen statistics (`ObsNormalizedAgent`). The checkpoint's tensors are mapped, not read: the replay buffer
+    that a `latest.pt` holds (gigabytes for an Atari DQN run) is never read into memory."""
+    payload = load_checkpoint(checkpoint, mmap=True)
+    return agent_of(payload, checkpoint, saved_run_config(payload, checkpoint))
 
-    payload = load_checkpoint(checkpoint)
-    run = saved_run_config(payload, checkpoint)
+
+def agent_of(payload: dict[str, Any], checkpoint: str | Path, run: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`load_agent` of a checkpoint already loaded (`payload`, with its run config `run`)."""
     if not isinstance(run["algo"], str) or not isinstance(run["env"], str):
         raise CheckpointError(f"checkpoint {checkpoint} names no algorithm and env in its run config")
+    if is_pettingzoo_id(run["env"]):
+        raise CheckpointError(
+            f"checkpoint {checkpoint} is a multi-agent run ({run['env']}): it holds no single agent to load "
+            "(rlfleet eval evaluates it)"
+        )
     if not isinstance(run["env_kwargs"], dict):
         raise CheckpointError(f"checkpoint {checkpoint} has env_kwargs that are not a dict: {run['env_kwargs']!r}")
     algo_cls, config_cls, _, _ = resolve(run["algo"])
@@ -127,10 +138,30 @@ def load_agent(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
     return ObsNormalizedAgent.from_checkpoint(algo, payload), run
 
 
+GIF_MIN_SIDE = 240
+"""Pixels a GIF frame's shorter side has at least: smaller frames (MinAtar's 10×10 grid) are enlarged by a whole
+factor, each cell a block of pixels (nearest neighbour), so that the GIF can be watched."""
+
+
+def gif_frame(frame: Any) -> np.ndarray:
+    """An env's `rgb_array` frame as a GIF frame: `uint8` (a float frame, MinAtar's, holds [0, 1] intensities) and
+    at least `GIF_MIN_SIDE` pixels on its shorter side."""
+    frame = np.asarray(frame)
+    if frame.dtype.kind == "f":
+        frame = np.rint(np.clip(np.nan_to_num(frame), 0.0, 1.0) * 255)
+    if frame.dtype.kind == "b":
+        frame = frame * 255
+    frame = frame.astype(np.uint8, copy=False)
+    scale = -(-GIF_MIN_SIDE // max(1, min(frame.shape[:2])))  # ceiling
+    if scale > 1:
+        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
+    return frame
+
+
 def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
     from PIL import Image
 
-    images = [Image.fromarray(f) for f in frames]
+    images = [Image.fromarray(gif_frame(f)) for f in frames]
     images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
 
 
@@ -168,9 +199,11 @@ def evaluate_checkpoint(
         check_value("--max-steps", max_steps, int, MAX_STEPS)
     if video_dir is not None:
         check_output_folder(video_dir, "--video")
-    if is_pettingzoo_id(saved_run_config(load_checkpoint(checkpoint), checkpoint).get("env")):
-        return _evaluate_agents_checkpoint(checkpoint, episodes, seed, video_dir, max_steps)
-    algo, run = load_agent(checkpoint)
+    payload = load_checkpoint(checkpoint, mmap=True)  # once, mapped: a latest.pt's replay is never read
+    run = saved_run_config(payload, checkpoint)
+    if is_pettingzoo_id(run.get("env")):
+        return _evaluate_agents_checkpoint(checkpoint, payload, run, episodes, seed, video_dir, max_steps)
+    algo, run = agent_of(payload, checkpoint, run)
     bound = checkpoint_bound(run, max_steps)
     if video_dir is None:
         envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False, **run["env_kwargs"])
@@ -220,7 +253,7 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
         frames: list[Any] = [env.render()]  # rgb_array frames
         done, state, steps = False, None, 0
         while not done and steps < bound:
-            act, _, state = algo.act(np.asarray(obs)[None], state, explore=False)
+            act, _, state = algo.act(stack_obs([obs]), state, explore=False)  # a batch of one
             obs, rew, terminated, truncated, _ = env.step(act[0])
             returns[i] += float(rew)
             frames.append(env.render())
@@ -232,12 +265,17 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
 
 
 def _evaluate_agents_checkpoint(
-    checkpoint: str | Path, episodes: int, seed: int, video_dir: str | Path | None, max_steps: int | None
+    checkpoint: str | Path,
+    payload: dict[str, Any],
+    run: dict[str, Any],
+    episodes: int,
+    seed: int,
+    video_dir: str | Path | None,
+    max_steps: int | None,
 ) -> dict[str, Any]:
-    """`evaluate_checkpoint` of a multi-agent run: its policies in `episodes` copies of the env side by side, each
-    agent's return too; with `video_dir`, each copy's episode as `episode-<i>.gif`."""
-    payload = load_checkpoint(checkpoint)
-    run = saved_run_config(payload, checkpoint)
+    """`evaluate_checkpoint` of a multi-agent run (its checkpoint `payload`, run config `run`): its policies in
+    `episodes` copies of the env side by side, each agent's return too; with `video_dir`, each copy's episode as
+    `episode-<i>.gif`."""
     algo_cls, config_cls, _, _ = resolve(run["algo"])
     try:
         cfg = config_cls(**payload["algo_config"])

@@ -3,7 +3,9 @@
 Metric names follow one namespace: `charts/episodic_return`, `charts/SPS`, `eval/return_mean`,
 `losses/<name>`. `metrics.csv` stays current for whoever watches a live run (`rlfleet plot`, `tail -f`, a
 test waiting for the first rows): its first row is on disk at once, later ones at most `CSV_FLUSH_S` after
-they are logged.
+they are logged, however long the run then goes without logging (a long evaluation): a row that has to wait is
+flushed by a timer thread, at most one at a time. `RunLogger.flush` puts everything logged on disk at once (the
+runner's call before it saves a checkpoint).
 
 A resumed run continues the same files from its checkpoint's step: the rows logged after it (by the run that
 crashed or was killed later) are dropped from `metrics.csv` once, atomically, since the resumed run logs those
@@ -17,6 +19,7 @@ import csv
 import io
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +67,9 @@ class RunLogger:
         if new_file:
             self._csv.writerow(["step", "wall_time", "key", "value"])
         self._last_csv_flush = -math.inf
+        self._csv_lock = threading.Lock()  # the file is written here and flushed by the timer's thread too
+        self._csv_timer: threading.Timer | None = None  # set while a row waits for its flush
+        self._closed = False
         self.start = time.perf_counter()
         self.bar = tqdm(
             total=total_steps,
@@ -76,15 +82,35 @@ class RunLogger:
 
     def log(self, step: int, metrics: dict[str, float], elapsed: float | None = None) -> None:
         elapsed = time.perf_counter() - self.start if elapsed is None else elapsed
-        for key, value in metrics.items():
-            value = float(value)
-            if math.isnan(value):
-                continue
-            self.writer.add_scalar(key, value, step)
-            self._csv.writerow([step, f"{elapsed:.3f}", key, f"{value:.6g}"])
-        if time.monotonic() - self._last_csv_flush >= CSV_FLUSH_S:
+        with self._csv_lock:
+            for key, value in metrics.items():
+                value = float(value)
+                if math.isnan(value):
+                    continue
+                self.writer.add_scalar(key, value, step)
+                self._csv.writerow([step, f"{elapsed:.3f}", key, f"{value:.6g}"])
+            waited = time.monotonic() - self._last_csv_flush
+            if waited >= CSV_FLUSH_S:
+                self._flush_csv()
+            elif self._csv_timer is None:  # the rows wait: a timer flushes them CSV_FLUSH_S after the last flush
+                self._csv_timer = threading.Timer(CSV_FLUSH_S - waited, self._flush_csv_due)
+                self._csv_timer.daemon = True
+                self._csv_timer.start()
+
+    def _flush_csv(self) -> None:
+        """Put the rows logged so far on disk (with `_csv_lock` held)."""
+        if self._csv_timer is not None:
+            self._csv_timer.cancel()
+            self._csv_timer = None
+        if not self._closed:
             self._csv_file.flush()
-            self._last_csv_flush = time.monotonic()
+        self._last_csv_flush = time.monotonic()
+
+    def _flush_csv_due(self) -> None:
+        """The timer's flush: rows have waited `CSV_FLUSH_S` with no `log` call to flush them."""
+        with self._csv_lock:
+            self._csv_timer = None
+            self._flush_csv()
 
     def progress(self, step: int, **postfix: float | str) -> None:
         self.bar.update(step - self.bar.n)
@@ -98,10 +124,17 @@ class RunLogger:
         tqdm.write(text)
 
     def flush(self) -> None:
+        """Put everything logged so far on disk: the rows of `metrics.csv` and the TensorBoard events."""
         self.writer.flush()
-        self._csv_file.flush()
+        with self._csv_lock:
+            self._flush_csv()
 
     def close(self) -> None:
         self.bar.close()
         self.writer.close()
-        self._csv_file.close()
+        with self._csv_lock:
+            if self._csv_timer is not None:
+                self._csv_timer.cancel()
+                self._csv_timer = None
+            self._closed = True
+            self._csv_file.close()

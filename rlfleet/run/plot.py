@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def read_metrics(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
     return dict(series)
 
 
+def step_unit(run_dir: Path) -> str:
+    """What a run's `step` counts, by its `config.json`: gradient steps on the `offline` architecture (bc), which
+    steps no training env; env steps elsewhere, and where the file is missing or unreadable."""
+    try:
+        run = json.loads((Path(run_dir) / "config.json").read_text())["run"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "env steps"
+    return "gradient steps" if isinstance(run, dict) and run.get("arch") == "offline" else "env steps"
+
+
 def check_plot_output(out: str | Path) -> Path:
     """The image file a plot writes: a format matplotlib writes (by its suffix), not a folder, in a writable
     folder (missing folders are made)."""
@@ -70,7 +81,8 @@ def check_plot_output(out: str | Path) -> Path:
 
 
 def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path:
-    """One panel per curve (training episodic return, evaluation return), one line per run.
+    """One panel per curve (training episodic return, evaluation return), one line per run, named after its folder;
+    the x axis says what the runs' steps count (`step_unit`). A curve of one point is drawn as a marker.
 
     Every run's metrics are read before the figure is drawn: a run folder that cannot be read is a
     `MetricsError` and no image is written."""
@@ -81,6 +93,7 @@ def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path
 
     out = check_plot_output(out)
     all_series = [(run_dir, read_metrics(run_dir)) for run_dir in run_dirs]
+    units = sorted({step_unit(run_dir) for run_dir in run_dirs})  # env steps, gradient steps
     fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4), squeeze=False)
     for run_dir, series in all_series:
         for ax, key in zip(axes[0], CURVES, strict=True):
@@ -89,13 +102,13 @@ def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path
                 ax.plot(
                     steps,
                     values,
-                    label=Path(run_dir).name,
-                    marker="o" if key.startswith("eval") else None,
+                    label=Path(run_dir).resolve().name,  # `rlfleet plot .` too
+                    marker="o" if key.startswith("eval") or len(steps) == 1 else None,
                     markersize=3,
                 )
     for ax, key in zip(axes[0], CURVES, strict=True):
         ax.set_title(key)
-        ax.set_xlabel("env steps")
+        ax.set_xlabel(" / ".join(units))
         ax.set_ylabel("return")
         ax.grid(alpha=0.3)
         if ax.lines:

@@ -17,16 +17,18 @@ import numpy as np
 from rlfleet.data.batch import map_obs, stack_obs
 from rlfleet.data.demos import Demonstrations, is_dataset_file
 from rlfleet.envs import env_spec_info, make_vector_env
-from rlfleet.fields import check_value
-from rlfleet.run.config import EVAL_MAX_STEPS
+from rlfleet.envs.pettingzoo import is_pettingzoo_id
+from rlfleet.fields import ConfigError, check_value
+from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.config import EVAL_MAX_STEPS, saved_run_config
 from rlfleet.run.evaluate import (
     EPISODES,
     MAX_STEPS,
     SEED,
     Evaluation,
+    agent_of,
     checkpoint_bound,
     evaluate,
-    load_agent,
 )
 from rlfleet.run.paths import check_output_file
 
@@ -103,14 +105,22 @@ def collect_demonstrations(
 ) -> tuple[Demonstrations, Evaluation]:
     """`episodes` greedy episodes of a checkpoint's agent on its own env (each at most `checkpoint_bound` steps), as
     demonstrations, and the evaluation of those episodes (how many were cut); saved to `output` if given (checked
-    before anything runs: not a folder, not another kind of file, in a writable folder)."""
+    before anything runs: not a folder, not another kind of file, in a writable folder). A multi-agent run's
+    checkpoint is a `ConfigError`: its agents' episodes are no single agent's demonstrations."""
     check_value("--episodes", episodes, int, EPISODES)
     check_value("--seed", seed, int, SEED)
     if max_steps is not None:
         check_value("--max-steps", max_steps, int, MAX_STEPS)
     if output is not None:
         check_output_file(output, "-o", ours=is_dataset_file, kind="an rlfleet dataset")
-    algo, run = load_agent(checkpoint)
+    payload = load_checkpoint(checkpoint, mmap=True)  # mapped: a latest.pt's replay is never read
+    run = saved_run_config(payload, checkpoint)
+    if is_pettingzoo_id(run.get("env")):
+        raise ConfigError(
+            f"rlfleet collect does not take multi-agent runs: {checkpoint} trained on {run['env']} (collect records "
+            "the episodes of a single-agent run)"
+        )
+    algo, run = agent_of(payload, checkpoint, run)
     recorder = EpisodeRecorder()
     bound = checkpoint_bound(run, max_steps)
     evaluation = record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"], bound)

@@ -194,8 +194,8 @@ def test_config_messages_name_the_field_the_value_and_the_range(overrides, fragm
 RUN_OPTION_ERRORS = {
     "steps-zero": (dict(steps=0), ["--steps=0", "must be >= 1"]),
     "steps-text": (dict(steps="100"), ["--steps='100' is not an int"]),
-    "seed-negative": (dict(seed=-1), ["--seed=-1 is negative", "must be in [0, 4294967295]"]),
-    "seed-past-64-bits": (dict(seed=2**64), ["--seed=18446744073709551616 is out of range", "[0, 4294967295]"]),
+    "seed-negative": (dict(seed=-1), ["--seed=-1 is negative", "must be in [0, 2147483647]"]),
+    "seed-past-64-bits": (dict(seed=2**64), ["--seed=18446744073709551616 is out of range", "[0, 2147483647]"]),
     "n-envs-float": (dict(n_envs=2.0), ["--n-envs=2.0 is not an int"]),
     "time-limit-negative": (dict(time_limit=-1.0), ["--time-limit=-1.0 is negative", "must be > 0"]),
     "time-limit-zero": (dict(time_limit=0), ["--time-limit=0 is out of range", "must be > 0"]),

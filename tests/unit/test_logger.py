@@ -1,8 +1,10 @@
 """RunLogger: metrics.csv in long format, on disk for a watcher while the run goes on (the first row at once,
-later rows at most CSV_FLUSH_S behind), and everything on disk after close; `read_metrics` (rlfleet plot)
-on a live file."""
+later rows at most CSV_FLUSH_S behind, whether or not the run logs again), `flush` (everything on disk at once),
+and everything on disk after close; `read_metrics` (rlfleet plot) on a live file."""
 
 import csv
+import threading
+import time
 
 from rlfleet.run import logger as logger_module
 from rlfleet.run.logger import CSV_FLUSH_S, RunLogger
@@ -87,3 +89,56 @@ def test_plot_reads_a_live_run_and_leaves_out_a_half_written_last_row(tmp_path):
     with open(tmp_path / "metrics.csv", "a", newline="") as f:
         f.write("3.4\r\n")
     assert read_metrics(tmp_path) == {"eval/return_mean": ([1000, 2000], [123.5, -123.4])}
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_a_row_reaches_the_disk_in_time_with_no_later_log_call(tmp_path, monkeypatch):
+    """A long evaluation or a quiet stretch logs nothing for a while: the rows logged before it do not wait for it."""
+    monkeypatch.setattr(logger_module, "CSV_FLUSH_S", 0.2)
+    log = RunLogger(tmp_path, total_steps=100, progress=False)
+    try:
+        log.log(10, {"charts/SPS": 1.0}, elapsed=0.1)  # the first row: at once
+        log.log(20, {"charts/SPS": 2.0}, elapsed=0.2)  # within CSV_FLUSH_S of that flush: waits for the timer
+        log.log(30, {"charts/SPS": 3.0}, elapsed=0.3)
+        assert wait_for(lambda: len(rows_on_disk(tmp_path)) == 4, timeout=5.0), rows_on_disk(tmp_path)
+        log.log(40, {"charts/SPS": 4.0}, elapsed=0.4)  # the timer went; the next one comes as the next row waits
+        assert wait_for(lambda: len(rows_on_disk(tmp_path)) == 5, timeout=5.0), rows_on_disk(tmp_path)
+    finally:
+        log.close()
+
+
+def test_flush_puts_the_rows_and_the_events_on_disk_at_once(tmp_path, monkeypatch):
+    """What the runner calls before it saves a checkpoint: a kill after the save loses none of the rows before it."""
+    monkeypatch.setattr(logger_module, "CSV_FLUSH_S", 3600.0)
+    log = RunLogger(tmp_path, total_steps=100, progress=False)
+    flushed = []
+    real = log.writer.flush
+    monkeypatch.setattr(log.writer, "flush", lambda: (flushed.append(True), real()))
+    try:
+        log.log(10, {"charts/SPS": 1.0}, elapsed=0.1)
+        log.log(20, {"charts/SPS": 2.0}, elapsed=0.2)  # would wait an hour
+        assert len(rows_on_disk(tmp_path)) == 2
+        log.flush()
+        assert [row[0] for row in rows_on_disk(tmp_path)[1:]] == ["10", "20"] and flushed
+    finally:
+        log.close()
+
+
+def test_close_with_a_row_waiting_leaves_no_timer_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(logger_module, "CSV_FLUSH_S", 0.1)
+    failures = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    log = RunLogger(tmp_path, total_steps=100, progress=False)
+    log.log(10, {"charts/SPS": 1.0}, elapsed=0.1)
+    log.log(20, {"charts/SPS": 2.0}, elapsed=0.2)
+    log.close()
+    time.sleep(0.3)  # past the flush the timer would have made
+    assert len(rows_on_disk(tmp_path)) == 3 and not failures

@@ -1,0 +1,156 @@
+"""`rlfleet eval` and `rlfleet collect` on checkpoints: videos of envs whose observations are Dict or Tuple ones and of
+envs whose frames are tiny float grids (MinAtar), a checkpoint read once and mapped (its replay is never read), seeds
+bounded so that every env seed derived from them is a 32-bit one, and a multi-agent run refused by collect in one
+line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import rlfleet
+from rlfleet.envs import make_vector_env
+from rlfleet.fields import MAX_ENVS, ConfigError
+from rlfleet.run import checkpoint as checkpoint_module
+from rlfleet.run.checkpoint import CheckpointError, save_checkpoint
+from rlfleet.run.config import MAX_SEED, RunConfig
+from rlfleet.run.evaluate import GIF_MIN_SIDE, _evaluate_on_video, _save_gif, evaluate_checkpoint, gif_frame, load_agent
+from rlfleet.run.recording import collect_demonstrations
+
+
+@pytest.fixture(scope="module")
+def dict_obs_run(tmp_path_factory):
+    """A tiny ppo run on Blackjack-v1, whose Tuple observation rlfleet gives as a Dict one."""
+    logdir = tmp_path_factory.mktemp("runs")
+    return rlfleet.train(
+        "ppo", "Blackjack-v1", steps=64, n_envs=2, eval_episodes=2, logdir=str(logdir), name="bj", progress=False
+    ).run_dir
+
+
+def test_video_of_a_dict_observation_env(dict_obs_run, tmp_path):
+    out = evaluate_checkpoint(dict_obs_run, episodes=2, seed=3, video_dir=tmp_path / "videos")
+    assert out["episodes"] == 2 and out["video_dir"] == str(tmp_path / "videos")
+    assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == ["episode-0.gif", "episode-1.gif"]
+    plain = evaluate_checkpoint(dict_obs_run, episodes=2, seed=3)
+    assert out["returns"] == plain["returns"]  # the same greedy episodes, one by one as side by side
+
+
+def spy_torch_load(monkeypatch) -> list[dict]:
+    calls: list[dict] = []
+    real = torch.load
+
+    def load(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "load", load)
+    return calls
+
+
+def test_eval_and_collect_read_the_checkpoint_once_mapped(dict_obs_run, tmp_path, monkeypatch):
+    """A latest.pt holds the run's replay (gigabytes on Atari): mapped, it is never read into memory."""
+    calls = spy_torch_load(monkeypatch)
+    evaluate_checkpoint(dict_obs_run, episodes=1)
+    assert [c.get("mmap") for c in calls] == [True]
+    calls.clear()
+    collect_demonstrations(dict_obs_run, episodes=1, output=tmp_path / "d.npz")
+    assert [c.get("mmap") for c in calls] == [True]
+    calls.clear()
+    load_agent(dict_obs_run)
+    assert [c.get("mmap") for c in calls] == [True]
+
+
+class Still:
+    """A greedy policy that checks it is given a batch of one observation (a dict of arrays for a Dict one)."""
+
+    def act(self, obs, state=None, explore=False):
+        assert isinstance(obs, dict) and all(np.shape(v) == (1,) for v in obs.values()), obs
+        return np.zeros(1, dtype=np.int64), {}, state
+
+
+def test_video_episodes_batch_a_dict_observation(tmp_path):
+    run = {"env": "Blackjack-v1", "env_kwargs": {}}
+    result = _evaluate_on_video(Still(), run, 2, 0, 100, tmp_path)
+    assert len(result.returns) == 2 and result.cut == 0
+    assert (tmp_path / "episode-1.gif").is_file()
+
+
+def test_a_tiny_float_frame_becomes_a_viewable_gif_frame():
+    grid = np.zeros((10, 10, 3))  # MinAtar's render: floats in [0, 1]
+    grid[2, 3] = (1.0, 0.5, 0.0)
+    frame = gif_frame(grid)
+    scale = -(-GIF_MIN_SIDE // 10)
+    assert frame.dtype == np.uint8 and frame.shape == (10 * scale, 10 * scale, 3)
+    assert (frame[2 * scale : 3 * scale, 3 * scale : 4 * scale] == (255, 128, 0)).all()  # a cell: a block of pixels
+    assert frame.sum() == (255 + 128) * scale * scale
+    big = np.full((400, 300, 3), 7, np.uint8)
+    assert gif_frame(big).shape == big.shape and (gif_frame(big) == big).all()  # an Atari-sized frame stays as it is
+
+
+def test_a_gif_of_float_frames(tmp_path):
+    frames = [np.full((10, 10, 3), v) for v in (0.0, 0.5, 1.0)]
+    _save_gif(frames, tmp_path / "g.gif")
+    with Image.open(tmp_path / "g.gif") as gif:
+        assert gif.n_frames == 3 and min(gif.size) >= GIF_MIN_SIDE
+
+
+@pytest.mark.filterwarnings("ignore:.*RGB-array rendering should return a numpy array with dtype uint8")
+@pytest.mark.filterwarnings("ignore:.*No render fps was declared")  # MinAtar's metadata: Gymnasium's checker says so
+def test_video_of_a_minatar_env(tmp_path):
+    pytest.importorskip("minatar")
+
+    class Noop:
+        def act(self, obs, state=None, explore=False):
+            return np.zeros(len(obs), dtype=np.int64), {}, state
+
+    result = _evaluate_on_video(Noop(), {"env": "MinAtar/Breakout-v1", "env_kwargs": {}}, 1, 0, 20, tmp_path)
+    assert len(result.returns) == 1
+    with Image.open(tmp_path / "episode-0.gif") as gif:
+        assert gif.n_frames > 1 and min(gif.size) >= GIF_MIN_SIDE
+
+
+@pytest.mark.parametrize("command", ["eval", "collect"])
+def test_a_seed_past_the_bound_is_one_error_line_before_the_checkpoint_is_read(command, tmp_path):
+    with pytest.raises(ConfigError, match=rf"--seed={MAX_SEED + 1} is out of range: must be in \[0, {MAX_SEED}\]"):
+        if command == "eval":
+            evaluate_checkpoint(tmp_path / "no-run", seed=MAX_SEED + 1)
+        else:
+            collect_demonstrations(tmp_path / "no-run", episodes=1, seed=MAX_SEED + 1)
+
+
+def test_a_run_seed_past_the_bound_is_refused_before_the_run_folder_is_made(tmp_path):
+    with pytest.raises(ConfigError, match=r"--seed=4294967295 is out of range"):
+        rlfleet.train("ppo", "CartPole-v1", seed=2**32 - 1, logdir=str(tmp_path), name="r", progress=False)
+    assert not (tmp_path / "r").exists()
+
+
+def test_every_env_seed_derived_from_the_largest_seed_is_a_32_bit_one():
+    """Sub-env i: seed + i; evaluation envs: seed + 10_000 + i; an evaluation's episodes and collect's groups."""
+    assert MAX_SEED + 10_000 + 2 * MAX_ENVS < 2**32
+    pytest.importorskip("minatar")  # its envs seed a legacy RandomState, which takes no larger seed
+    envs = make_vector_env("MinAtar/Breakout-v1", 2, seed=MAX_SEED, mode="sync", training=False)
+    try:
+        envs.reset(seed=MAX_SEED + 10_000)
+    finally:
+        envs.close()
+
+
+def multi_agent_checkpoint(tmp_path):
+    run = dataclasses.asdict(RunConfig(algo="ppo", env="pettingzoo:mpe2.simple_spread_v3"))
+    return save_checkpoint(
+        tmp_path / "ma" / "checkpoints" / "latest.pt", {"run_config": run, "algo_config": {}, "algo": {}}
+    )
+
+
+def test_collect_refuses_a_multi_agent_run_in_one_line(tmp_path):
+    path = multi_agent_checkpoint(tmp_path)
+    with pytest.raises(ConfigError, match="rlfleet collect does not take multi-agent runs") as caught:
+        collect_demonstrations(tmp_path / "ma", episodes=2, output=tmp_path / "d.npz")
+    assert "\n" not in str(caught.value) and "KeyError" not in str(caught.value)
+    with pytest.raises(CheckpointError, match="is a multi-agent run"):  # a DAgger expert, say
+        load_agent(path)
+    assert not (tmp_path / "d.npz").exists()
