@@ -245,6 +245,8 @@ def _make_atari(spec: EnvSpec, options: AtariOptions, *, training: bool, render_
     }
     if options.repeat_action_probability is not None:
         ale_kwargs["repeat_action_probability"] = options.repeat_action_probability
+    if options.max_episode_steps is not None:  # the TimeLimit below ends episodes: the ALE's own cap (0: none) would
+        ale_kwargs["max_num_frames_per_episode"] = 0  # cut a longer bound at 108k frames, unlike EnvPool's adapter
     env = gym.make(spec.id, **ale_kwargs)
     env = AtariPreprocessing(
         env,

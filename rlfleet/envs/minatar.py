@@ -68,9 +68,19 @@ class ChannelsFirstGrid(gym.ObservationWrapper):
         return np.ascontiguousarray(np.asarray(observation, dtype=np.uint8).transpose(2, 0, 1))
 
 
+class FreshStickyAction(gym.Wrapper):
+    """Each episode starts with no action to repeat, as a new game does: the package's `reset` keeps the game's
+    `last_action`, which its sticky actions may repeat on the first step, so the same seed gave another episode
+    after an episode that ended on another action (an evaluation depended on how the one before it ended)."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self.unwrapped.game.last_action = 0  # type: ignore[attr-defined]
+        return self.env.reset(**kwargs)
+
+
 def make(spec: EnvSpec, render_mode: str | None, env_kwargs: dict[str, Any]) -> gym.Env:
     """The MinAtar env of `spec` with the package's options from `env_kwargs`, channels first, and an episode limit
     (`max_episode_steps`, default `DEFAULT_MAX_EPISODE_STEPS`)."""
     kwargs = dict(env_kwargs)
     kwargs.setdefault("max_episode_steps", spec.max_episode_steps or DEFAULT_MAX_EPISODE_STEPS)
-    return ChannelsFirstGrid(gym.make(spec.id, render_mode=render_mode, **kwargs))
+    return ChannelsFirstGrid(FreshStickyAction(gym.make(spec.id, render_mode=render_mode, **kwargs)))

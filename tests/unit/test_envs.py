@@ -324,6 +324,18 @@ def test_atari_training_env_shapes_and_clipped_rewards() -> None:
 
 @needs_ale
 @pytest.mark.atari
+def test_an_atari_episode_bound_is_the_whole_bound_past_the_ales_own_cap() -> None:
+    """The ALE cuts a v5 episode at 108,000 frames (27,000 agent steps) unless the bound replaces it: a bound of
+    30,000 steps would otherwise end at 27,000 on the Gymnasium path and at 30,000 on EnvPool's."""
+    ale = make_env("ALE/Pong-v5", seed=0).unwrapped.ale  # type: ignore[attr-defined]
+    assert ale.getInt("max_num_frames_per_episode") == 108_000
+    env = make_env("ALE/Pong-v5", seed=0, max_episode_steps=30_000)
+    assert env.unwrapped.ale.getInt("max_num_frames_per_episode") == 0  # type: ignore[attr-defined]  # none
+    assert env_spec_info("ALE/Pong-v5", max_episode_steps=30_000)["max_episode_steps"] == 30_000
+
+
+@needs_ale
+@pytest.mark.atari
 def test_atari_episode_statistics_are_unclipped() -> None:
     def play(training: bool) -> tuple[list[float], float]:
         env = make_env("ALE/SpaceInvaders-v5", seed=0, training=training, max_episode_steps=250)

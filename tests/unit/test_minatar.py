@@ -84,6 +84,22 @@ def test_the_same_seed_gives_the_same_game():
     assert play(5) != play(6)  # sticky actions and the ball's start are drawn from the seed
 
 
+def test_an_env_reset_with_a_seed_plays_that_seeds_episode_whatever_the_last_one_ended_on():
+    """(An evaluation env is reset with the evaluation's seeds: its episodes must not depend on the previous
+    evaluation.) The package's sticky actions may repeat the game's last action on an episode's first step."""
+    env = make_vector_env("MinAtar/Breakout-v1", 1, seed=0, mode="sync", training=False)
+
+    def episode(seed: int) -> np.ndarray:
+        frames = [env.reset(seed=seed)[0]]
+        frames += [env.step(np.zeros(1, np.int64))[0] for _ in range(40)]
+        return np.stack(frames)
+
+    first = episode(5)
+    for _ in range(5):
+        env.step(np.full(1, 2))  # the last episode ends on "right", held
+    assert np.array_equal(episode(5), first)
+
+
 def test_episodes_are_truncated_at_the_default_limit_or_the_given_one():
     assert env_spec_info("MinAtar/Breakout-v1")["max_episode_steps"] == DEFAULT_MAX_EPISODE_STEPS
     env = make_env("MinAtar/Freeway-v1", seed=0, max_episode_steps=7)  # Freeway never ends within 7 steps
