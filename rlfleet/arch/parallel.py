@@ -98,7 +98,8 @@ class RoleOptions:
     """The options of the backend that runs an architecture's roles (every multi-process architecture has them)."""
 
     max_restarts: int = bounded(10, ge=0)
-    """Worker restarts the run allows in all (a worker that keeps crashing ends the run after that)."""
+    """Restarts the run allows in all, of its workers and its services (replay shards, parameter servers, gossip
+    mailboxes) together: a worker or service that keeps crashing ends the run after that."""
     heartbeat_s: float = bounded(120.0, gt=0)
     """Seconds a worker may go without a sign of life (it beats between items and while it waits for the
     coordinator), or a service (replay shard, parameter server) without answering a ping (queued behind its calls),
@@ -120,7 +121,8 @@ class RoleOptions:
     oversubscribe: bool = False
     """Start the roles even where they ask for more than OVERSUBSCRIBE_LIMIT times the CPUs this machine has (each
     role is a process of its own; refused without this flag, since a machine that far oversubscribed thrashes or
-    runs out of memory). Not checked on a joined Ray cluster (--address), whose own scheduler places the roles."""
+    runs out of memory). Not checked on a Ray cluster (--address, or a connection the process made with ray.init
+    before the run), whose own scheduler places the roles."""
 
 
 RAY_OPTIONS = ("address", "cpus_per_role", "gpus_per_role", "placement")
@@ -284,7 +286,7 @@ class ParallelRunner(RunBase):
                 f"compute there too; add --device cuda, or {drop}"
             )
         wanted = opts.workers * opts.gpus_per_role
-        if not opts.address and wanted > (have := torch.cuda.device_count()):
+        if not BACKENDS[opts.backend].on_cluster(opts) and wanted > (have := torch.cuda.device_count()):
             raise ConfigError(
                 f"{gpus} asks for {wanted:g} GPUs for {opts.workers} roles, and this machine has {have}: give each "
                 f"role a share (--gpus-per-role {have / opts.workers:.4g} spreads them over {have}), or use fewer roles"
@@ -366,9 +368,10 @@ class ParallelRunner(RunBase):
 
     def check_machine_fits(self) -> None:
         """Refuse role counts far beyond this machine (`OVERSUBSCRIBE_LIMIT` times its cores) before any process
-        starts, unless `--oversubscribe`; roles that run in this process (serial) or on a joined cluster pass."""
+        starts, unless `--oversubscribe`; roles that run in this process (serial) or on a cluster (`Backend.on_cluster`:
+        a joined one, or the one this process is connected to) pass."""
         opts = self.opts
-        if opts.backend == "serial" or opts.address or opts.oversubscribe:
+        if opts.backend == "serial" or opts.oversubscribe or BACKENDS[opts.backend].on_cluster(opts):
             return
         cores = usable_cores()
         cpus = opts.workers * (opts.cpus_per_role if opts.backend == "ray" else 1.0)
@@ -496,8 +499,9 @@ class ParallelRunner(RunBase):
 
     def wait_service(self, pending: Pending, check: Callable[[], object]) -> Any:
         """A service's answer, waited for in slices of `WAIT_S` with `check()` (the services' health: dead and hung
-        ones restarted) in between; once a stop is requested (Ctrl-C), at most `STOP_WAIT_S` more, then
-        `ServiceWaitStopped`."""
+        ones restarted, a `WorkerFailure` past the restart limit) in between; once a stop is requested (Ctrl-C), at
+        most `STOP_WAIT_S` more, then `ServiceWaitStopped`. A method that raised (`ServiceError`) or a service gone
+        for good (`ServiceUnavailable`) goes on up: the loop stops the run on it as on any failure (`FAILURES`)."""
         stop_seen = None
         while True:
             try:

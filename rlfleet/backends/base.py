@@ -6,8 +6,9 @@ next item for the coordinator, or None to stop) and `close()`. The backend start
 (`Backend.start`), and the coordinator talks to the `RoleGroup` it gets back: `get(worker, timeout)` /
 `get_any(timeout)` for the next item, `release(worker, incarnation)` to give a worker back the credit of an
 item it has used (a worker is never more than `credits` items ahead), `check()` for the workers that died
-(reported with their traceback and restarted, up to `max_restarts`), `stop()`. The coordinator loop never asks
-which backend it has.
+(reported with their traceback and restarted, up to `max_restarts`: one `RestartBudget` for every group the backend
+starts with that limit, roles and services together), `stop()`. The coordinator loop never asks which backend it
+has.
 
 - `serial`: every role in the calling process, produced on demand, deterministic (tests, debugging);
 - `local`: one `spawn`ed process per role, shared memory for the networks, a pipe per worker (the default).
@@ -27,8 +28,9 @@ times (`serial`: in the calling process; `local`: one `spawn`ed process each) an
   results travel by value (pickled), never through shared memory.
 - `check()`: the services that died since the last check (`Crash`, with their traceback where they raised),
   each restarted as its next incarnation (`make_service(index, incarnation + 1)`), up to `max_restarts` in
-  all. Handles keep working across a restart: a call cut short by the service's death is sent again to its
-  next incarnation (at least once), within the handle's `reconnect_s`; `result(timeout)` raises
+  all (the budget the backend's roles spend from too). Handles keep working across a restart: a call cut short by
+  the service's death is sent again to each next incarnation (at least once), within the handle's `reconnect_s`
+  (the restart limit, not the handle, ends a service that keeps dying); `result(timeout)` raises
   `TimeoutError` when its timeout comes first (the call stays pending), so a coordinator that restarts the
   services itself can wait in slices and `check()` in between.
 - `stop()`: ends every service. Idempotent.
@@ -77,11 +79,40 @@ class WorkerFailure(RunFailure):
 
 
 class ServiceError(RuntimeError):
-    """A service's method raised: the message holds the service's traceback."""
+    """A service's method raised: the message's first line says what it raised, the rest is the service's traceback.
+    Where the coordinator's call gets it, the run stops as on a `RunFailure` (`rlfleet.run.runner.FAILURES`)."""
+
+    @classmethod
+    def of(cls, index: int, method: str, traceback: str) -> ServiceError:
+        """The error of service `index`'s `method`, which raised with `traceback` (as its process wrote it)."""
+        last = (traceback.strip().splitlines() or ["an exception"])[-1].strip()
+        return cls(f"service {index}'s {method} raised {last}\n{traceback.rstrip()}")
 
 
 class ServiceUnavailable(ConnectionError):
-    """A service could not be reached (dead and not restarted) for longer than its handle waits."""
+    """A service could not be reached (dead and not restarted) for longer than its handle waits. Where the
+    coordinator's call gets it, the run stops as on a `RunFailure` (`rlfleet.run.runner.FAILURES`)."""
+
+
+class RestartBudget:
+    """The restarts that the groups a backend starts with the same `limit` may make (`Backend.restart_budget`): a
+    run starts all of its groups (roles, services, gossip mailboxes) with `--max-restarts`, so they share one budget.
+    Each group's `check` spends one per crash it restarts (`spend`); the one past the limit is a `WorkerFailure`."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.spent = 0
+
+    def spend(self, what: str, own: int, crash: Crash) -> None:
+        """One restart of a group that names its crashes `what` ("workers", "replay shards") and has now restarted
+        `own` times itself: a `WorkerFailure` if the budget is spent."""
+        self.spent += 1
+        if self.spent <= self.limit:
+            return
+        counted = f"{own} times"
+        if own != self.spent:
+            counted += f", {self.spent} restarts in all with the run's other roles and services"
+        raise WorkerFailure(f"{what} crashed {counted} (limit {self.limit}); last: {crash.describe()}")
 
 
 @dataclass
@@ -210,11 +241,25 @@ class Backend(ABC):
     def __init__(self, opts: Any = None, run_dir: Path | None = None):
         self.opts = opts
         self.run_dir = run_dir
+        self._budgets: dict[int, RestartBudget] = {}
 
     @classmethod
     def check_options(cls, opts: Any) -> None:
         """Refuse options this backend cannot run with, before the run writes anything (a `ConfigError`)."""
         return None  # serial and local run with any
+
+    @classmethod
+    def on_cluster(cls, opts: Any) -> bool:
+        """Whether the roles go to a cluster whose own resources decide what fits (its scheduler places them, the
+        others wait), not this machine's cores and GPUs."""
+        return False  # serial and local: this machine
+
+    def restart_budget(self, max_restarts: int) -> RestartBudget:
+        """The one `RestartBudget` of every group this backend starts with `max_restarts`: a run's roles, services
+        and gossip mailboxes, all started with `--max-restarts`, count their restarts together."""
+        if max_restarts not in self._budgets:
+            self._budgets[max_restarts] = RestartBudget(max_restarts)
+        return self._budgets[max_restarts]
 
     def close(self) -> None:
         """Give back what the backend itself started (a Ray instance, for one). Idempotent."""

@@ -5,8 +5,8 @@ Every worker is a `spawn`ed process running `target(worker_id, incarnation, outb
 thread and Ctrl-C ignored (the coordinator alone reacts to it, then stops the workers itself). A worker
 that raises sends its traceback home before exiting; one that is killed (SIGKILL, out of memory) is
 noticed by its exit code. `check()` reports both and restarts the worker (the next incarnation, so it can
-reseed), up to `max_restarts` over the run. A worker whose coordinator dies without stopping it exits by
-itself (it watches the parent's sentinel).
+reseed), up to `max_restarts` over the run (a `RestartBudget` shared with the run's services). A worker whose
+coordinator dies without stopping it exits by itself (it watches the parent's sentinel).
 
 Each incarnation of a worker sends to the coordinator through a pipe of its own (`Outbox`), read in the
 coordinator by a thread of its own into an in-process queue. Nothing between a worker and the coordinator
@@ -40,7 +40,7 @@ from typing import Any
 import torch.multiprocessing as mp
 from torch import nn
 
-from rlfleet.backends.base import Backend, Crash, RoleGroup, ServiceGroup, WorkerFailure
+from rlfleet.backends.base import Backend, Crash, RestartBudget, RoleGroup, ServiceGroup
 from rlfleet.backends.child import child_setup
 from rlfleet.backends.shared_memory import StepCounter, StopFlag
 
@@ -104,7 +104,8 @@ class WorkerPool(RoleGroup):
 
     `get(worker_id, timeout)` and `get_any(timeout)` return the items the live incarnations sent (`Outbox.put`);
     `release(worker_id)` gives a worker back a credit. `pids_file`, if given, always holds `{worker_id: pid}`
-    of the live workers (tests kill them through it).
+    of the live workers (tests kill them through it). Restarts are spent from `budget` (the backend's, shared with
+    its other groups), or from a budget of the pool's own of `max_restarts`.
     """
 
     def __init__(
@@ -117,12 +118,14 @@ class WorkerPool(RoleGroup):
         credits: int | None = None,
         poll_s: float = 5e-4,
         heartbeat_s: float | None = None,
+        budget: RestartBudget | None = None,
     ):
         self.ctx = mp.get_context("spawn")
         self.n_workers = n_workers
         self.target = target
         self.args = args
         self.max_restarts = max_restarts
+        self.budget = budget if budget is not None else RestartBudget(max_restarts)
         self.pids_file = pids_file
         self.n_credits = credits
         self.poll_s = poll_s
@@ -248,11 +251,7 @@ class WorkerPool(RoleGroup):
             crashes.append(Crash(wid, process.exitcode, text))
             if restart:
                 self.restarts += 1
-                if self.restarts > self.max_restarts:
-                    raise WorkerFailure(
-                        f"workers crashed {self.restarts} times (limit {self.max_restarts}); "
-                        f"last: {crashes[-1].describe()}"
-                    )
+                self.budget.spend("workers", self.restarts, crashes[-1])
                 self.incarnations[wid] += 1
                 self._start(wid)
         if dead:
@@ -359,6 +358,7 @@ class LocalBackend(Backend):
             pids_file=pids_file,
             credits=credits,
             heartbeat_s=heartbeat_s,
+            budget=self.restart_budget(max_restarts),
         )
         pool.start()
         return pool
@@ -375,7 +375,8 @@ class LocalBackend(Backend):
         from rlfleet.backends.services import ProcessServices
 
         services = ProcessServices(
-            make_service, n, max_restarts=max_restarts, pids_file=pids_file, name=name, heartbeat_s=heartbeat_s
-        )
+            make_service, n, max_restarts=max_restarts, pids_file=pids_file, name=name, heartbeat_s=heartbeat_s,
+            budget=self.restart_budget(max_restarts),
+        )  # fmt: skip
         services.start()
         return services

@@ -15,7 +15,8 @@ and the actor loads it into its replica of the networks before its role produces
 backend's pipes, so the coordinator gets its own writable arrays.
 
 Reliability: a call that fails (the role raised: its traceback; the actor died: Ray's reason) is reported
-by `check()`, which starts the next incarnation of that worker in a new actor, up to `max_restarts` in all.
+by `check()`, which starts the next incarnation of that worker in a new actor, up to `max_restarts` in all (with
+the services' and the gossip mailboxes' restarts: `Backend.restart_budget`).
 A call that has not returned after `heartbeat_s` (plus a grace for starting the actor) is taken for a hung
 role: its actor is killed and restarted like a dead one; the clock is held while a service the roles call
 does not answer (`RoleGroup.waits_on`), so that a role blocked on a hung service is not killed before it.
@@ -37,7 +38,9 @@ Where Ray runs (`--address`):
   imported, as Ray resolves it (`RAY_ADDRESS`, the latest `ray start`'s address file, the one instance running
   here), so that a cluster on 127.0.0.1 keeps Ray on loopback; it never picks another user's instance or a run's
   private one, and no address joins a run's private instance (`PRIVATE_RESOURCE` marks them);
-- a Ray connection this process already has (`ray.init` called before the run) is used as it is.
+- a Ray connection this process already has (`ray.init` called before the run) is used as it is, as a joined
+  cluster is (its resources, not this machine's cores, decide what fits: `on_cluster`); an `--address` other than
+  the one it is connected to is refused (Ray would ignore it).
 
 What Ray prints in the driver's terminal (its raylets' and autoscaler's messages, the actors' output, coloured) goes
 to `<run>/ray.log` without colours while the run's own connection lasts (`RayLog`).
@@ -51,7 +54,9 @@ actors), `ray_mailboxes` (gossip mailboxes); this module, the backend that puts 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +77,7 @@ from rlfleet.backends.ray_instance import (
     on_loopback,
     refuse_foreign,
     resolve_address,
+    same_endpoint,
     sigint_deferred,
     start_private_instance,
     stop_private_instance,
@@ -83,6 +89,27 @@ from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag, We
 from rlfleet.fields import ConfigError
 
 RESOURCE_UNIT = 1e-4  # Ray reserves resources in multiples of this
+
+
+def _connected() -> Any:
+    """`ray`, where this process is connected to Ray already (a `ray.init` before the run, or this run's own); else
+    None. Ray is not imported for this."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized() else None
+
+
+def _one_cluster(address: str, gcs: str) -> bool:
+    """HOST:PORT `address` reaches the cluster whose GCS is at `gcs` (the same port, and the same host: 127.0.0.1
+    and localhost alike, or names that resolve to one address)."""
+    if same_endpoint(address, gcs):
+        return True
+    (host, _, port), (gcs_host, _, gcs_port) = address.rpartition(":"), gcs.rpartition(":")
+    if port != gcs_port:
+        return False
+    with contextlib.suppress(OSError):
+        ours = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        return bool(ours & {info[4][0] for info in socket.getaddrinfo(gcs_host, None)})
+    return False
 
 
 def _check_placement(placement: str, address: str) -> None:
@@ -127,8 +154,8 @@ class RayBackend(Backend):
             raise ConfigError(f"--gpus-per-role={gpus:g} is below Ray's smallest share of a resource, {RESOURCE_UNIT}")
         given = getattr(opts, "address", "") or ""
         _check_placement(getattr(opts, "placement", "") or "", given)
-        ray = sys.modules.get("ray")
-        if not given or (given == "auto" and ray is not None and ray.is_initialized()):
+        connected = _connected()
+        if not given or (given == "auto" and connected is not None):
             return  # the private instance, or the connection this process has
         address, how = resolve_address(given)
         label = f"--address {given}" + (f" ({address}, {how})" if how else "")
@@ -136,6 +163,9 @@ class RayBackend(Backend):
         if not host or not port.isdigit():
             raise ConfigError(f"{label}: {address!r} is not HOST:PORT" if how else f"--address {given!r} is not "
                               "HOST:PORT (or auto)")  # fmt: skip
+        gcs = None if connected is None else connected.get_runtime_context().gcs_address
+        if gcs is not None and _one_cluster(address, gcs):
+            return  # the cluster this process is connected to: the run uses that connection
         problem = grpc_problem(host, int(port))
         if problem is not None:
             raise ConfigError(f"{label}: {problem}")
@@ -143,18 +173,34 @@ class RayBackend(Backend):
         problem = auth_problem(host, int(port))
         if problem is not None:
             raise ConfigError(f"{label}: {problem}")
+        if gcs is not None:  # Ray would run on the connection this process has, and ignore the address
+            raise ConfigError(
+                f"{label}: this process is connected to the Ray cluster at {gcs} already (ray.init before the run), "
+                f"and a run uses that connection: leave --address out (or give {gcs}), or call ray.shutdown() "
+                "before the run"
+            )
+
+    @classmethod
+    def on_cluster(cls, opts: Any) -> bool:
+        """A cluster's resources decide what fits where the run joins one (`--address`) and where it uses the
+        connection this process made before it (`ray.init`, as the run does too); not the private instance, which
+        is this machine."""
+        return bool(getattr(opts, "address", "")) or _connected() is not None
 
     def __init__(self, opts: Any = None, run_dir: Path | None = None):
         super().__init__(opts, run_dir)
         self.given = getattr(opts, "address", "") or ""
         self.check_options(opts)
-        ray = sys.modules.get("ray")
-        connected = ray is not None and ray.is_initialized()
+        connected = _connected() is not None
         address, self.how = resolve_address(self.given) if self.given and not connected else (self.given, "")
         self.ray = import_ray(private=not address or on_loopback(address))  # `auto` on 127.0.0.1 keeps to it too
         self.started = False  # this run connected to Ray (and shuts the connection down at the end)
         self.private = False  # this run started its private instance (and stops it at the end)
         self.log: RayLog | None = None  # where Ray's own lines go while this run's connection lasts
+        self.modules: dict[str, nn.Module] = {}
+        self.weights: WeightVersion | None = None
+        self._published: tuple[int, Any] | None = None
+        self._keepers: list[MailboxKeeper] = []
         if not self.ray.is_initialized():
             if run_dir is not None:
                 self.log = RayLog(Path(run_dir) / "ray.log")
@@ -165,15 +211,15 @@ class RayBackend(Backend):
                 self._detach_log()
                 raise
             self.started, self.private = True, not address
-            if self.log is not None:
+        try:
+            if self.log is not None and self.started:
                 whose = "the run's private instance, removed at its end" if self.private else f"at {address}"
                 session = self.ray._private.worker._global_node.get_session_dir_path()
                 self.log.write(f"Ray session folder: {session} ({whose}; Ray's own logs are in its logs/)")
-        self.host = self.ray.util.get_node_ip_address()
-        self.modules: dict[str, nn.Module] = {}
-        self.weights: WeightVersion | None = None
-        self._published: tuple[int, Any] | None = None
-        self._keepers: list[MailboxKeeper] = []
+            self.host = self.ray.util.get_node_ip_address()
+        except BaseException:  # a Ctrl-C just after the start: what this run started goes again
+            self.close()
+            raise
 
     def _connect(self, address: str) -> None:
         if address:

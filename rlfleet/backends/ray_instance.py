@@ -160,7 +160,7 @@ def local_instances() -> list[LocalInstance]:
     return found
 
 
-def _same_endpoint(a: str, b: str) -> bool:
+def same_endpoint(a: str, b: str) -> bool:
     """HOST:PORT `a` and `b` are one address (127.0.0.1 and localhost alike)."""
     (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
     return port_a == port_b and (host_a == host_b or (on_loopback(a) and on_loopback(b)))
@@ -209,7 +209,7 @@ def refuse_foreign(address: str, given: str, how: str) -> None:
     by `auto`, as another user's (which `auto` should not join unasked)."""
     label = f"--address {given}" + (f" ({address}, {how})" if how else "")
     for instance in local_instances():
-        if not _same_endpoint(instance.gcs, address):
+        if not same_endpoint(instance.gcs, address):
             continue
         if instance.private:
             owner = f" (process {instance.driver_pid})" if instance.driver_pid else ""

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.backends.base import Crash, RoleGroup, WorkerFailure
+from rlfleet.backends.base import Crash, RestartBudget, RoleGroup, WorkerFailure
 from rlfleet.backends.ray_instance import ANSI, sigint_deferred
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag
 
@@ -49,6 +49,8 @@ class RayHost(Protocol):
     def actor_options(self, index: int) -> dict[str, Any]: ...
 
     def threads(self) -> int: ...
+
+    def restart_budget(self, max_restarts: int) -> RestartBudget: ...
 
 
 def module_state(modules: dict[str, nn.Module]) -> dict[str, dict[str, np.ndarray]]:
@@ -208,6 +210,7 @@ class RayGroup(RoleGroup):
         self.n_credits = credits or 2  # without credits a worker keeps two calls in flight (pipelined)
         self.free_running = credits is None  # ... and gets a new call for each answer, not for each release
         self.max_restarts = max_restarts
+        self.budget = backend.restart_budget(max_restarts)  # shared with the backend's services and mailboxes
         self.pids_file = pids_file
         self.heartbeat_s = heartbeat_s
         self.incarnations = [0] * n_workers
@@ -333,10 +336,7 @@ class RayGroup(RoleGroup):
                 continue
             crashes.append(Crash(wid, None, worker.failure))
             self.restarts += 1
-            if self.restarts > self.max_restarts:
-                raise WorkerFailure(
-                    f"workers crashed {self.restarts} times (limit {self.max_restarts}); last: {crashes[-1].describe()}"
-                )
+            self.budget.spend("workers", self.restarts, crashes[-1])
             with contextlib.suppress(Exception):
                 self.ray.kill(worker.actor, no_restart=True)
             self.incarnations[wid] += 1

@@ -1,6 +1,7 @@
 """The `ray` backend's services (see `ray_backend`): named actors (`RayServices`), reached by name from any
 process (`RayServiceHandle`), pinged behind their calls, restarted under the same name when they die or hang; a
-call cut short is sent again to the next incarnation (`RayPending`)."""
+call cut short is sent again to the next incarnation (`RayPending`), and to the next, as long as the run restarts
+the service (its restart limit, not the call, ends a service that keeps dying)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,12 @@ from rlfleet.backends.base import (
     ServiceGroup,
     ServiceHandle,
     ServiceUnavailable,
-    WorkerFailure,
     slow_after,
 )
 from rlfleet.backends.ray_instance import ANSI, sigint_deferred
 from rlfleet.backends.ray_roles import STARTUP_GRACE_S, Places, RayHost, RoleError, where
 
 RECONNECT_S = 60.0  # how long a handle waits for a dead service's next incarnation before it gives up
-RESENDS = 3  # how many times a call goes to a service's next incarnation after its actor died under it
 
 
 class ServiceActor:
@@ -56,16 +55,17 @@ class ServiceActor:
 
 
 class RayPending(Pending):
-    """A call sent to a service actor; sent again to the service's next incarnation (a new actor under its name) if
-    the actor dies first, up to `RESENDS` times: an actor that dies under every incarnation (one that cannot start:
-    out of threads or memory, a constructor that raises) is a `ServiceUnavailable` with Ray's reason, not a retry
-    loop. While the next incarnation is not there yet (the dead actor may keep its name a while, as when its node
-    went), a wait with a timeout ends with `TimeoutError` like any other, so that a coordinator that restarts the
-    services itself (`ServiceGroup.check`) does so between its waits; any wait ends after `RECONNECT_S`."""
+    """A call sent to a service actor; sent again to the service's next incarnation (a new actor under its name) each
+    time the actor dies first, as a call to a `local` service is: a service that dies under every incarnation (one
+    that cannot start: out of threads or memory, a constructor that raises) is ended by the restart limit of the
+    group that restarts it (`RayServices.check`: a `WorkerFailure` naming Ray's reason), not by the call. While the
+    next incarnation is not there yet (the dead actor may keep its name a while, as when its node went), a wait with a
+    timeout ends with `TimeoutError` like any other, so that a coordinator that restarts the services itself
+    (`ServiceGroup.check`) does so between its waits; a service not restarted within `RECONNECT_S` (nobody restarts
+    it) is a `ServiceUnavailable`."""
 
     def __init__(self, handle: RayServiceHandle, method: str, args: tuple[Any, ...]):
         self.handle, self.method, self.args = handle, method, args
-        self.deaths = 0  # actors that died under this call
         self.sent_to: Any = None  # the id of the actor the call went to last (the dead one, once `lost_at` is set)
         self.lost_at: float | None = None  # when that actor died under it (None: the call is with a live one)
         self.ref: Any = None
@@ -101,18 +101,11 @@ class RayPending(Pending):
                 break
             except ray.exceptions.GetTimeoutError:
                 raise TimeoutError(f"service {self.handle.index}: no answer within {timeout} s") from None
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                self.deaths += 1
-                if self.deaths > RESENDS:
-                    reason = (ANSI.sub("", str(exc)).strip().splitlines() or [type(exc).__name__])[0]
-                    raise ServiceUnavailable(
-                        f"service {self.handle.index}'s actor died under its {self.method} call {self.deaths} times; "
-                        f"last: {reason}"
-                    ) from None
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self.lost_at = time.monotonic()
                 self.handle.lost()  # its death is the coordinator's to report and restart: wait for that
         if isinstance(value, RoleError):
-            raise ServiceError(f"service {self.handle.index}'s {self.method} raised:\n{value.traceback}")
+            raise ServiceError.of(self.handle.index, self.method, value.traceback)
         return value
 
 
@@ -165,6 +158,7 @@ class RayServices(ServiceGroup):
         self.unwell_at = float("-inf")
         self.answered: list[bool] = [False] * n  # has this incarnation answered a ping yet (its start-up grace)
         self.make_service, self.n, self.max_restarts = make_service, n, max_restarts
+        self.budget = backend.restart_budget(max_restarts)  # shared with the backend's roles and other services
         self.pids_file, self.name = pids_file, name
         # where each service runs, `{index: {pid, node, ip}}` (as `actors.json` for the workers): `shards.json`'s
         # is `shards_actors.json`
@@ -230,11 +224,7 @@ class RayServices(ServiceGroup):
                 crashes.append(Crash(index, None, f"no answer for {silent:.0f} s (hung), so it was killed",
                                      role=self.name))  # fmt: skip
             self.restarts += 1
-            if self.restarts > self.max_restarts:
-                raise WorkerFailure(
-                    f"{self.name}s crashed {self.restarts} times (limit {self.max_restarts}); "
-                    f"last: {crashes[-1].describe()}"
-                )
+            self.budget.spend(f"{self.name}s", self.restarts, crashes[-1])
             with contextlib.suppress(Exception):
                 self.ray.kill(self.actors[index], no_restart=True)
             self.incarnations[index] += 1

@@ -44,11 +44,11 @@ from rlfleet.backends.base import (
     PING_EVERY_S,
     Crash,
     Pending,
+    RestartBudget,
     ServiceError,
     ServiceGroup,
     ServiceHandle,
     ServiceUnavailable,
-    WorkerFailure,
     slow_after,
 )
 from rlfleet.backends.child import child_setup
@@ -116,7 +116,7 @@ class ProcessPending(Pending):
     def result(self, timeout: float | None = None) -> Any:
         ok, value = self.handle._wait(self.seq, timeout)
         if not ok:
-            raise ServiceError(f"service {self.handle.index}'s {self.method} raised:\n{value.rstrip()}")
+            raise ServiceError.of(self.handle.index, self.method, value)
         return value
 
 
@@ -212,7 +212,8 @@ class ProcessHandle(ServiceHandle):
 
 class ProcessServices(ServiceGroup):
     """N service processes at fixed addresses, restarted when they die. `pids_file`, if given, always holds
-    `{index: pid}` of the live ones."""
+    `{index: pid}` of the live ones. Restarts are spent from `budget` (the backend's, shared with its other groups),
+    or from a budget of the group's own of `max_restarts`."""
 
     def __init__(
         self,
@@ -222,11 +223,13 @@ class ProcessServices(ServiceGroup):
         pids_file: Path | None = None,
         name: str = "service",
         heartbeat_s: float | None = None,
+        budget: RestartBudget | None = None,
     ):
         self.ctx = mp.get_context("spawn")
         self.make_service = make_service
         self.n = n
         self.max_restarts = max_restarts
+        self.budget = budget if budget is not None else RestartBudget(max_restarts)
         self.pids_file = pids_file
         self.name = name
         self.folder = tempfile.mkdtemp(prefix="rlfleet-services-")
@@ -349,11 +352,7 @@ class ProcessServices(ServiceGroup):
                 text = f"no answer for {self.hung.pop(index):.0f} s (hung), so it was killed"
             crashes.append(Crash(index, process.exitcode, text, role=self.name))
             self.restarts += 1
-            if self.restarts > self.max_restarts:
-                raise WorkerFailure(
-                    f"{self.name}s crashed {self.restarts} times (limit {self.max_restarts}); "
-                    f"last: {crashes[-1].describe()}"
-                )
+            self.budget.spend(f"{self.name}s", self.restarts, crashes[-1])
             self.incarnations[index] += 1
             self._new_pinger(index)
             self.answered[index] = None  # its first ping has the start-up grace

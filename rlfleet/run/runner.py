@@ -8,6 +8,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -27,7 +28,7 @@ from gymnasium.vector import VectorEnv
 
 from rlfleet.algos import DEFAULT_ARCH, resolve
 from rlfleet.algos.spaces import UnsupportedSpaceError
-from rlfleet.backends.base import RunFailure
+from rlfleet.backends.base import RunFailure, ServiceError, ServiceUnavailable
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.device import placement_note, resolve_device
 from rlfleet.envs import ENV_TIMEOUT_S, EnvProcessError, import_envpool, make_vector_env, resolve_vector_mode
@@ -170,9 +171,12 @@ def build_algorithm(cfg: RunConfig, algo_cfg: Any, info: dict[str, Any], seed: i
         raise ConfigError(f"bad {cfg.algo} config: {exc}") from None
 
 
-FAILURES = (RunFailure, EnvProcessError)
+FAILURES = (RunFailure, EnvProcessError, ServiceError, ServiceUnavailable)
 """What a run cannot go on past: its loop stops as cleanly as on Ctrl-C (a checkpoint, `result.json` with `stopped_by`
-"failure"), then `RunBase.conclude` raises it as a `RunFailure` (`as_failure`)."""
+"failure"), then `RunBase.conclude` raises it as a `RunFailure` (`as_failure`). Besides `RunFailure`s (workers or
+services that keep crashing, roles that cannot be placed): an env process that died or hung, a service method that
+raised where the coordinator called it (its error in the failure's first line, its traceback after) and a service
+that stayed unreachable."""
 
 
 def as_failure(exc: Exception) -> RunFailure:
@@ -219,6 +223,39 @@ class RunBase(abc.ABC):
 
     Options: type = NoOptions
     """The architecture's own options: a dataclass whose fields declare their defaults and ranges."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each architecture's `__init__` starts processes (env processes, a backend's workers or private Ray
+        instance) and goes on (a restore, the eval envs, the config): whatever ends it after that, an error or a
+        Ctrl-C, gives back what it started (`abandon`) before it propagates, as `run()` does at its end."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def init_or_abandon(self: RunBase, *args: Any, **kw: Any) -> None:
+            try:
+                init(self, *args, **kw)
+            except BaseException:
+                self.abandon()
+                raise
+
+        cls.__init__ = init_or_abandon  # type: ignore[method-assign]
+
+    def abandon(self) -> None:
+        """Give back what a runner whose `__init__` failed has started: its training and eval envs, if built, and its
+        backend, if started (its private Ray instance, with its folder, token and log; a connection it made).
+        Idempotent (an architecture's `__init__` and its base's both call it)."""
+        for name in ("envs", "eval_envs"):
+            envs = self.__dict__.get(name)
+            if envs is not None:
+                with contextlib.suppress(Exception):
+                    envs.close()
+        backend = self.__dict__.get("backend")
+        if backend is not None:
+            backend.close()
+
     log_every = LOG_EVERY
     """Steps between training-metric log lines."""
     min_eval_every = 2_000
@@ -491,6 +528,12 @@ class RunBase(abc.ABC):
     def save(self, name: str = "latest") -> Path:
         return self.save_to(self.run_dir / "checkpoints" / f"{name}.pt", with_data=name == "latest")
 
+    def save_logged(self, logger: RunLogger, name: str = "latest") -> Path:
+        """`save`, the rows logged so far put on disk first: a run killed after the checkpoint would otherwise lose
+        the rows still buffered, which its resume (going on from the checkpoint's step) never logs again."""
+        logger.flush()
+        return self.save(name)
+
     def save_to(self, path: Path, with_data: bool) -> Path:
         """A checkpoint of the run at `path`: with its data (envs, collector, replay: what an exact resume needs), or
         the learner and the counters alone (what `best.pt` holds, and what a sweep's PBT hands another trial)."""
@@ -520,12 +563,12 @@ class RunBase(abc.ABC):
         self.state["last_eval"] = {"step": step, "mean": mean, "std": std, "cut": cut}
         logger.log(step, {"eval/return_mean": mean, "eval/return_std": std, "eval/episodes_cut": cut, **more}, elapsed)
         self._note_cut(logger, cut)
+        if self.stop_return is not None and mean >= self.stop_return and self.state["solved_at_step"] is None:
+            self.state["solved_at_step"] = step  # before `best.pt` is saved: a run resumed from it knows it solved
+            self.state["solved_at_s"] = elapsed
         if mean > self.state["best_eval"]:
             self.state["best_eval"] = mean
-            self.save("best")
-        if self.stop_return is not None and mean >= self.stop_return and self.state["solved_at_step"] is None:
-            self.state["solved_at_step"] = step
-            self.state["solved_at_s"] = elapsed
+            self.save_logged(logger, "best")
         return mean
 
     def _note_cut(self, logger: RunLogger, cut: int) -> None:
@@ -578,7 +621,7 @@ class RunBase(abc.ABC):
         if steps >= self.state["next_checkpoint"]:
             self.state["next_checkpoint"] += self.checkpoint_every
             self.state["elapsed"] = time.perf_counter() - start
-            self.save()
+            self.save_logged(logger)
         if solved:
             return "solved"
         if stop_requested or any(cb({"env_steps": steps, "trainer": self}) for cb in self.callbacks):
@@ -595,7 +638,8 @@ class RunBase(abc.ABC):
         now = time.perf_counter()
         self._last_log = (now, self.env_steps)
         self._invocation_start = now
-        return logger, now - self.state["elapsed"]
+        logger.start = now - self.state["elapsed"]  # rows logged without their elapsed time: the run's totals too
+        return logger, logger.start
 
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
         """A final evaluation if the last one is not at this step (none when interrupted, and none once solved:
@@ -606,7 +650,7 @@ class RunBase(abc.ABC):
         if stopped_by not in ("interrupted", "solved", "failure") and (last is None or last["step"] != self.env_steps):
             self._evaluate(logger, time.perf_counter() - start)
         self.state["elapsed"] = time.perf_counter() - start
-        self.save()
+        self.save_logged(logger)
 
     def write_result(self, stopped_by: str, wall: float, failure: Exception | None = None) -> RunResult:
         """`result.json` (with `failure`: why a run stopped by one did, else None) and `curves.png`."""

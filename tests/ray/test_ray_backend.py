@@ -1,6 +1,8 @@
 """The `ray` backend: roles as Ray actors on a private loopback instance (one per module). Credits and published
-weights, crashes with their traceback, killed and hung actors restarted, the same weights as the serial backend,
-and A2C solving CartPole-v1 with two actors on data_parallel, grad_parallel and async_grad (one killed mid-run)."""
+weights, crashes with their traceback, killed and hung actors restarted, one restart budget for roles and services,
+services that raise or keep dying ending a run cleanly, the same weights as the serial backend, the connection this
+process has used as a cluster (another --address refused), and A2C solving CartPole-v1 with two actors on
+data_parallel, grad_parallel and async_grad (one killed mid-run)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import pytest
 import torch
 from procs import stop_process
 from seeds import first_solving
-from spawned import ScriptedRole, make_tally, make_tally_never_starting
+from spawned import ScriptedRole, make_tally, make_tally_failing_first, make_tally_never_starting
 
-from rlfleet.arch.parallel import ParallelOptions
-from rlfleet.backends import ServiceError, WorkerFailure
+from rlfleet.arch import parallel
+from rlfleet.arch.parallel import OVERSUBSCRIBE_LIMIT, ParallelOptions
+from rlfleet.backends import RunFailure, ServiceError, WorkerFailure
 from rlfleet.backends.ray_backend import RayBackend
-from rlfleet.launch import train
+from rlfleet.launch import check_run, train
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import ConfigError
 from rlfleet.run.evaluate import evaluate_checkpoint
@@ -217,32 +220,120 @@ def test_services_are_named_actors_that_keep_their_handles_across_a_restart(tmp_
         services.stop()
 
 
-def test_a_call_to_a_service_that_never_starts_ends_with_its_cause_instead_of_retrying_for_ever(tmp_path):
+def test_a_service_that_never_starts_is_restarted_until_the_restart_limit_ends_it_with_its_cause(tmp_path):
     """The coordinator restarts the service each time its actor dies (its constructor raises: as an actor that cannot
-    get a thread would); the call is sent again to each new incarnation a few times, then given up with the cause."""
-    import threading
-
-    from rlfleet.backends import ServiceUnavailable
-
+    get a thread would); the call it waits on is sent again to each new incarnation, and the restart limit, not the
+    call, ends it: a `WorkerFailure` with Ray's reason (a run then stops cleanly), as on `local`."""
     backend = RayBackend(ParallelOptions(backend="ray"))
-    services = backend.start_services(make_tally_never_starting, 1, max_restarts=1000, name="server")
-    done = threading.Event()
-
-    def restart_them():  # what the coordinator's loop does
-        while not done.is_set():
-            services.check()
-            time.sleep(0.1)
-
-    checker = threading.Thread(target=restart_them, daemon=True)
-    checker.start()
+    services = backend.start_services(make_tally_never_starting, 1, max_restarts=4, name="server")
     try:
-        with pytest.raises(ServiceUnavailable, match="service 0's actor died under its add call 4 times; last: "):
-            services.handles[0].submit("add", 1).result()
-        assert services.restarts >= 1
+        pending = services.handles[0].submit("add", 1)
+        deadline = time.monotonic() + 300
+        with pytest.raises(WorkerFailure, match=r"^servers crashed 5 times \(limit 4\); last: server 0 died:(?s:.*)"
+                                                 r"service 0 cannot start"):  # fmt: skip
+            while True:  # what the coordinator's waits on a service do (`ParallelRunner.wait_service`)
+                assert time.monotonic() < deadline, f"{services.restarts} restarts, no failure"
+                try:
+                    pending.result(timeout=0.2)
+                except TimeoutError:
+                    services.check()
+        assert services.restarts == 5
     finally:
-        done.set()
-        checker.join(timeout=10)
         services.stop()
+
+
+def test_the_roles_and_services_of_a_backend_spend_one_restart_budget(tmp_path):
+    """`--max-restarts` counts the run's restarts in all: a service that fails to start once and a role that raises
+    once are two restarts, one too many for a limit of 1, though each group restarted only once."""
+    backend, group, *_ = start_group(tmp_path, n=1, credits=1, fail="raise", max_restarts=1)
+    services = backend.start_services(make_tally_failing_first, 1, max_restarts=1, name="server")
+    crashes: list = []
+    try:
+        deadline = time.monotonic() + 120
+        with pytest.raises(WorkerFailure, match=r"crashed 1 times, 2 restarts in all with the run's other roles and "
+                                                 r"services \(limit 1\); last: (server|worker) 0 died"):  # fmt: skip
+            while len(crashes) < 2:  # both restarted, and no failure: each group counted its own
+                assert time.monotonic() < deadline, f"not both crashed: {crashes}"
+                crashes += services.check()
+                crashes += group.check()
+                if (item := group.get(0, 0.2)) is not None:
+                    group.release(0, item[1])
+        assert len(crashes) == 1 and group.restarts + services.restarts == 2
+    finally:
+        group.stop()
+        services.stop()
+
+
+def apex_run(run_opts, **options):
+    """A short Ape-X run on ray, one actor and one replay shard, learning from its 300th step, named "r"."""
+    return train("dqn", "CartPole-v1", arch="apex", actors=1, replay_shards=1, backend="ray", eval_every=10**9,
+                 eval_episodes=1, stop_return=1e9, overrides={"learning_starts": 300, "batch_size": 32}, name="r",
+                 **options, **run_opts)  # fmt: skip
+
+
+def assert_stopped_as_failure(run: Path, failure: RunFailure, says: str) -> None:
+    """The run stopped as a failure whose first line matches `says`: its checkpoint, `result.json`, the reason."""
+    assert failure.run_dir == run and re.search(says, str(failure).splitlines()[0]), failure
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and re.search(says, result["failure"].splitlines()[0]), result
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"] >= 300
+
+
+def test_a_service_method_that_raises_where_the_learner_calls_it_stops_the_run_cleanly(monkeypatch, run_opts, tmp_path):
+    """The learner's first request for a batch is a call the replay shard raises on (a bug in a service): the run
+    stops as a failure, with its checkpoint and `result.json`, and the service's error in the failure's first line."""
+    from rlfleet.arch import apex
+
+    def ask(self):
+        shard = self.choose_shard()
+        return None if shard is None else self.services.handles[shard].submit("update_priorities", [0, 1], [1.0])
+
+    monkeypatch.setattr(apex.ApexRunner, "_ask", ask)
+    with pytest.raises(RunFailure) as caught:
+        apex_run(run_opts, steps=5_000)
+    says = "^service 0's update_priorities raised ValueError: 1 priorities for 2 ids$"
+    assert_stopped_as_failure(tmp_path / "r", caught.value, says)
+
+
+@pytest.mark.timeout(600)
+def test_a_replay_shard_whose_restarts_keep_dying_ends_the_run_at_the_restart_limit(monkeypatch, run_opts, tmp_path):
+    """The shard is killed once the learner samples it, and none of its restarts can start (as a shard that runs out
+    of memory when rebuilt): the learner's sample, waiting on it, goes to each new incarnation until the run's restart
+    limit ends the run as a failure, with its checkpoint and `result.json`, as on `local`."""
+    from rlfleet.arch import apex
+
+    start_workers = apex.ApexRunner.start_workers
+
+    def start_then_break_the_shards(self, stop_flag, logger):
+        pool = start_workers(self, stop_flag, logger)
+        self.services.make_service = make_tally_never_starting  # what each restart builds
+        return pool
+
+    monkeypatch.setattr(apex.ApexRunner, "start_workers", start_then_break_the_shards)
+    run = tmp_path / "r"
+    killed: list[int] = []
+
+    def kill_the_shard_once_sampled() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if "losses/" in (run / "metrics.csv").read_text():
+                    pid = json.loads((run / "shards.json").read_text())["0"]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_the_shard_once_sampled, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(RunFailure) as caught:
+            apex_run(run_opts, steps=50_000, max_restarts=4)
+    finally:
+        killer.join(timeout=1)
+    assert killed, "the shard was not killed"
+    assert_stopped_as_failure(run, caught.value, r"^replay shards crashed .*\(limit 4\); last: replay shard 0 died")
+    assert "service 0 cannot start" in json.loads((run / "result.json").read_text())["failure"]
 
 
 def gcs_rss_mib() -> float:
@@ -319,6 +410,41 @@ def test_an_address_where_something_else_listens_is_refused_at_once_and_ray_itse
     assert not any(Path(run_opts["logdir"]).iterdir())
     host, _, port = ray_instance.get_runtime_context().gcs_address.rpartition(":")
     assert grpc_problem(host, int(port)) is None
+
+
+def test_an_address_other_than_the_connected_cluster_s_is_refused_and_its_own_passes(ray_instance, run_opts):
+    """This process is connected to Ray already (the module's instance, as a user's `ray.init`), and a run uses that
+    connection: an --address naming another cluster (here a gRPC server, which passes the checks of a Ray GCS) is
+    refused in one line instead of being ignored; the connected cluster's own address passes."""
+    from concurrent import futures
+
+    import grpc
+
+    gcs = ray_instance.get_runtime_context().gcs_address
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    other = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        says = f"^--address {other}: this process is connected to the Ray cluster at {re.escape(gcs)} already"
+        with pytest.raises(ConfigError, match=says):
+            train("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address=other, steps=1_000, **run_opts)
+    finally:
+        server.stop(None)
+    assert not any(Path(run_opts["logdir"]).iterdir())
+    port = gcs.rpartition(":")[2]
+    for same in (gcs, f"localhost:{port}"):
+        check_run("a2c", "CartPole-v1", arch="data_parallel", backend="ray", address=same)
+
+
+def test_on_the_connected_cluster_the_role_count_is_not_held_to_this_machine_s_cores(monkeypatch):
+    """A process connected to Ray before the run runs its roles there, as with --address: the cluster's resources, not
+    this machine's cores, decide how many fit (Ray starts what its free CPUs hold, the others wait)."""
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 1)
+    many = OVERSUBSCRIBE_LIMIT + 1
+    check_run("a2c", "CartPole-v1", arch="data_parallel", backend="ray", workers=many)
+    says = f"--workers {many} asks for {many} CPUs, more than {OVERSUBSCRIBE_LIMIT} times the 1 core"
+    with pytest.raises(ConfigError, match=says):
+        check_run("a2c", "CartPole-v1", arch="data_parallel", backend="local", workers=many)
 
 
 def test_without_ray_installed_the_ray_backend_says_how_to_get_it(run_opts, monkeypatch):

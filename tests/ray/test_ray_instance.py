@@ -1,7 +1,8 @@
 """The private Ray instance of a `--backend ray` run without `--address`, as real processes see it: a Ctrl-C while it
-starts stops the run (nothing of Ray left); it requires a token of its own, whatever the environment says; its
-session folder goes with it. Ray's own lines go to the run's log. `--address auto` resolves as Ray does, keeps a
-cluster on loopback there, and never joins another run's private instance."""
+starts stops the run (nothing of Ray left), and so does one while the run is set up after it started; it requires a
+token of its own, whatever the environment says; its session folder goes with it. Ray's own lines go to the run's log.
+`--address auto` resolves as Ray does, keeps a cluster on loopback there, and never joins another run's private
+instance."""
 
 from __future__ import annotations
 
@@ -89,6 +90,38 @@ def test_a_ctrl_c_during_the_start_is_deferred_to_its_end_and_kept_from_the_proc
         child.wait()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_a_run_interrupted_while_it_is_set_up_gives_back_its_private_instance(monkeypatch, tmp_path: Path):
+    """A Ctrl-C (or an error) in a runner's `__init__` after its private instance started (here while it builds its
+    evaluation envs, in this process: a notebook, a script that goes on) stops the instance again: Ray shut down,
+    the environment's authentication settings put back, Ray's printing its own again, the instance's folder gone;
+    so the next run starts (and stops) an instance of its own instead of taking that one for the user's."""
+    import ray
+    import ray._private.worker as ray_worker
+
+    from rlfleet.launch import train
+    from rlfleet.run.runner import RunBase
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunBase, "make_eval_envs", interrupted)
+    settings = {name: os.environ.get(name) for name in ray_instance.AUTH_ENV}
+    printer = ray_worker.print_to_stdstream
+    folders = set(Path(ray_instance.system_temp_dir()).glob(ray_instance.PRIVATE_PREFIX + "*"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train("a2c", "CartPole-v1", arch="data_parallel", workers=1, backend="ray", steps=1_000,
+                  logdir=str(tmp_path), progress=False)  # fmt: skip
+        assert not ray.is_initialized() and ray_instance._private is None
+        assert {name: os.environ.get(name) for name in ray_instance.AUTH_ENV} == settings
+        assert ray_worker.print_to_stdstream is printer
+        assert set(Path(ray_instance.system_temp_dir()).glob(ray_instance.PRIVATE_PREFIX + "*")) <= folders
+    finally:
+        ray_instance.stop_private_instance()
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 HOLD_INSTANCE = """

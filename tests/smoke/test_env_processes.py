@@ -58,3 +58,26 @@ def test_an_env_process_that_dies_or_hangs_stops_the_run_cleanly(tmp_path: Path,
     assert resumed.returncode == 0, resumed.stderr
     result = json.loads((run / "result.json").read_text())
     assert result["stopped_by"] == "steps" and result["failure"] is None and result["env_steps"] >= target
+
+
+def test_a_run_whose_set_up_fails_after_its_env_processes_started_ends_them(tmp_path: Path, monkeypatch):
+    """A runner's `__init__` starts env processes (`--vector-mode async`), then goes on (the collector's first reset,
+    a restore, the eval envs, the config): an error there ends what it started before it propagates, as the end of
+    a run does, so a notebook that catches it holds no processes (`RunBase.abandon`; a private Ray instance:
+    tests/ray/test_ray_instance.py)."""
+    import multiprocessing
+
+    import rlfleet
+    from rlfleet.run.runner import RunBase
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("the config could not be written")
+
+    monkeypatch.setattr(RunBase, "_write_config", failing)
+    before = {p.pid for p in multiprocessing.active_children()}
+    with pytest.raises(RuntimeError, match="could not be written"):
+        rlfleet.train("ppo", "CartPole-v1", vector_mode="async", n_envs=2, logdir=str(tmp_path), progress=False)
+    deadline = time.monotonic() + 60
+    while (left := {p.pid for p in multiprocessing.active_children()} - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left

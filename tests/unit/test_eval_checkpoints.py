@@ -16,7 +16,7 @@ import rlfleet
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ENVS, ConfigError
 from rlfleet.run import checkpoint as checkpoint_module
-from rlfleet.run.checkpoint import CheckpointError, save_checkpoint
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rlfleet.run.config import MAX_SEED, RunConfig
 from rlfleet.run.evaluate import GIF_MIN_SIDE, _evaluate_on_video, _save_gif, evaluate_checkpoint, gif_frame, load_agent
 from rlfleet.run.recording import collect_demonstrations
@@ -154,3 +154,13 @@ def test_collect_refuses_a_multi_agent_run_in_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="is a multi-agent run"):  # a DAgger expert, say
         load_agent(path)
     assert not (tmp_path / "d.npz").exists()
+
+
+def test_the_best_checkpoint_of_the_solving_evaluation_knows_the_run_solved(tmp_path):
+    """`best.pt` of the evaluation that solved the run is saved after the run notes it solved, so a run resumed from
+    it (or a sweep's trial handed it) does not go on as unsolved."""
+    result = rlfleet.train("ppo", "CartPole-v1", steps=4_096, eval_every=512, eval_episodes=1, stop_return=9.0,
+                           logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
+    assert result["solved_at_step"] is not None
+    best = load_checkpoint(tmp_path / "r" / "checkpoints" / "best.pt")
+    assert best["state"]["solved_at_step"] == result["solved_at_step"]

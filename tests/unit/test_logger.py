@@ -142,3 +142,45 @@ def test_close_with_a_row_waiting_leaves_no_timer_behind(tmp_path, monkeypatch):
     log.close()
     time.sleep(0.3)  # past the flush the timer would have made
     assert len(rows_on_disk(tmp_path)) == 3 and not failures
+
+
+def test_a_checkpoint_is_saved_with_every_row_logged_before_it_on_disk(tmp_path, monkeypatch):
+    """A run killed right after a checkpoint resumes from its step and never logs the rows before it again: they must
+    be on disk when it is saved, not in the CSV buffer (whose 2 s flush a fast run outpaces)."""
+    from rlfleet import train
+    from rlfleet.run.runner import RunBase
+
+    seen = []
+    save = RunBase.save
+
+    def checking(self, name="latest"):
+        rows = (self.run_dir / "metrics.csv").read_text().splitlines()
+        seen.append((self.state["evals"], sum(",eval/return_mean," in row for row in rows)))
+        return save(self, name)
+
+    monkeypatch.setattr(RunBase, "save", checking)
+    train("ppo", "CartPole-v1", steps=4_096, eval_every=512, checkpoint_every=512, eval_episodes=1, stop_return=1e9,
+          logdir=str(tmp_path), progress=False)  # fmt: skip
+    assert len(seen) >= 8 and all(evals == on_disk for evals, on_disk in seen), seen
+
+
+def test_a_resumed_runs_rows_count_wall_time_from_the_runs_start(tmp_path, monkeypatch):
+    """Rows logged without their elapsed time (a restart count, a note) take the logger's clock, which a resumed run
+    sets to the run's start, as it does its own rows: a resumed run's wall_time column does not fall back to 0."""
+    from rlfleet import train
+    from rlfleet.run.runner import RunBase
+
+    first = train("ppo", "CartPole-v1", steps=1_024, eval_every=1_024, stop_return=1e9, name="r", logdir=str(tmp_path),
+                  progress=False)  # fmt: skip
+    start_logging = RunBase.start_logging
+
+    def logging_a_row(self):
+        logger, start = start_logging(self)
+        logger.log(self.env_steps, {"charts/a_count": 1.0})
+        return logger, start
+
+    monkeypatch.setattr(RunBase, "start_logging", logging_a_row)
+    train(resume=first.run_dir, steps=2_048, progress=False)
+    with open(first.run_dir / "metrics.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r["key"] == "charts/a_count")
+    assert float(row["wall_time"]) >= first["wall_time_s"] * 0.9

@@ -1,21 +1,28 @@
 """Backend services (what a parameter server's shards run on): calls from other processes, clients killed mid-call,
-services killed and restarted behind handles that keep working. Real processes, really killed."""
+services killed and restarted behind handles that keep working, one restart budget for a backend's roles and services.
+Real processes, really killed. A service that raises, or stays unreachable, where the learner calls it stops the run
+as a failure, with its checkpoint and `result.json`."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from spawned import call_service, flood_service, hold_service, make_tally, make_tally_failing_first
+from spawned import ScriptedRole, call_service, flood_service, hold_service, make_tally, make_tally_failing_first
 
-from rlfleet.backends import ServiceError, make_backend
+from rlfleet.backends import Pending, RunFailure, ServiceError, ServiceUnavailable, WorkerFailure, make_backend
 from rlfleet.backends.services import ProcessServices
+from rlfleet.launch import train
+from rlfleet.run.checkpoint import load_checkpoint
 
 SPAWN = torch.multiprocessing.get_context("spawn")
 
@@ -174,3 +181,81 @@ def test_a_hung_service_is_killed_for_want_of_an_answer_reported_and_restarted(h
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         group.stop()
+
+
+def test_the_roles_and_services_of_a_backend_spend_one_restart_budget():
+    """`--max-restarts` counts the run's restarts in all: a service that fails to start once and a role that raises
+    once are two restarts, one too many for a limit of 1, though each group restarted only once."""
+    backend = make_backend("local")
+    shared = backend.share({"net": torch.nn.Linear(2, 1)})
+    weights, counter, stop = backend.weight_version(), backend.step_counter(1), backend.stop_flag()
+    services = backend.start_services(make_tally_failing_first, 1, max_restarts=1, name="server")
+    make_role = partial(ScriptedRole, shared=shared, weights=weights, fail="raise")  # raises at its second item
+    pool = backend.start(make_role, 1, counter, stop, total_steps=10**6, credits=1, max_restarts=1)
+    crashes: list = []
+    try:
+        deadline = time.monotonic() + 120
+        with pytest.raises(WorkerFailure, match=r"crashed 1 times, 2 restarts in all with the run's other roles and "
+                                                 r"services \(limit 1\); last: (server|worker) 0 died"):  # fmt: skip
+            while len(crashes) < 2:  # both restarted, and no failure: each group counted its own
+                assert time.monotonic() < deadline, f"not both crashed: {crashes}"
+                crashes += services.check()
+                crashes += pool.check()
+                if (item := pool.get(0, 0.2)) is not None:
+                    pool.release(0, item[1])
+        assert len(crashes) == 1 and pool.restarts + services.restarts == 2
+    finally:
+        stop.set()
+        pool.stop()
+        services.stop()
+
+
+class Unreachable(Pending):
+    """What a handle's call gives once its service stayed unreachable for its `reconnect_s`."""
+
+    def result(self, timeout=None):
+        raise ServiceUnavailable("service 0 unreachable for 60 s")
+
+
+TROUBLE = {  # what the learner's request for a batch gets: (the Pending it waits on, the failure's first line)
+    "raises": (
+        lambda run, shard: run.services.handles[shard].submit("update_priorities", np.arange(2), np.ones(3)),
+        "service 0's update_priorities raised ValueError: 3 priorities for 2 ids",
+    ),
+    "unreachable": (lambda run, shard: Unreachable(), "service 0 unreachable for 60 s"),
+}
+
+
+def apex_run_in_trouble(monkeypatch, tmp_path, backend: str, trouble: str) -> None:
+    """An Ape-X run whose learner, once its replay is ready, gets `TROUBLE[trouble]` from its first request for a batch:
+    the run must stop as a failure (`RunFailure`, its run folder named) with its checkpoint and `result.json`, the
+    service's error in its first line."""
+    from rlfleet.arch import apex
+
+    make_pending, says = TROUBLE[trouble]
+
+    def ask(self):
+        shard = self.choose_shard()
+        return None if shard is None else make_pending(self, shard)
+
+    monkeypatch.setattr(apex.ApexRunner, "_ask", ask)
+    with pytest.raises(RunFailure) as caught:
+        train("dqn", "CartPole-v1", arch="apex", actors=1, replay_shards=1, backend=backend, steps=5_000,
+              eval_every=10**6, eval_episodes=1, stop_return=1e9, overrides={"learning_starts": 300, "batch_size": 32},
+              logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
+    run = tmp_path / "r"
+    assert caught.value.run_dir == run and str(caught.value).splitlines()[0] == says, caught.value
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and result["failure"].splitlines()[0] == says, result
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"] >= 300
+    assert f"the run stops: {says}" in (run / "workers.log").read_text()
+
+
+@pytest.mark.parametrize("backend, trouble", [("local", "raises"), ("serial", "unreachable")])
+def test_a_service_that_raises_or_stays_unreachable_where_the_learner_calls_it_stops_the_run_cleanly(
+    monkeypatch, tmp_path, backend, trouble
+):
+    """A bug in a service (a method that raises) or a service gone for good (unreachable past its handle's wait) is
+    nothing the run can go on past: it stops as on any failure (checkpoint, `result.json`), then says why. (The serial
+    backend's services raise their own exceptions where they happen: it is the unreachable case's quick run.)"""
+    apex_run_in_trouble(monkeypatch, tmp_path, backend, trouble)
