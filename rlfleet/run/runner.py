@@ -77,15 +77,18 @@ class RunResult:
 
 
 class StopRequest:
-    """Turns the first Ctrl-C into a polite stop (checkpoint, clean exit); a second one interrupts."""
+    """Turns the first Ctrl-C (SIGINT), or SIGTERM (what `kill`, `timeout`, a batch scheduler's preemption or a
+    container's stop sends), into a polite stop (checkpoint, clean exit); a second one interrupts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -94,8 +97,8 @@ class StopRequest:
         self.requested = True
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
 
 
 @contextlib.contextmanager

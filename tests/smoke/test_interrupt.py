@@ -22,13 +22,18 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 # sync: SIGINT to the trainer alone (`kill -INT`); async: to its whole process group, env workers included,
-# as a terminal's Ctrl-C does: the workers must not die of it, the trainer stops them
-CASES = {"sync": ([], False), "async": (["--vector-mode", "async", "--n-envs", "2"], True)}
+# as a terminal's Ctrl-C does: the workers must not die of it, the trainer stops them; sigterm: SIGTERM to the
+# trainer alone, as `kill`, `timeout` or a scheduler's preemption sends it
+CASES = {
+    "sync": ([], False, signal.SIGINT),
+    "async": (["--vector-mode", "async", "--n-envs", "2"], True, signal.SIGINT),
+    "sigterm": ([], False, signal.SIGTERM),
+}
 
 
 @pytest.mark.parametrize("mode", list(CASES))
 def test_ctrl_c_stops_politely_and_resumes(tmp_path: Path, mode: str):
-    extra, to_group = CASES[mode]
+    extra, to_group, sent = CASES[mode]
     run = tmp_path / "r"
     cmd = ["train", "a2c", "--env", "CartPole-v1", "--steps", "10000000", "--logdir", tmp_path, "--name", "r"]
     proc = subprocess.Popen(
@@ -55,11 +60,11 @@ def test_ctrl_c_stops_politely_and_resumes(tmp_path: Path, mode: str):
 
         started = time.monotonic()
         if to_group:
-            os.killpg(sid, signal.SIGINT)
+            os.killpg(sid, sent)
         else:
-            os.kill(proc.pid, signal.SIGINT)
+            os.kill(proc.pid, sent)
         out, err = proc.communicate(timeout=20)
-        assert proc.returncode == 0, f"exit {proc.returncode} after SIGINT:\n{err}"
+        assert proc.returncode == 0, f"exit {proc.returncode} after {signal.Signals(sent).name}:\n{err}"
         assert time.monotonic() - started < 20
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
         assert "stopped by interrupted" in out
