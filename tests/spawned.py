@@ -146,6 +146,29 @@ def make_tally_never_starting(index, incarnation):
     raise RuntimeError(f"service {index} cannot start (incarnation {incarnation})")
 
 
+def crash_both_past_one_budget(services, group, timeout: float = 120) -> None:
+    """Check `services` (a server that fails to start once) and `group` (a role that raises at its second item), both
+    started with `max_restarts=1` by one backend, until their two restarts spend the one budget they share: the
+    second is the `WorkerFailure` that says so (each group alone restarted once)."""
+    import time
+
+    import pytest
+
+    from rlfleet.backends.base import WorkerFailure
+
+    crashes: list = []
+    deadline = time.monotonic() + timeout
+    with pytest.raises(WorkerFailure, match=r"crashed 1 times, 2 restarts in all with the run's other roles and "
+                                             r"services \(limit 1\); last: (server|worker) 0 died"):  # fmt: skip
+        while len(crashes) < 2:  # both restarted, and no failure: each group counted its own
+            assert time.monotonic() < deadline, f"not both crashed: {crashes}"
+            crashes += services.check()
+            crashes += group.check()
+            if (item := group.get(0, 0.2)) is not None:
+                group.release(0, item[1])
+    assert len(crashes) == 1 and group.restarts + services.restarts == 2
+
+
 def call_service(handle, method, args, times, conn):
     """Client process: call `handle.method(*args)` `times` times and send each result home."""
     for _ in range(times):

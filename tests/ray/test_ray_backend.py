@@ -20,7 +20,13 @@ import pytest
 import torch
 from procs import stop_process
 from seeds import first_solving
-from spawned import ScriptedRole, make_tally, make_tally_failing_first, make_tally_never_starting
+from spawned import (
+    ScriptedRole,
+    crash_both_past_one_budget,
+    make_tally,
+    make_tally_failing_first,
+    make_tally_never_starting,
+)
 
 from rlfleet.arch import parallel
 from rlfleet.arch.parallel import OVERSUBSCRIBE_LIMIT, ParallelOptions
@@ -247,18 +253,8 @@ def test_the_roles_and_services_of_a_backend_spend_one_restart_budget(tmp_path):
     once are two restarts, one too many for a limit of 1, though each group restarted only once."""
     backend, group, *_ = start_group(tmp_path, n=1, credits=1, fail="raise", max_restarts=1)
     services = backend.start_services(make_tally_failing_first, 1, max_restarts=1, name="server")
-    crashes: list = []
     try:
-        deadline = time.monotonic() + 120
-        with pytest.raises(WorkerFailure, match=r"crashed 1 times, 2 restarts in all with the run's other roles and "
-                                                 r"services \(limit 1\); last: (server|worker) 0 died"):  # fmt: skip
-            while len(crashes) < 2:  # both restarted, and no failure: each group counted its own
-                assert time.monotonic() < deadline, f"not both crashed: {crashes}"
-                crashes += services.check()
-                crashes += group.check()
-                if (item := group.get(0, 0.2)) is not None:
-                    group.release(0, item[1])
-        assert len(crashes) == 1 and group.restarts + services.restarts == 2
+        crash_both_past_one_budget(services, group)
     finally:
         group.stop()
         services.stop()

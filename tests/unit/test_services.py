@@ -17,9 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from spawned import ScriptedRole, call_service, flood_service, hold_service, make_tally, make_tally_failing_first
+from spawned import (
+    ScriptedRole,
+    call_service,
+    crash_both_past_one_budget,
+    flood_service,
+    hold_service,
+    make_tally,
+    make_tally_failing_first,
+)
 
-from rlfleet.backends import Pending, RunFailure, ServiceError, ServiceUnavailable, WorkerFailure, make_backend
+from rlfleet.backends import Pending, RunFailure, ServiceError, ServiceUnavailable, make_backend
 from rlfleet.backends.services import ProcessServices
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
@@ -192,18 +200,8 @@ def test_the_roles_and_services_of_a_backend_spend_one_restart_budget():
     services = backend.start_services(make_tally_failing_first, 1, max_restarts=1, name="server")
     make_role = partial(ScriptedRole, shared=shared, weights=weights, fail="raise")  # raises at its second item
     pool = backend.start(make_role, 1, counter, stop, total_steps=10**6, credits=1, max_restarts=1)
-    crashes: list = []
     try:
-        deadline = time.monotonic() + 120
-        with pytest.raises(WorkerFailure, match=r"crashed 1 times, 2 restarts in all with the run's other roles and "
-                                                 r"services \(limit 1\); last: (server|worker) 0 died"):  # fmt: skip
-            while len(crashes) < 2:  # both restarted, and no failure: each group counted its own
-                assert time.monotonic() < deadline, f"not both crashed: {crashes}"
-                crashes += services.check()
-                crashes += pool.check()
-                if (item := pool.get(0, 0.2)) is not None:
-                    pool.release(0, item[1])
-        assert len(crashes) == 1 and pool.restarts + services.restarts == 2
+        crash_both_past_one_budget(services, pool)
     finally:
         stop.set()
         pool.stop()
