@@ -32,9 +32,10 @@ class Config(DPGOptions):
     """DDPG hyperparameters; the defaults solve Pendulum-v1 (greedy mean ≥ −250) in ~4k env steps (preset: mujoco)."""
 
 
-# MuJoCo locomotion (picked automatically for MuJoCo envs): CleanRL's DDPG settings — replay of 1M
+# MuJoCo locomotion (picked automatically for MuJoCo envs): CleanRL's and rl-zoo3's DDPG settings — replay of 1M
 # transitions, 25k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, Gaussian
-# exploration noise 0.1, 256-256 ReLU MLPs
+# exploration noise 0.1, 256-256 ReLU MLPs; the actor and targets step with every critic step, as in SB3's DDPG
+# (CleanRL's step them every 2nd)
 PRESETS: dict[str, dict[str, Any]] = {
     "mujoco": dict(
         n_envs=1,

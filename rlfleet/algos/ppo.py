@@ -166,7 +166,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # CleanRL's ppo_continuous_action — one env, 2,048-step segments, 10 epochs of 64-sample minibatches,
     # Adam 3e-4 annealed to 0, γ = 0.99, λ = 0.95, a state-independent log σ starting at σ = 1 (in units of
     # half the action range), observations normalised by running statistics and rewards scaled by the
-    # running std of the discounted return (CleanRL's NormalizeObservation and NormalizeReward wrappers)
+    # running std of the discounted return (CleanRL's NormalizeObservation and NormalizeReward wrappers); no
+    # value clipping, as in rl-zoo3 (CleanRL clips the value at ±0.2)
     "mujoco": dict(
         obs_norm=True,
         reward_norm=True,

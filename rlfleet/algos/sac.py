@@ -84,9 +84,11 @@ class Config(ActorCriticNetOptions, NormOptions, ReplayOptions):
     """Default training budget in env steps."""
 
 
-# MuJoCo locomotion (picked automatically for MuJoCo envs): rl-zoo3's and CleanRL's SAC settings — replay of
-# 1M transitions, 10k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, 256-256 ReLU
-# MLPs, α tuned toward −|A| nats; observations are not normalised (as in both)
+# MuJoCo locomotion (picked automatically for MuJoCo envs): rl-zoo3's SAC settings (Stable-Baselines3's defaults
+# and 10k random steps first) — replay of 1M transitions, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005,
+# 256-256 ReLU MLPs, α tuned toward −|A| nats from 1 (SB3's `ent_coef="auto"`; CleanRL's log α = 0 too);
+# observations are not normalised. (CleanRL's differ in its critic's lr 1e-3, a policy step every 2nd update and
+# 5k random steps.)
 PRESETS: dict[str, dict[str, Any]] = {
     "mujoco": dict(
         n_envs=1,
@@ -103,6 +105,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         activation="relu",
         actor_lr=3e-4,
         critic_lr=3e-4,
+        alpha=1.0,
         alpha_lr=3e-4,
         auto_alpha=True,
         total_steps=1_000_000,

@@ -109,3 +109,14 @@ def test_hint_names_the_options_when_the_best_evaluation_never_beat_doing_nothin
     assert "--set sde=true" in exploration_hint("sac", 0.0, space, envs, 2, 0)
     assert exploration_hint("td3", 0.5, space, envs, 2, 0) is None  # it did beat doing nothing
     assert exploration_hint("dqn", -1.0, gym.spaces.Discrete(2), envs, 2, 0) is None  # no such options
+
+
+def test_the_off_policy_mujoco_presets_start_as_their_references_do():
+    """SAC's temperature starts at 1 (SB3's ent_coef="auto", CleanRL's log α = 0), learned toward −|A| nats;
+    TD3 delays its policy by 2, DDPG (SB3's) steps it with every critic step."""
+    sac, _ = build_algo_config("sac", None, {}, "mujoco", "HalfCheetah-v5")
+    assert (sac.alpha, sac.auto_alpha, sac.learning_starts, sac.batch_size) == (1.0, True, 10_000, 256)
+    td3, _ = build_algo_config("td3", None, {}, "mujoco", "HalfCheetah-v5")
+    ddpg, _ = build_algo_config("ddpg", None, {}, "mujoco", "HalfCheetah-v5")
+    assert (td3.policy_delay, td3.target_noise, td3.target_noise_clip) == (2, 0.2, 0.5)
+    assert ddpg.exploration_noise == td3.exploration_noise == 0.1 and ddpg.learning_starts == 25_000
