@@ -124,10 +124,10 @@ def time_ops(handle, capacity: int, seconds: float) -> dict[str, float]:
     block = cartpole_block(rng)
     for _ in range(capacity // BLOCK):
         handle.call("add", block, rng.random(BLOCK), 0)
-    sampled = handle.call("sample", BATCH, 0.4)
+    sampled = handle.call("sample", BATCH)
     ops = {
         "add": lambda: handle.call("add", block, rng.random(BLOCK), 1),
-        "sample": lambda: handle.call("sample", BATCH, 0.4),
+        "sample": lambda: handle.call("sample", BATCH),
         "update_priorities": lambda: handle.call("update_priorities", sampled.ids, rng.random(BATCH)),
     }
     rates = {}
@@ -176,6 +176,8 @@ def model(args: argparse.Namespace) -> None:
     from rlfleet.arch.shared import share_algo
     from rlfleet.backends.shared_memory import IN_PROCESS, WeightVersion
     from rlfleet.data.batch import Batch
+    from rlfleet.data.priority import importance_weights
+    from rlfleet.device import host
     from rlfleet.run.config import build_algo_config
 
     torch.set_num_threads(1)
@@ -198,9 +200,10 @@ def model(args: argparse.Namespace) -> None:
         actor.close()
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds:
-        sampled = shard.sample(cfg.batch_size, 0.4)
-        out = learner.update(Batch(sampled.data))
-        shard.update_priorities(sampled.ids, out["priorities"])
+        sampled = shard.sample(cfg.batch_size)
+        weight = importance_weights(sampled.mass, sampled.state.min_mass, cfg.beta)  # as the learner weighs it
+        out = learner.update(Batch({**sampled.data, "weight": weight}))
+        shard.update_priorities(sampled.ids, host(out["priorities"]))
         updates += 1
     update_s = (time.perf_counter() - start) / updates
     ratio = cfg.gradient_steps / (cfg.train_freq * cfg.n_envs)  # updates per env step

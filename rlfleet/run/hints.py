@@ -54,12 +54,18 @@ def exploration_hint(
         return None
     option, more = EXPLORATION_OPTIONS[algo]
     already_on = getattr(algo_cfg, "sde", False) or getattr(algo_cfg, "action_noise", None) == "ou"
-    advice = (
-        f"even with {option.split()[-1]}: try {more}, a longer run or a per-env preset (rlfleet list)"
-        if already_on
-        else f"try {option} (correlated or state-dependent exploration noise: action_noise=ou for ddpg/td3, "
-        "sde=true for sac/ppo/a2c) or a per-env preset (rlfleet list)"
-    )
+    if already_on:
+        advice = f"even with {option.split()[-1]}: try {more}, a longer run or a per-env preset (rlfleet list)"
+    elif algo == "sac" and getattr(algo_cfg, "actor_net", ""):  # SAC's sde draws on rlfleet's own actor's features
+        advice = (
+            "try a larger target entropy (--set target_entropy_scale=...), a longer run or a per-env preset "
+            "(rlfleet list); sde, SAC's state-dependent noise, needs rlfleet's own actor, not --actor-net"
+        )
+    else:
+        advice = (
+            f"try {option} (correlated or state-dependent exploration noise: action_noise=ou for ddpg/td3, "
+            "sde=true for sac/ppo/a2c) or a per-env preset (rlfleet list)"
+        )
     return (
         f"hint: the best evaluation ({best_return:.2f}) never beat a policy that does nothing ({baseline:.2f}): "
         f"the agent may not be exploring; {advice}; see docs/continuous_control.md"

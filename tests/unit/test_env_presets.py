@@ -107,6 +107,9 @@ def test_hint_names_the_options_when_the_best_evaluation_never_beat_doing_nothin
     assert "even with action_noise=ou: try a larger exploration_noise" in with_ou
     assert "--set action_noise=ou" not in with_ou
     assert "--set sde=true" in exploration_hint("sac", 0.0, space, envs, 2, 0)
+    own_actor = build_algo_config("sac", None, {"actor_net": "user_nets:Actor"})[0]  # sde refuses it
+    hint = exploration_hint("sac", 0.0, space, envs, 2, 0, own_actor)
+    assert "--set sde=true" not in hint and "target_entropy_scale" in hint
     assert exploration_hint("td3", 0.5, space, envs, 2, 0) is None  # it did beat doing nothing
     assert exploration_hint("dqn", -1.0, gym.spaces.Discrete(2), envs, 2, 0) is None  # no such options
 
