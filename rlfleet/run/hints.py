@@ -56,7 +56,7 @@ def exploration_hint(
     already_on = getattr(algo_cfg, "sde", False) or getattr(algo_cfg, "action_noise", None) == "ou"
     if already_on:
         advice = f"even with {option.split()[-1]}: try {more}, a longer run or a per-env preset (rlfleet list)"
-    elif algo == "sac" and getattr(algo_cfg, "actor_net", ""):  # SAC's sde draws on rlfleet's own actor's features
+    elif algo == "sac" and bool(getattr(algo_cfg, "actor_net", None)):  # sde: rlfleet's own actor only
         advice = (
             "try a larger target entropy (--set target_entropy_scale=...), a longer run or a per-env preset "
             "(rlfleet list); sde, SAC's state-dependent noise, needs rlfleet's own actor, not --actor-net"
