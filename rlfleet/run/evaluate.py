@@ -23,7 +23,7 @@ from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.envs.pettingzoo import agent_spaces, is_pettingzoo_id, make_agent_env
-from rlfleet.fields import MAX_ENVS, Bounds, check_fields, check_value
+from rlfleet.fields import MAX_ENVS, Bounds, ConfigError, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
 from rlfleet.run.config import EVAL_MAX_STEPS, MAX_SEED, saved_run_config
 from rlfleet.run.multi_agent import checkpoint_policies, evaluate_agents
@@ -250,7 +250,7 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
     for i in range(episodes):
         env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
         obs, _ = env.reset(seed=seed + i)
-        frames: list[Any] = [env.render()]  # rgb_array frames
+        frames: list[Any] = [_first_frame(env, run["env"])]  # rgb_array frames
         done, state, steps = False, None, 0
         while not done and steps < bound:
             act, _, state = algo.act(stack_obs([obs]), state, explore=False)  # a batch of one
@@ -262,6 +262,21 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
         env.close()
         _save_gif(frames, video_dir / f"episode-{i}.gif")
     return Evaluation(returns, cut, bound)
+
+
+def _first_frame(env: Any, env_id: str) -> Any:
+    """An env's first `rgb_array` frame; a MuJoCo env that cannot render (no OpenGL for it: `MUJOCO_GL` unset on a
+    machine without a display) is a `ConfigError` that says how to give it one."""
+    try:
+        return env.render()
+    except Exception as exc:
+        if not type(exc).__module__.startswith("mujoco"):
+            raise
+        env.close()
+        raise ConfigError(
+            f"--video: {env_id} cannot render ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "MuJoCo renders offscreen with MUJOCO_GL=egl (a GPU's) or MUJOCO_GL=osmesa (software)"
+        ) from None
 
 
 def _evaluate_agents_checkpoint(

@@ -164,3 +164,26 @@ def test_the_best_checkpoint_of_the_solving_evaluation_knows_the_run_solved(tmp_
     assert result["solved_at_step"] is not None
     best = load_checkpoint(tmp_path / "r" / "checkpoints" / "best.pt")
     assert best["state"]["solved_at_step"] == result["solved_at_step"]
+
+
+def test_a_mujoco_env_that_cannot_render_is_one_line_saying_how_to_give_it_opengl():
+    from rlfleet.run.evaluate import _first_frame
+
+    FatalError = type("FatalError", (Exception,), {"__module__": "mujoco"})  # what MuJoCo raises without OpenGL
+
+    class NoOpenGL:
+        closed = False
+
+        def render(self):
+            raise FatalError("an OpenGL platform library has not been loaded into this process")
+
+        def close(self):
+            self.closed = True
+
+    env = NoOpenGL()
+    with pytest.raises(ConfigError, match=r"^--video: Hopper-v5 cannot render \(FatalError: an OpenGL .*MUJOCO_GL=egl"):
+        _first_frame(env, "Hopper-v5")
+    assert env.closed
+    env.render = lambda: (_ for _ in ()).throw(ValueError("a bug of the env's own"))
+    with pytest.raises(ValueError, match="own"):  # any other error is the env's, as it is
+        _first_frame(env, "Hopper-v5")
