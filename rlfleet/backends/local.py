@@ -124,7 +124,6 @@ class WorkerPool(RoleGroup):
         self.n_workers = n_workers
         self.target = target
         self.args = args
-        self.max_restarts = max_restarts
         self.budget = budget if budget is not None else RestartBudget(max_restarts)
         self.pids_file = pids_file
         self.n_credits = credits

@@ -54,9 +54,7 @@ actors), `ray_mailboxes` (gossip mailboxes); this module, the backend that puts 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -96,20 +94,6 @@ def _connected() -> Any:
     None. Ray is not imported for this."""
     ray = sys.modules.get("ray")
     return ray if ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized() else None
-
-
-def _one_cluster(address: str, gcs: str) -> bool:
-    """HOST:PORT `address` reaches the cluster whose GCS is at `gcs` (the same port, and the same host: 127.0.0.1
-    and localhost alike, or names that resolve to one address)."""
-    if same_endpoint(address, gcs):
-        return True
-    (host, _, port), (gcs_host, _, gcs_port) = address.rpartition(":"), gcs.rpartition(":")
-    if port != gcs_port:
-        return False
-    with contextlib.suppress(OSError):
-        ours = {info[4][0] for info in socket.getaddrinfo(host, None)}
-        return bool(ours & {info[4][0] for info in socket.getaddrinfo(gcs_host, None)})
-    return False
 
 
 def _check_placement(placement: str, address: str) -> None:
@@ -164,7 +148,7 @@ class RayBackend(Backend):
             raise ConfigError(f"{label}: {address!r} is not HOST:PORT" if how else f"--address {given!r} is not "
                               "HOST:PORT (or auto)")  # fmt: skip
         gcs = None if connected is None else connected.get_runtime_context().gcs_address
-        if gcs is not None and _one_cluster(address, gcs):
+        if gcs is not None and same_endpoint(address, gcs):
             return  # the cluster this process is connected to: the run uses that connection
         problem = grpc_problem(host, int(port))
         if problem is not None:

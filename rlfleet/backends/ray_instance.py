@@ -161,9 +161,20 @@ def local_instances() -> list[LocalInstance]:
 
 
 def same_endpoint(a: str, b: str) -> bool:
-    """HOST:PORT `a` and `b` are one address (127.0.0.1 and localhost alike)."""
+    """HOST:PORT `a` and `b` are one address: the same port, and the same host (127.0.0.1 and localhost alike, or
+    names that resolve to a shared address)."""
     (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
-    return port_a == port_b and (host_a == host_b or (on_loopback(a) and on_loopback(b)))
+    if port_a != port_b:
+        return False
+    if host_a == host_b or (on_loopback(a) and on_loopback(b)):
+        return True
+    with contextlib.suppress(OSError):
+        return bool(_addresses_of(host_a) & _addresses_of(host_b))
+    return False
+
+
+def _addresses_of(host: str) -> set[str]:
+    return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
 
 
 def ray_address_file() -> Path:

@@ -209,7 +209,6 @@ class RayGroup(RoleGroup):
         self.counter, self.stop_flag, self.total_steps = counter, stop, total_steps
         self.n_credits = credits or 2  # without credits a worker keeps two calls in flight (pipelined)
         self.free_running = credits is None  # ... and gets a new call for each answer, not for each release
-        self.max_restarts = max_restarts
         self.budget = backend.restart_budget(max_restarts)  # shared with the backend's services and mailboxes
         self.pids_file = pids_file
         self.heartbeat_s = heartbeat_s

@@ -157,7 +157,7 @@ class RayServices(ServiceGroup):
         self.heartbeat_s = heartbeat_s
         self.unwell_at = float("-inf")
         self.answered: list[bool] = [False] * n  # has this incarnation answered a ping yet (its start-up grace)
-        self.make_service, self.n, self.max_restarts = make_service, n, max_restarts
+        self.make_service, self.n = make_service, n
         self.budget = backend.restart_budget(max_restarts)  # shared with the backend's roles and other services
         self.pids_file, self.name = pids_file, name
         # where each service runs, `{index: {pid, node, ip}}` (as `actors.json` for the workers): `shards.json`'s

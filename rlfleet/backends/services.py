@@ -228,7 +228,6 @@ class ProcessServices(ServiceGroup):
         self.ctx = mp.get_context("spawn")
         self.make_service = make_service
         self.n = n
-        self.max_restarts = max_restarts
         self.budget = budget if budget is not None else RestartBudget(max_restarts)
         self.pids_file = pids_file
         self.name = name

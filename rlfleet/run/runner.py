@@ -227,38 +227,6 @@ class RunBase(abc.ABC):
     Options: type = NoOptions
     """The architecture's own options: a dataclass whose fields declare their defaults and ranges."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Each architecture's `__init__` starts processes (env processes, a backend's workers or private Ray
-        instance) and goes on (a restore, the eval envs, the config): whatever ends it after that, an error or a
-        Ctrl-C, gives back what it started (`abandon`) before it propagates, as `run()` does at its end."""
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is None:
-            return
-
-        @functools.wraps(init)
-        def init_or_abandon(self: RunBase, *args: Any, **kw: Any) -> None:
-            try:
-                init(self, *args, **kw)
-            except BaseException:
-                self.abandon()
-                raise
-
-        cls.__init__ = init_or_abandon  # type: ignore[method-assign]
-
-    def abandon(self) -> None:
-        """Give back what a runner whose `__init__` failed has started: its training and eval envs, if built, and its
-        backend, if started (its private Ray instance, with its folder, token and log; a connection it made).
-        Idempotent (an architecture's `__init__` and its base's both call it)."""
-        for name in ("envs", "eval_envs"):
-            envs = self.__dict__.get(name)
-            if envs is not None:
-                with contextlib.suppress(Exception):
-                    envs.close()
-        backend = self.__dict__.get("backend")
-        if backend is not None:
-            backend.close()
-
     log_every = LOG_EVERY
     """Steps between training-metric log lines."""
     min_eval_every = 2_000
@@ -290,6 +258,38 @@ class RunBase(abc.ABC):
     resuming: bool
     """The run goes on from a checkpoint: it keeps the settings it started with, even one that a new run would refuse
     for doing nothing (from a version that accepted it)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each architecture's `__init__` starts processes (env processes, a backend's workers or private Ray
+        instance) and goes on (a restore, the eval envs, the config): whatever ends it after that, an error or a
+        Ctrl-C, gives back what it started (`abandon`) before it propagates, as `run()` does at its end."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def init_or_abandon(self: RunBase, *args: Any, **kw: Any) -> None:
+            try:
+                init(self, *args, **kw)
+            except BaseException:
+                self.abandon()
+                raise
+
+        cls.__init__ = init_or_abandon  # type: ignore[method-assign]
+
+    def abandon(self) -> None:
+        """Give back what a runner whose `__init__` failed has started: its training and eval envs, if built, and its
+        backend, if started (its private Ray instance, with its folder, token and log; a connection it made).
+        Idempotent (an architecture's `__init__` and its base's both call it)."""
+        for name in ("envs", "eval_envs"):
+            envs = self.__dict__.get(name)
+            if envs is not None:
+                with contextlib.suppress(Exception):
+                    envs.close()
+        backend = self.__dict__.get("backend")
+        if backend is not None:
+            backend.close()
 
     def __init__(
         self,
