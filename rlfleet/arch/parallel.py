@@ -616,7 +616,12 @@ class ParallelRunner(RunBase):
                     self._report(f"{exc}: the run stops without its answer")
             if pool is not None:
                 self.wind_down(stop_flag, pool)
-            self.finish(logger, start, stopped_by)
+            try:
+                self.finish(logger, start, stopped_by)
+            except FAILURES as exc:  # a service call of the final evaluation or checkpoint (param_server's pull)
+                failure, stopped_by = as_failure(exc), "failure"
+                self._report(f"the run stops: {exc}", show=False)
+                self.finish(logger, start, stopped_by)  # no evaluation; the checkpoint of what the coordinator holds
         finally:
             self.shut_down(stop_flag, pool)
             logger.close()

@@ -92,7 +92,7 @@ from rlfleet.arch.parallel import (
     WorkerSpec,
 )
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
-from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceGroup, ServiceHandle
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceError, ServiceGroup, ServiceHandle, ServiceUnavailable
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.device import worker_device
 from rlfleet.fields import MAX_ROLES, bounded
@@ -477,9 +477,14 @@ class ParamServerRunner(ParallelRunner):
             states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
         except ServiceWaitStopped:  # Ctrl-C while a server does not answer: the run ends with the last snapshot
             self.unanswered = True
+            self.version = self.servers.states[0].version  # the snapshot's, which the checkpoint holds
             self._report(f"a server did not answer after the stop request: the run ends with the snapshot of step "
                          f"{self.pulled_at} (version {self.version})")  # fmt: skip
             return
+        except (ServiceError, ServiceUnavailable):  # a failure of the run: its checkpoint holds the last snapshot
+            self.unanswered = True
+            self.version = self.servers.states[0].version
+            raise
         if len({s.version for s in states}) != 1:  # a server restarted meanwhile, not rolled back yet
             self.roll_back()
             return

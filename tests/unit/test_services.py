@@ -257,3 +257,30 @@ def test_a_service_that_raises_or_stays_unreachable_where_the_learner_calls_it_s
     nothing the run can go on past: it stops as on any failure (checkpoint, `result.json`), then says why. (The serial
     backend's services raise their own exceptions where they happen: it is the unreachable case's quick run.)"""
     apex_run_in_trouble(monkeypatch, tmp_path, backend, trouble)
+
+
+@pytest.mark.parametrize("answered, eval_every", [(1, 1000), (0, 10**6)], ids=["in-the-loop", "final-evaluation"])
+def test_a_parameter_server_that_raises_when_pulled_stops_the_run_with_the_last_snapshot(
+    monkeypatch, tmp_path, answered, eval_every
+):
+    """param_server's coordinator pulls its servers for every evaluation and checkpoint, the final ones too. A server
+    whose `state` raises, at an evaluation in the loop or at the final one after it, stops the run as a failure, with
+    a checkpoint of the last snapshot pulled (version 0 where none was), `result.json`, and the error's first line."""
+    from failing_servers import ServersFailingState
+
+    from rlfleet.arch import param_server
+
+    monkeypatch.setattr(ServersFailingState, "FAIL_AFTER", answered)
+    monkeypatch.setattr(param_server, "ShardServers", ServersFailingState)
+    says = "service 0's state raised ValueError: state fails on purpose"
+    with pytest.raises(RunFailure) as caught:
+        train("a2c", "CartPole-v1", arch="param_server", backend="local", workers=1, steps=3000, eval_every=eval_every,
+              eval_episodes=1, logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
+    run = tmp_path / "r"
+    assert caught.value.run_dir == run and str(caught.value).splitlines()[0] == says, caught.value
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and result["failure"].splitlines()[0] == says, result
+    saved = load_checkpoint(run)
+    assert saved["env_steps"] == result["env_steps"]
+    assert (saved["param_server"]["version"] > 0) == (answered > 0), saved["param_server"]["version"]
+    assert f"the run stops: {says}" in (run / "workers.log").read_text()
