@@ -245,7 +245,6 @@ def _record(
 def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, bound: int, video_dir: Path) -> Evaluation:
     """`evaluate`, one episode after another on a rendering env, each saved as `episode-<i>.gif` in `video_dir`."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
-    video_dir.mkdir(parents=True, exist_ok=True)
     returns, cut = np.zeros(episodes), 0
     for i in range(episodes):
         env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
@@ -260,6 +259,7 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
             done, steps = terminated or truncated, steps + 1
         cut += not done
         env.close()
+        video_dir.mkdir(parents=True, exist_ok=True)  # not before: an env that cannot render leaves no empty folder
         _save_gif(frames, video_dir / f"episode-{i}.gif")
     return Evaluation(returns, cut, bound)
 

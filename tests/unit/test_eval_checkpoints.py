@@ -187,3 +187,23 @@ def test_a_mujoco_env_that_cannot_render_is_one_line_saying_how_to_give_it_openg
     env.render = lambda: (_ for _ in ()).throw(ValueError("a bug of the env's own"))
     with pytest.raises(ValueError, match="own"):  # any other error is the env's, as it is
         _first_frame(env, "Hopper-v5")
+
+
+def test_a_video_that_cannot_render_leaves_no_folder(monkeypatch, tmp_path):
+    """`eval --video DIR` whose env cannot render stops at its first frame without making DIR."""
+    from rlfleet.run import evaluate
+
+    class CannotRender:
+        def reset(self, seed=None):
+            return np.zeros(4, np.float32), {}
+
+        def render(self):
+            raise type("FatalError", (Exception,), {"__module__": "mujoco"})("no OpenGL")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(evaluate, "make_env", lambda *args, **kwargs: CannotRender())
+    with pytest.raises(ConfigError, match="cannot render"):
+        _evaluate_on_video(Still(), {"env": "Hopper-v5", "env_kwargs": {}}, 1, 0, 10, tmp_path / "videos")
+    assert not (tmp_path / "videos").exists()
