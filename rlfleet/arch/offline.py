@@ -16,6 +16,7 @@ and training continues on the aggregate (a new shuffled epoch).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,11 +27,13 @@ import numpy as np
 
 from rlfleet.data.batch import Batch, map_obs, obs_len
 from rlfleet.data.demos import DatasetError, kwargs_items, load_demonstrations
-from rlfleet.run.checkpoint import load_algo_state
-from rlfleet.run.config import ConfigError, RunConfig
-from rlfleet.run.evaluate import load_agent
+from rlfleet.run.checkpoint import content_digest, load_algo_state, load_checkpoint
+from rlfleet.run.config import ConfigError, RunConfig, saved_run_config
+from rlfleet.run.evaluate import agent_of
 from rlfleet.run.recording import EpisodeRecorder, record_episodes
 from rlfleet.run.runner import FAILURES, RunBase, RunResult, StopRequest, as_failure
+
+log = logging.getLogger(__name__)
 
 DAGGER_SEED = 20_000  # offset of the DAgger episodes' env seeds from the run's seed
 
@@ -103,10 +106,13 @@ class OfflineRunner(RunBase):
             dagger_env_steps=0,
             dagger_episodes=0,
             dataset_size=len(self.demos),
+            dataset_digest=content_digest([self.demos.obs, self.demos.act, self.demos.starts]),
+            expert_digest=self.expert_digest,
         )
         self.returns: deque[float] = deque(maxlen=100)
         empty = map_obs(lambda v: v[:0], self.demos.obs)
-        self.aggregated = Batch(obs=empty, act=self.demos.act[:0])  # expert-labelled learner states
+        label = np.int64 if self.demos.action_kind == "discrete" else np.float32
+        self.aggregated = Batch(obs=empty, act=np.zeros((0, *self.demos.act.shape[1:]), label))  # expert-labelled
         if resume_from is not None:
             self._restore(resume_from)
         self.data = self.algo.process(Batch.cat([Batch(obs=self.demos.obs, act=self.demos.act), self.aggregated]))
@@ -134,9 +140,11 @@ class OfflineRunner(RunBase):
         if len(self.demos) == 0:  # before the checks of its arrays, which have nothing to look at
             raise DatasetError(f"dataset {self.opts.dataset} holds no demonstrations")
         self.demos.check_fits(cfg.env, info["observation_space"], info["action_space"], cfg.env_kwargs)
-        self.expert = None
+        self.expert, self.expert_digest = None, None
         if self.opts.expert is not None:
-            self.expert, expert_run = load_agent(self.opts.expert)
+            payload = load_checkpoint(self.opts.expert, mmap=True)  # mapped: a latest.pt's replay is never read
+            self.expert, expert_run = agent_of(payload, self.opts.expert, saved_run_config(payload, self.opts.expert))
+            self.expert_digest = content_digest([payload["algo"], payload.get("obs_norm")])
             if expert_run["env"] != cfg.env:
                 raise ConfigError(f"expert {self.opts.expert} was trained on {expert_run['env']!r}, not on {cfg.env!r}")
             if expert_run["env_kwargs"] != cfg.env_kwargs:
@@ -175,7 +183,7 @@ class OfflineRunner(RunBase):
         return payload
 
     def _restore(self, payload: dict[str, Any]) -> None:
-        size = self.state["dataset_size"]
+        size, digest, expert = (self.state[k] for k in ("dataset_size", "dataset_digest", "expert_digest"))
         load_algo_state(self.algo, payload, self.run_dir, self.cfg.algo)
         self.state.update(payload["state"])
         if self.state["dataset_size"] != size:
@@ -183,6 +191,18 @@ class OfflineRunner(RunBase):
                 f"dataset {self.opts.dataset} has {size} pairs, but the run was trained on "
                 f"{self.state['dataset_size']}: resume with the same file"
             )
+        if self.state.get("dataset_digest", digest) != digest:  # checkpoints of older versions hold none
+            raise DatasetError(
+                f"dataset {self.opts.dataset} is not the one the run was trained on (its pairs changed since, "
+                "re-recorded to the same path?): resume with the same file"
+            )
+        self.state["dataset_digest"] = digest
+        if expert is not None and self.state.get("expert_digest", expert) != expert:
+            log.warning(
+                f"warning: expert {self.opts.expert} changed since the run started (it trained on?): DAgger's "
+                "later rounds are labelled by its weights as they are now"
+            )
+        self.state["expert_digest"] = expert
         saved = payload.get("offline") or {}
         if "aggregated_obs" in saved:
             self.aggregated = Batch(obs=saved["aggregated_obs"], act=saved["aggregated_act"])
@@ -223,7 +243,8 @@ class OfflineRunner(RunBase):
         return self.env_steps >= (done + 1) * self.total_steps // (rounds + 1)
 
     def _expert_labels(self) -> Callable[[Any, np.ndarray], np.ndarray]:
-        """Labels for `EpisodeRecorder`: the expert's greedy actions, its recurrent state carried along."""
+        """Labels for `EpisodeRecorder` (its `labeller`: one for each group of episodes, starting from no state): the
+        expert's greedy actions, its recurrent state carried along."""
         expert, state = self.expert, None
         assert expert is not None  # DAgger runs with an expert
 
@@ -242,12 +263,13 @@ class OfflineRunner(RunBase):
         self.state["dagger_round"] += 1
         episodes = self.algo_cfg.dagger_episodes
         seed = self.cfg.seed + DAGGER_SEED + 1_000 * self.state["dagger_round"]
-        recorder = EpisodeRecorder(labels=self._expert_labels())
+        recorder = EpisodeRecorder(labeller=self._expert_labels)
         evaluation = record_episodes(
             self.algo, self.cfg.env, episodes, seed, recorder, self.cfg.env_kwargs, self.eval_max_steps
         )
         obs, act, _, _ = recorder.arrays()
-        self.aggregated = Batch.cat([self.aggregated, Batch(obs=obs, act=act.astype(self.demos.act.dtype))])
+        act = act.astype(self.aggregated.act.dtype)  # the expert's own labels (not the dataset's dtype: bool, int8)
+        self.aggregated = Batch.cat([self.aggregated, Batch(obs=obs, act=act)])
         self.data = Batch.cat([self.data, self.algo.process(Batch(obs=obs, act=act))])
         self.state["dagger_env_steps"] += obs_len(obs)
         self.state["dagger_episodes"] += episodes

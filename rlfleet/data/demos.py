@@ -61,6 +61,9 @@ class Demonstrations:
     """The keyword arguments the env was built with (`--env-kwargs`): the variant of `env` recorded on."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.obs, dict) and len({len(v) for v in self.obs.values()}) > 1:
+            entries = {key: len(value) for key, value in self.obs.items()}
+            raise DatasetError(f"the entries of Dict observations must be equally long, got {entries}")
         n = obs_len(self.obs)
         if not (len(self.act) == len(self.rew) == len(self.starts) == n):
             lengths = [n] + [len(x) for x in (self.act, self.rew, self.starts)]
@@ -141,7 +144,7 @@ class Demonstrations:
                 f"dataset observations have shape {observation_shapes(self.obs)}, but {env} has "
                 f"{observation_shapes(observation_space)}: record it again"
             )
-        problem = observations_problem(self.obs) or actions_problem(self.act, action_space)
+        problem = observations_problem(self.obs, observation_space) or actions_problem(self.act, action_space)
         if problem is not None:
             raise DatasetError(f"dataset does not fit {env}: {problem}: record it again")
 
@@ -157,6 +160,10 @@ def observation_shapes(obs: np.ndarray | dict[str, np.ndarray] | gym.Space) -> t
     return tuple(obs.shape[1:])
 
 
+WHOLE_NUMBER_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+"""Spaces of whole numbers in a range: the networks one-hot them, so a value outside it fails inside an update."""
+
+
 def actions_problem(act: np.ndarray, space: gym.Space) -> str | None:
     """What keeps a batch of actions (`[N, *space.shape]`) from being actions of `space`, or None: the dtype (whole
     numbers for Discrete, MultiDiscrete and MultiBinary, numbers for Box), the shape of each, and the range (a
@@ -170,15 +177,24 @@ def actions_problem(act: np.ndarray, space: gym.Space) -> str | None:
             return f"actions are {act.dtype}, but {space} takes numbers"
         low, high = np.broadcast_to(space.low, shape), np.broadcast_to(space.high, shape)
         return _first_outside(act, low, high, space)
-    if not isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+    if not isinstance(space, WHOLE_NUMBER_SPACES):
         return f"{space} is not an action space of demonstrations"
-    if act.dtype.kind not in "iub":
-        return f"actions are {act.dtype}, but {space} takes whole numbers"
+    return _whole_numbers_problem(act, space, "action")
+
+
+def _whole_numbers_problem(values: np.ndarray, space: gym.Space, noun: str, where: str = "") -> str | None:
+    """What keeps `values` (of the right shape) from being values of a `WHOLE_NUMBER_SPACES` space: their dtype, or
+    the first outside its range; None if nothing does."""
+    if values.dtype.kind not in "iub":
+        return f"{noun}s{where} are {values.dtype}, but {space} takes whole numbers"
+    shape = tuple(space.shape or ())
     if isinstance(space, gym.spaces.MultiBinary):
-        return _first_outside(act, np.zeros(shape), np.ones(shape), space)
+        return _first_outside(values, np.zeros(shape), np.ones(shape), space, noun, where)
+    assert isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
     counts = space.n if isinstance(space, gym.spaces.Discrete) else space.nvec
     start = np.broadcast_to(np.asarray(space.start), shape)
-    return _first_outside(act, start, start + np.broadcast_to(np.asarray(counts), shape) - 1, space)
+    high = start + np.broadcast_to(np.asarray(counts), shape) - 1
+    return _first_outside(values, start, high, space, noun, where)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -186,27 +202,37 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return a.reshape(len(a), int(np.prod(a.shape[1:])))
 
 
-def _first_outside(act: np.ndarray, low: np.ndarray, high: np.ndarray, space: gym.Space) -> str | None:
-    """The first action (by index) that is NaN or outside [low, high], named; None when there is none."""
-    values = _rows(act.astype(np.float64))
+def _first_outside(
+    items: np.ndarray, low: np.ndarray, high: np.ndarray, space: gym.Space, noun: str = "action", where: str = ""
+) -> str | None:
+    """The first item (by index: an action, an observation) that is NaN or outside [low, high], named; None when
+    there is none."""
+    values = _rows(items.astype(np.float64))
     low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
     bad = np.isnan(values) | (values < low) | (values > high)
     rows = np.flatnonzero(bad.any(axis=1))
     if rows.size == 0:
         return None
     i = int(rows[0])
-    return f"action {i} is {act[i].tolist()!r}, outside {space} ({int(rows.size)} of {len(act)} actions are)"
+    return f"{noun} {i}{where} is {items[i].tolist()!r}, outside {space} ({int(rows.size)} of {len(items)} {noun}s are)"
 
 
-def observations_problem(obs: np.ndarray | dict[str, np.ndarray]) -> str | None:
+def observations_problem(obs: np.ndarray | dict[str, np.ndarray], space: gym.Space | None = None) -> str | None:
     """What keeps dataset observations from being an agent's input, or None: every array holds numbers, and every
     float is finite (a NaN or inf in one minibatch makes every weight NaN, and the run would train on to the end
-    with a model that acts at random)."""
+    with a model that acts at random); with the env's observation `space`, the values of a Discrete, MultiDiscrete or
+    MultiBinary one (or Dict entry) are whole numbers within it (the networks one-hot them)."""
     arrays = obs.items() if isinstance(obs, dict) else [("", obs)]
     for key, value in arrays:
         where = f" (entry {key!r})" if key else ""
         if value.dtype.kind not in "biuf":
             return f"observations{where} are {value.dtype}, not numbers"
+        subspace = space[key] if isinstance(space, gym.spaces.Dict) else space
+        if isinstance(subspace, WHOLE_NUMBER_SPACES):
+            problem = _whole_numbers_problem(value, subspace, "observation", where)
+            if problem is not None:
+                return problem
+            continue
         if value.dtype.kind == "f":
             flat = _rows(value)
             rows = np.flatnonzero(~np.isfinite(flat).all(axis=1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import warnings
@@ -47,6 +48,34 @@ def from_safe(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(from_safe(v) for v in obj)
     return obj
+
+
+def content_digest(obj: Any) -> str:
+    """A digest of nested dicts, lists, tensors, arrays and plain values: equal for equal contents (dtypes and shapes
+    included), whatever file or memory they came from. What a resumed run compares its inputs with (a dataset
+    re-recorded to the same path, an expert that trained on)."""
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray):
+            digest.update(f"array {value.dtype.str} {value.shape}".encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        elif isinstance(value, dict):
+            digest.update(f"dict {len(value)}".encode())
+            for key in sorted(value, key=str):
+                digest.update(repr(key).encode())
+                feed(value[key])
+        elif isinstance(value, list | tuple):
+            digest.update(f"seq {len(value)}".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(repr(value).encode())
+
+    feed(obj)
+    return digest.hexdigest()
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.data.batch import map_obs, stack_obs
-from rlfleet.data.demos import Demonstrations, is_dataset_file
+from rlfleet.data.demos import Demonstrations, action_space_kind, is_dataset_file
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.fields import ConfigError, check_value
@@ -35,18 +35,29 @@ from rlfleet.run.paths import check_output_file
 ENVS = 16  # episodes recorded side by side (one per env)
 
 
-class EpisodeRecorder:
-    """Collects (obs, act, rew) of the counted envs of `evaluate`, one list per env; `labels` replaces `act`.
+Labels = Callable[[Any, np.ndarray], np.ndarray]
+"""`labels(obs, done) -> actions`: the actions to store instead of those taken."""
 
-    `labels(obs, done) -> actions`, if given, is asked for the actions to store instead of those taken
-    (DAgger: the expert's action in every state the learner visits); it sees every step of every env,
-    so a recurrent labeller can carry its own state.
+
+class EpisodeRecorder:
+    """Collects (obs, act, rew) of the counted envs of `evaluate`, one list per env; a `labeller`'s labels replace
+    `act`.
+
+    `labeller() -> labels`, if given, makes the `Labels` of each group of episodes (`new_group`: envs that all start
+    new episodes), which are asked for the actions to store instead of those taken (DAgger: the expert's action in
+    every state the learner visits); they see every step of every env of the group, so a recurrent labeller can
+    carry its own state, and each group's starts from none.
     """
 
-    def __init__(self, labels: Callable[[Any, np.ndarray], np.ndarray] | None = None) -> None:
-        self.labels = labels
+    def __init__(self, labeller: Callable[[], Labels] | None = None) -> None:
+        self.labeller = labeller
+        self.labels: Labels | None = None
         self.episodes: list[tuple[list, list, list]] = []  # finished, in recording order
         self._open: dict[int, tuple[list, list, list]] = {}
+
+    def new_group(self) -> None:
+        """Before each `evaluate` of `record_episodes`: its envs all start new episodes."""
+        self.labels = self.labeller() if self.labeller is not None else None
 
     def __call__(self, obs: Any, act: np.ndarray, rew: np.ndarray, done: np.ndarray, counted: np.ndarray) -> None:
         if self.labels is not None:
@@ -89,6 +100,7 @@ def record_episodes(
     try:
         while done < episodes:
             group = min(with_envs, episodes - done)
+            recorder.new_group()
             parts.append(evaluate(algo, envs, group, seed + done, on_step=recorder, max_steps=max_steps))
             done += group
     finally:
@@ -121,11 +133,12 @@ def collect_demonstrations(
             "the episodes of a single-agent run)"
         )
     algo, run = agent_of(payload, checkpoint, run)
+    action_space = env_spec_info(run["env"], **run["env_kwargs"])["action_space"]
+    action_space_kind(action_space)  # before any episode: a MultiDiscrete agent's would all be for nothing
     recorder = EpisodeRecorder()
     bound = checkpoint_bound(run, max_steps)
     evaluation = record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"], bound)
     obs, act, rew, starts = recorder.arrays()
-    action_space = env_spec_info(run["env"], **run["env_kwargs"])["action_space"]
     demos = Demonstrations(
         obs, act, rew, starts, run["env"], action_space, source=str(checkpoint), env_kwargs=run["env_kwargs"]
     )

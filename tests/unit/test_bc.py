@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import gymnasium as gym
@@ -149,6 +150,40 @@ def test_observations_must_be_finite(obs, problem):
     assert found == problem if problem is None else problem in found
 
 
+DICT_CUE = gym.spaces.Dict({"goal": gym.spaces.Discrete(4), "heading": gym.spaces.Box(-1, 1, (2,))})
+
+
+@pytest.mark.parametrize(
+    ("obs", "space", "problem"),
+    [
+        ({"goal": np.array([0, 3]), "heading": np.zeros((2, 2), np.float32)}, DICT_CUE, None),
+        ({"goal": np.array([0, 13]), "heading": np.zeros((2, 2))}, DICT_CUE, "observation 1 (entry 'goal') is 13, out"),
+        ({"goal": np.array([0.5, 1.5]), "heading": np.zeros((2, 2))}, DICT_CUE, "observations (entry 'goal') are fl"),
+        (np.array([0, 16]), gym.spaces.Discrete(16), "observation 1 is 16, outside Discrete(16) (1 of 2 observations"),
+        (np.array([[0, 1], [1, 1]], np.int8), gym.spaces.MultiBinary(2), None),
+        (np.array([[0, 1], [2, 1]]), gym.spaces.MultiBinary(2), "observation 1 is [2, 1], outside MultiBinary(2)"),
+        (np.array([[5.0, -9.0]], np.float32), gym.spaces.Box(-1, 1, (2,)), None),  # a Box's bounds: not checked
+    ],
+)
+def test_observations_of_whole_number_spaces_are_checked_against_them(obs, space, problem):
+    """Discrete, MultiDiscrete and MultiBinary observations (or Dict entries) are one-hot by the networks: a value
+    outside the space or a fraction fails (or is cut) inside an update, so the dataset is refused before."""
+    found = observations_problem(obs, space)
+    assert found == problem if problem is None else problem in found
+
+
+def test_dict_observations_with_entries_of_different_lengths_are_refused():
+    with pytest.raises(DatasetError, match=r"Dict observations must be equally long, got \{'a': 3, 'b': 2\}"):
+        Demonstrations(
+            obs={"a": np.zeros((3, 1)), "b": np.zeros((2, 1))},
+            act=np.zeros(3, np.int64),
+            rew=np.zeros(3),
+            starts=np.array([True, False, False]),
+            env="x",
+            action_space=gym.spaces.Discrete(2),
+        )
+
+
 def test_an_empty_dataset_has_no_action_out_of_range():
     """No pairs at all: nothing outside the space (the run refuses the empty dataset itself, by name)."""
     assert actions_problem(np.zeros(0, np.int64), gym.spaces.Discrete(2)) is None
@@ -236,6 +271,60 @@ def test_an_interrupted_dagger_run_resumes_exactly(tmp_path: Path, run_opts):
     np.testing.assert_array_equal(a["offline"]["aggregated_obs"], b["offline"]["aggregated_obs"])
     for name, tensor in a["algo"]["model"].items():
         assert (tensor == b["algo"]["model"][name]).all(), name
+
+
+def test_a_resume_refuses_a_dataset_whose_pairs_changed_and_warns_of_an_expert_that_did(
+    tmp_path: Path, run_opts, caplog
+):
+    """A dataset re-recorded to the same path (as many pairs, other ones) is not what the run trained on: its resume
+    stops in one line, its checkpoint untouched. An expert that trained on since is named in a warning (its later
+    labels are its new weights'), and the run goes on."""
+    data = tmp_path / "data.npz"
+    demos(n=60).save(data)
+    expert = fake_checkpoint(tmp_path / "expert.pt")
+    kw = dict(
+        dataset=str(data), expert=str(expert), steps=120, overrides={"dagger_iterations": 3, "dagger_episodes": 2},
+        stop_return=1e9, eval_every=40, checkpoint_every=40, **run_opts,
+    )  # fmt: skip
+    part = train("bc", "CartPole-v1", name="part", callbacks=[lambda info: info["env_steps"] >= 50], **kw)
+    latest = part.run_dir / "checkpoints" / "latest.pt"
+    saved = latest.read_bytes()
+    demos(n=60, seed=1).save(data)
+    with pytest.raises(DatasetError, match=r"is not the one the run was trained on \(its pairs changed since"):
+        train(resume=part.run_dir, progress=False)
+    assert latest.read_bytes() == saved
+    demos(n=60).save(data)  # the same pairs again: a new file, the same content
+    fake_checkpoint(expert, seed=4)
+    with caplog.at_level(logging.WARNING, logger="rlfleet"):
+        resumed = train(resume=part.run_dir, progress=False)
+    assert f"expert {expert} changed since the run started" in caplog.text
+    assert resumed["gradient_steps"] == 120
+
+
+def test_dagger_keeps_the_experts_labels_whatever_the_datasets_action_dtype(tmp_path: Path, run_opts):
+    """Demonstrations of Discrete(3) actions stored as int8: the labels DAgger aggregates stay whole int64 labels
+    (a dataset's bool actions would have turned the expert's 2 into 1 in the checkpoint, not in the running run)."""
+    d = demos(n=60)
+    d.act = d.act.astype(np.int8)
+    d.save(tmp_path / "data.npz")
+    run = train(
+        "bc", "CartPole-v1", dataset=str(tmp_path / "data.npz"), expert=str(fake_checkpoint(tmp_path / "expert.pt")),
+        steps=40, overrides={"dagger_iterations": 1, "dagger_episodes": 2}, stop_return=1e9, eval_every=1_000,
+        **run_opts,
+    )  # fmt: skip
+    assert load_checkpoint(run.run_dir)["offline"]["aggregated_act"].dtype == np.int64
+
+
+def test_collect_refuses_an_agent_whose_actions_no_dataset_holds_before_any_episode(tmp_path: Path, monkeypatch):
+    """A MultiDiscrete agent's episodes could not be saved: `collect` says so before it runs them (thousands of
+    Atari-length episodes would all be for nothing)."""
+    from rlfleet.run import recording
+
+    pytest.importorskip("space_envs")
+    checkpoint = fake_checkpoint(tmp_path / "agent.pt", env="space_envs:JointChoice-v0")
+    monkeypatch.setattr(recording, "record_episodes", lambda *a, **k: pytest.fail("episodes were run"))
+    with pytest.raises(DatasetError, match=r"need a Discrete or Box action space, got MultiDiscrete\(\[4 4\]"):
+        recording.collect_demonstrations(checkpoint, episodes=100_000)
 
 
 MULTI_DISCRETE = gym.spaces.MultiDiscrete([3, 2], start=[1, 0])

@@ -9,7 +9,7 @@ import numpy as np
 from rlfleet.envs import make_vector_env
 from rlfleet.run.config import EVAL_MAX_STEPS
 from rlfleet.run.evaluate import episode_bound, evaluate
-from rlfleet.run.recording import EpisodeRecorder, record_episodes
+from rlfleet.run.recording import ENVS, EpisodeRecorder, record_episodes
 
 
 class Endless(gym.Env):
@@ -76,6 +76,42 @@ def test_recorded_episodes_end_at_the_cut():
     obs, act, rew, starts = recorder.arrays()
     assert result.cut == 3 and len(rew) == 3 * 7 and starts.sum() == 3
     assert np.flatnonzero(starts).tolist() == [0, 7, 14]
+
+
+class PushesLeft:
+    """CartPole's cart pushed left every step: episodes of about 10 steps, their lengths varying with the seed."""
+
+    def act(self, obs, state=None, explore=False):
+        return np.zeros(len(obs), dtype=np.int64), {}, state
+
+
+def steps_since_reset():
+    """`Labels` with a memory, as a recurrent expert's: each env's label is the steps it has seen since its last
+    episode ended (0 at every episode's first step, where its state starts afresh)."""
+    seen = None
+
+    def labels(obs, done):
+        nonlocal seen
+        if seen is None:
+            seen = np.zeros(len(done), np.int64)
+        out = seen.copy()
+        seen += 1
+        seen[done] = 0
+        return out
+
+    return labels
+
+
+def test_each_group_of_recorded_episodes_is_labelled_from_no_state():
+    """More episodes than envs are recorded in groups; envs whose episode ended early step on uncounted meanwhile.
+    A recurrent labeller (DAgger's expert) starts each group from no state, so every episode's first label is a
+    fresh state's, not one carried from the steps before the group's reset."""
+    recorder = EpisodeRecorder(labeller=steps_since_reset)
+    record_episodes(PushesLeft(), "CartPole-v1", ENVS + 4, 0, recorder)
+    _, act, _, starts = recorder.arrays()
+    assert starts.sum() == ENVS + 4
+    assert (act[starts] == 0).all(), act[starts]
+    assert act.max() > 5  # the labels did count the steps within episodes
 
 
 def test_the_bound_is_the_envs_own_time_limit_where_it_is_shorter():
