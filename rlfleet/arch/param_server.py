@@ -559,11 +559,11 @@ class ParamServerRunner(ParallelRunner):
         if self.rollback_due and not self.pushing:
             self.roll_back()
 
-    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
+    def _evaluate(self, logger: RunLogger, start: float) -> float:
         self.pull_servers()
         self.evaluating = True  # the "best" checkpoint holds the weights just evaluated
         try:
-            return super()._evaluate(logger, elapsed)
+            return super()._evaluate(logger, start)
         finally:
             self.evaluating = False
 

@@ -558,10 +558,14 @@ class RunBase(abc.ABC):
         )
         return result.returns, result.cut, {}
 
-    def _evaluate(self, logger: RunLogger, elapsed: float) -> float:
+    def _evaluate(self, logger: RunLogger, start: float) -> float:
+        """The greedy evaluation at this step, logged (and noted as the solving one, and saved as `best.pt`, where it
+        is) at the run's time once it is over: a time to solve includes the evaluation that showed it, as the
+        peers' do."""
         self.state["evals"] += 1
         step = self.env_steps
         returns, cut, more = self.run_evaluation(step)
+        elapsed = time.perf_counter() - start
         mean, std = float(returns.mean()), float(returns.std())
         self.state["last_eval"] = {"step": step, "mean": mean, "std": std, "cut": cut}
         logger.log(step, {"eval/return_mean": mean, "eval/return_std": std, "eval/episodes_cut": cut, **more}, elapsed)
@@ -616,7 +620,7 @@ class RunBase(abc.ABC):
         if steps >= self.state["next_eval"]:
             while self.state["next_eval"] <= steps:
                 self.state["next_eval"] += self.eval_every
-            mean = self._evaluate(logger, time.perf_counter() - start)
+            mean = self._evaluate(logger, start)
             solved = self.stop_return is not None and mean >= self.stop_return
         recent = float(np.mean(recent_returns)) if len(recent_returns) else float("nan")
         last_eval = self.state["last_eval"]["mean"] if self.state["last_eval"] else float("nan")
@@ -651,7 +655,7 @@ class RunBase(abc.ABC):
         (`RunFailure`) is not evaluated again: its checkpoint is what `--resume` goes on from."""
         last = self.state["last_eval"]
         if stopped_by not in ("interrupted", "solved", "failure") and (last is None or last["step"] != self.env_steps):
-            self._evaluate(logger, time.perf_counter() - start)
+            self._evaluate(logger, start)
         self.state["elapsed"] = time.perf_counter() - start
         self.save_logged(logger)
 

@@ -6,6 +6,7 @@ line."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -164,6 +165,21 @@ def test_the_best_checkpoint_of_the_solving_evaluation_knows_the_run_solved(tmp_
     assert result["solved_at_step"] is not None
     best = load_checkpoint(tmp_path / "r" / "checkpoints" / "best.pt")
     assert best["state"]["solved_at_step"] == result["solved_at_step"]
+
+
+def test_the_time_to_solve_includes_the_evaluation_that_solved(monkeypatch, tmp_path):
+    """`solved_at_s` (and the evaluation row's time) is read once the solving evaluation is over, as the peers'
+    times to solve are: an evaluation of 0.5 s is in it."""
+    from rlfleet.run.runner import RunBase
+
+    def slow_solving_evaluation(self, step):
+        time.sleep(0.5)
+        return np.full(2, 1e6), 0, {}
+
+    monkeypatch.setattr(RunBase, "run_evaluation", slow_solving_evaluation)
+    result = rlfleet.train("ppo", "CartPole-v1", steps=4_096, eval_every=512, eval_episodes=2, stop_return=1e5,
+                           logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
+    assert result["solved_at_step"] == 512 and result["solved_at_s"] >= 0.5, result
 
 
 def test_a_mujoco_env_that_cannot_render_is_one_line_saying_how_to_give_it_opengl():
