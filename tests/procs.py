@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 _SCRIPT = Path(sys.executable).with_name("rlfleet")
-RLFLEET = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlfleet.cli"]
+RLFLEET = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlfleet"]
 
 
 def session_processes(sid: int) -> dict[int, tuple[str, str]]:

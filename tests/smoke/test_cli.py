@@ -809,6 +809,19 @@ def test_a_missing_extra_is_one_line(tmp_path: Path, case: str):
     assert not any(tmp_path.iterdir()), "a failed command created files"
 
 
+def test_python_dash_m_rlfleet_is_the_command_with_worker_processes_too(tmp_path: Path):
+    """`python -m rlfleet` where the scripts folder is not on PATH; its spawned workers import `rlfleet.__main__`
+    again without running the command."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "train", "a2c", "--env", "CartPole-v1", "--arch", "data_parallel",
+         "--workers", "2", "--steps", "2000", "--eval-episodes", "1", "--name", "m", "--no-progress"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "runs" / "m" / "result.json").read_text())
+    assert result["arch"] == "data_parallel" and result["env_steps"] >= 2000
+
+
 def test_list_shows_every_algorithm(tmp_path: Path):
     proc = rlfleet("list", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
