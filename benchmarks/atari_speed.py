@@ -57,6 +57,7 @@ from harness import (
     RUNNER_ENV,
     add_peer_options,
     ensure_peers_venv,
+    exit_on_signals,
     finish,
     log,
     log_dir_for,
@@ -260,10 +261,13 @@ def run_rlfleet(algo: str, env: str, steps: int, threads: int, log_path: Path) -
                                     start_new_session=True)  # fmt: skip
             try:
                 proc.wait(timeout=RUN_TIMEOUT_S)
-            except BaseException:  # timeout or Ctrl-C: the run and its env processes go
+            except subprocess.TimeoutExpired:  # the run and its env processes go
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return {**record, "error": "killed"}
+            except BaseException:  # Ctrl-C or SIGTERM: the same, and the driver stops
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
         if proc.returncode != 0:
             return {**record, "error": f"exit status {proc.returncode}"}
         run_dir = Path(tmp) / "run"
@@ -360,6 +364,7 @@ def parse_threads(parser: argparse.ArgumentParser, text: str) -> list[int]:
 
 
 def main() -> None:
+    exit_on_signals()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="ALE/Pong-v5")
     parser.add_argument("--threads", default="1,2", help="torch thread counts, comma-separated")

@@ -21,6 +21,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from harness import RESULTS
 
 from rlfleet.algos.ppo import PPO, Config
 from rlfleet.data.rollout import RolloutStorage
@@ -70,12 +71,21 @@ def collect(steps: int, mode: str, n_envs: int = 8, rollout_len: int = 128) -> f
     return segments * n_envs * rollout_len / elapsed
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--steps", type=int, default=200_000, help="env steps per measurement (at least 8)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/throughput.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
+    args = parser.parse_args(argv)
+    if args.steps < 8:  # the vector cases step 8 envs at once
+        parser.error(f"--steps must be at least 8, got {args.steps}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)
     cases = {
         "raw-1": lambda: raw_single(args.steps),

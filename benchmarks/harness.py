@@ -187,15 +187,32 @@ def machine_line(machine: dict[str, Any], started: str) -> str:
 
 _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def kill_running() -> None:
-    """Kill every runner process (group) still running, e.g. on Ctrl-C while runs go on in worker threads."""
+    """Kill every runner process (group) still running, e.g. on Ctrl-C while runs go on in worker threads; a
+    runner that a worker thread starts after this is killed as soon as it has started."""
     with _running_lock:
+        _stopping.set()
         procs = list(_running)
     for proc in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def exit_on_signals() -> None:
+    """Make SIGTERM (``kill``, ``timeout``, a scheduler's preemption), and SIGHUP where it is not ignored (``nohup``),
+    end the driver as Ctrl-C does: by an exception in the main thread, so that its cleanup kills the runners'
+    process groups (each runner has a session of its own, so nothing else would reach them). Call first in a
+    driver's ``main``."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, stop)
 
 
 def run_runner(
@@ -217,6 +234,8 @@ def run_runner(
         )
         with _running_lock:
             _running.add(proc)
+            if _stopping.is_set():  # the driver is stopping (kill_running): this run must not go on
+                os.killpg(proc.pid, signal.SIGKILL)
         try:
             stdout, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

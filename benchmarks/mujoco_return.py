@@ -209,6 +209,7 @@ def summarize(document: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    harness.exit_on_signals()  # SIGTERM too stops every run (the except below)
     args = parse_args()
     peers_python, log_dir = harness.start(args)
     config = {key: getattr(args, key) for key in ("envs", "algos", "frameworks", "seeds", "steps", "jobs")}
@@ -255,7 +256,7 @@ def main() -> None:
                 record = {**future.result(), "jobs": args.jobs}
                 document["runs"].append(record)
                 harness.save(document, args.out)
-        except BaseException:  # e.g. Ctrl-C: no run may go on, unseen, after the driver
+        except BaseException:  # e.g. Ctrl-C or SIGTERM: no run may go on, unseen, after the driver
             pool.shutdown(wait=False, cancel_futures=True)
             harness.kill_running()
             raise

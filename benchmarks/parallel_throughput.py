@@ -26,9 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import cpu_model
+from harness import cpu_model, split_choices
 
+from rlfleet.arch import ARCHITECTURES
+from rlfleet.backends import BACKENDS
 from rlfleet.launch import train
+from rlfleet.run.config import ConfigError
 
 ARCHS = ["data_parallel", "grad_parallel", "hogwild"]
 
@@ -57,19 +60,29 @@ def measure(arch: str, env: str, workers: int, steps: int, seed: int, backend: s
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="CartPole-v1")
-    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated, of {','.join(ARCHITECTURES)}")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--backends", default="local", help="local, ray (one private Ray instance for all runs)")
     parser.add_argument("--steps", type=int, default=200_000, help="env steps per run")
     parser.add_argument("--repeats", type=int, default=1, help="runs per architecture (interleaved)")
     parser.add_argument("--out", default=None, help="JSON file for the results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.arch_list = split_choices(parser, "--archs", args.archs, tuple(ARCHITECTURES))
+    args.backend_list = split_choices(parser, "--backends", args.backends, tuple(BACKENDS))
+    for flag in ("workers", "steps", "repeats"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
-    backends = args.backends.split(",")
+    backends = args.backend_list
     if "ray" in backends:  # started once: runs use the connection this process has
         from rlfleet.backends.ray_instance import start_private_instance
 
@@ -77,10 +90,13 @@ def main() -> None:
         start_private_instance(args.workers)
         print(f"private Ray instance started in {time.perf_counter() - start:.1f} s", flush=True)
     for repeat in range(args.repeats):
-        for arch in args.archs.split(","):
+        for arch in args.arch_list:
             for backend in backends:
                 start = time.perf_counter()
-                row = measure(arch, args.env, args.workers, args.steps, seed=repeat, backend=backend)
+                try:
+                    row = measure(arch, args.env, args.workers, args.steps, seed=repeat, backend=backend)
+                except ConfigError as error:  # e.g. an env or an architecture that a2c cannot run on
+                    raise SystemExit(f"{arch} {backend} {args.env}: {error}") from None
                 row["repeat"] = repeat
                 results.append(row)
                 steady = f"{row['steady_sps']:.0f}" if row["steady_sps"] else "n/a"
@@ -97,7 +113,8 @@ def main() -> None:
         steady = row["steady_sps"] or row["overall_sps"]
         print(f"| {row['arch']} | {row['backend']} | {row['overall_sps']:.0f} | {steady:.0f} | {frames * steady:.0f} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": machine, "args": vars(args), "results": results}, indent=2))
+        described = {k: v for k, v in vars(args).items() if k not in ("arch_list", "backend_list")}
+        Path(args.out).write_text(json.dumps({"machine": machine, "args": described, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

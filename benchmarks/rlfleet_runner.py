@@ -9,8 +9,9 @@ Box-action classic-control env such as Pendulum-v1 the CLI itself picks the algo
 where it has one; on an env with a per-env preset, such as MountainCarContinuous-v0 for td3 and sac, that
 preset, ``--stop-return 90``). It reads the ``DIR/NAME/result.json`` the CLI writes (keys ``solved``,
 ``solved_at_step``, ``solved_at_s``, ``eval_return_mean``, ``env_steps``, ``wall_time_s``) and prints the same
-JSON line as the peer runners. The timings are rlfleet's own: the CLI measures from the start of
-training, after imports and env/model construction, with the evaluations' time counting.
+JSON line as the peer runners, with ``evals`` from the run's ``metrics.csv`` (its ``eval/return_mean`` rows). The
+timings are rlfleet's own: the CLI measures from the start of training, after imports and env/model construction,
+with the evaluations' time counting. A run that solves only past the time limit counts as not solved.
 
 Fixed budget (``--steps N``, e.g. ``--env Hopper-v5 --steps 100000``): runs ``rlfleet train ALGO --env ENV
 --seed S --steps N --eval-every N --eval-episodes 10 --stop-return 1e9 --logdir DIR --name NAME``, again with
@@ -26,6 +27,7 @@ evaluation's ``eval_return_mean`` and ``eval_return_std`` from ``result.json``, 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -63,8 +65,11 @@ def rlfleet_executable() -> str:
     return found
 
 
-def train(algo: str, env_id: str, seed: int, time_limit: float, steps: int | None, logdir: Path) -> dict:
-    """Run one ``rlfleet train`` and return its ``result.json``; its own output goes to stderr.
+def train(
+    algo: str, env_id: str, seed: int, time_limit: float, steps: int | None, logdir: Path
+) -> tuple[dict, list[tuple[int, float, float]]]:
+    """Run one ``rlfleet train``; return its ``result.json`` and its evaluations (:func:`evaluations`). Its own
+    output goes to stderr.
 
     ``steps`` None: time-to-solve (evaluations every 2,000 steps, stop when solved or at ``time_limit``);
     else a fixed budget of ``steps`` env steps with one evaluation at the end."""
@@ -91,7 +96,17 @@ def train(algo: str, env_id: str, seed: int, time_limit: float, steps: int | Non
     completed = subprocess.run(command, env=env, stdout=sys.stderr, stderr=sys.stderr, check=False)
     if completed.returncode != 0:
         raise SystemExit(f"rlfleet train exited with status {completed.returncode}: {' '.join(command)}")
-    return json.loads((logdir / name / "result.json").read_text())
+    return json.loads((logdir / name / "result.json").read_text()), evaluations(logdir / name / "metrics.csv")
+
+
+def evaluations(metrics_csv: Path) -> list[tuple[int, float, float]]:
+    """Every evaluation of a run as ``(env_steps, seconds since the start of training, mean return)``: the
+    ``eval/return_mean`` rows of its ``metrics.csv`` (columns step, wall_time, key, value), logged with the time
+    at which the evaluation ended (that of ``solved_at_s`` for the solving one), to the CSV's precision (ms, 6
+    significant digits)."""
+    with metrics_csv.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [(int(r["step"]), float(r["wall_time"]), float(r["value"])) for r in rows if r["key"] == "eval/return_mean"]
 
 
 def record_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,8 +121,11 @@ def record_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def to_run_result(fields: dict[str, Any], time_limit: float, result: dict) -> RunResult:
-    solved = bool(result["solved"])
+def to_run_result(
+    fields: dict[str, Any], time_limit: float, result: dict, evals: list[tuple[int, float, float]]
+) -> RunResult:
+    # an evaluation that ends past the time limit does not solve (as for the peers: ``Tracker.record``)
+    solved = bool(result["solved"]) and result["solved_at_s"] <= time_limit
     if solved:
         stop_reason = "solved"
     elif result["wall_time_s"] >= time_limit:
@@ -126,6 +144,7 @@ def to_run_result(fields: dict[str, Any], time_limit: float, result: dict) -> Ru
         stop_reason=stop_reason,
         time_limit_s=time_limit,
         step_limit=None,
+        evals=evals,
     )
 
 
@@ -146,12 +165,12 @@ def main() -> None:
     parser.add_argument("--logdir", type=Path, help="keep rlfleet's run folder here (default: a temp dir)")
     args = parse_run_args(parser, SUPPORTED)
     if args.logdir is not None:
-        result = train(args.algo, args.env, args.seed, args.time_limit, args.steps, args.logdir)
+        result, evals = train(args.algo, args.env, args.seed, args.time_limit, args.steps, args.logdir)
     else:
         with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as tmp:
-            result = train(args.algo, args.env, args.seed, args.time_limit, args.steps, Path(tmp))
+            result, evals = train(args.algo, args.env, args.seed, args.time_limit, args.steps, Path(tmp))
     if args.steps is None:
-        emit(to_run_result(record_fields(args), args.time_limit, result))
+        emit(to_run_result(record_fields(args), args.time_limit, result, evals))
     else:
         emit(to_final_return_result(record_fields(args), args.steps, result))
 

@@ -5,13 +5,14 @@ Creates (or reuses) the peers' venv, then runs one process per (framework, algo,
 once, interleaving the frameworks within each seed so that drift in the machine's speed affects them all
 alike. Each algorithm is timed on its own env (``env_for``: Pendulum-v1 for ddpg, td3 and sac, CartPole-v1
 for the others) unless ``--env`` names one. Raw results are saved to ``--out`` (JSON) after every run;
-``--resume`` skips the runs already there. The summary table is printed and written next to it as
-markdown. See benchmarks/README.md.
+``--resume`` continues the file's benchmark, with its options: it skips the runs already there and reruns the
+failed ones. The summary table is printed and written next to it as markdown. See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from harness import (
     FRAMEWORKS,
     RESULTS,
     add_peer_options,
+    exit_on_signals,
     finish,
     log,
     machine_line,
@@ -70,16 +72,24 @@ UNSUPPORTED = {
 n/a, never run. Every (algo, env) of ``ALGOS_BY_ENV`` not listed here is run by every framework."""
 RUN_GRACE_S = 300.0
 """A runner is killed after time limit + this (imports, construction, the last evaluation)."""
+DEFAULT_SEEDS = 5
+ALGOS = tuple(dict.fromkeys(algo for env in ENV_IDS for algo in ALGOS_BY_ENV[env]))
+"""Every algorithm that can be timed, on some env."""
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_algos = "; ".join(f"{env}: {','.join(algos)}" for env, algos in DEFAULT_ALGOS.items())
-    parser.add_argument("--env", choices=ENV_IDS, help="time every algo on this env (default: each on its own)")
+    parser.add_argument(
+        "--env",
+        choices=ENV_IDS,
+        default=argparse.SUPPRESS,
+        help="time every algo on this env (default: each on its own)",
+    )
     parser.add_argument("--algos", help=f"comma-separated (default, by --env: {default_algos})")
-    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, run in this order")
-    parser.add_argument("--seeds", type=int, default=5, help="number of seeds: 0 .. N-1")
-    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="wall-clock s per run")
+    parser.add_argument("--frameworks", help=f"comma-separated, run in this order (default {','.join(FRAMEWORKS)})")
+    parser.add_argument("--seeds", type=int, help=f"number of seeds: 0 .. N-1 (default {DEFAULT_SEEDS})")
+    parser.add_argument("--time-limit", type=float, help=f"wall-clock s per run (default {DEFAULT_TIME_LIMIT_S:g})")
     parser.add_argument(
         "--out",
         type=Path,
@@ -87,26 +97,78 @@ def parse_args() -> argparse.Namespace:
         "MountainCarContinuous-v0, else results/cartpole.json",
     )
     add_peer_options(parser)
-    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out and skip them")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out and skip them (failed ones are run again); the options not given are "
+        "the file's, those given must be the file's (--seeds may add seeds)",
+    )
+    args = parser.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.time_limit is not None and not 0 < args.time_limit < float("inf"):
+        parser.error(f"--time-limit must be a positive number of seconds, got {args.time_limit:g}")
+    given_env = "env" in vars(args)
+    args.env = getattr(args, "env", None)
+    if args.out is None:
+        algos = split_choices(parser, "--algos", args.algos or ",".join(DEFAULT_ALGOS[args.env or ENV_ID]), ALGOS)
+        on_pendulum = all(env_of(args.env, algo) == CONTINUOUS_ENV_ID for algo in algos)
+        on_mountaincar = args.env == SPARSE_ENV_ID
+        args.out = RESULTS / (
+            "mountaincar.json" if on_mountaincar else "pendulum.json" if on_pendulum else "cartpole.json"
+        )
+    if args.resume and args.out.exists():
+        take_resumed_config(parser, args, given_env)
     # without --env, any algorithm, each on its own env; with --env, those that can be timed on it
     envs = ENV_IDS if args.env is None else (args.env,)
     choices = tuple(dict.fromkeys(algo for env in envs for algo in ALGOS_BY_ENV[env]))
     default = ",".join(DEFAULT_ALGOS[args.env or ENV_ID])
     args.algos = split_choices(parser, "--algos", args.algos or default, choices)
-    args.frameworks = split_choices(parser, "--frameworks", args.frameworks, FRAMEWORKS)
-    if args.out is None:
-        on_pendulum = all(env_of(args.env, algo) == CONTINUOUS_ENV_ID for algo in args.algos)
-        on_mountaincar = args.env == SPARSE_ENV_ID
-        args.out = RESULTS / (
-            "mountaincar.json" if on_mountaincar else "pendulum.json" if on_pendulum else "cartpole.json"
-        )
+    args.frameworks = split_choices(parser, "--frameworks", args.frameworks or ",".join(FRAMEWORKS), FRAMEWORKS)
+    args.seeds = DEFAULT_SEEDS if args.seeds is None else args.seeds
+    args.time_limit = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
     return args
+
+
+def take_resumed_config(parser: argparse.ArgumentParser, args: argparse.Namespace, given_env: bool) -> None:
+    """``--resume``: the options not given take the values of the configuration in ``--out``; one given with
+    another value is refused (the table covers the file's algorithms and frameworks only, and every run of a file
+    has the same time limit), except ``--seeds``, which may add seeds."""
+    try:
+        config = json.loads(args.out.read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        parser.error(f"--resume: cannot read the configuration of {args.out}: {error}")
+
+    def refuse(option: str, file_value: object, given: object) -> None:
+        parser.error(f"--resume: {args.out} was run with {option} {file_value}, not {given} (leave {option} out)")
+
+    file_env = config.get("env")
+    if given_env and args.env != file_env:
+        refuse("--env", file_env or "(none: each algo on its own env)", args.env)
+    args.env = file_env
+    for option, key in (("--algos", "algos"), ("--frameworks", "frameworks")):
+        value = getattr(args, key)
+        if value is not None and [item.strip() for item in value.split(",") if item.strip()] != config[key]:
+            refuse(option, ",".join(config[key]), value)
+        setattr(args, key, ",".join(config[key]))
+    if args.time_limit is not None and args.time_limit != config["time_limit_s"]:
+        refuse("--time-limit", f"{config['time_limit_s']:g}", f"{args.time_limit:g}")
+    args.time_limit = config["time_limit_s"]
+    if args.seeds is not None and args.seeds < config["seeds"]:
+        parser.error(f"--resume: {args.out} has {config['seeds']} seeds: --seeds may add seeds, not leave some out")
+    args.seeds = config["seeds"] if args.seeds is None else args.seeds
 
 
 def env_of(env: str | None, algo: str) -> str:
     """The env ``algo`` is timed on: ``env`` (the ``--env`` option / the config's ``env``), else its own."""
     return env or env_for(algo)
+
+
+def solved_in_time(record: dict[str, Any], limit: float) -> bool:
+    """Whether a run solved within the time limit. The limit is checked at each evaluation, so an evaluation that
+    starts before it can end, solving, past it: such a run counts as not solved, at the limit, like one that never
+    solved, for every framework alike (the runners' records say so; older records are judged here)."""
+    return bool(record["solved"]) and record["solved_at_s"] is not None and record["solved_at_s"] <= limit
 
 
 def run_env(record: dict[str, Any]) -> str:
@@ -149,7 +211,7 @@ def summarize(document: dict[str, Any]) -> str:
         "",
         f"Protocol: one process per run, 1 torch thread, CPU; greedy evaluation of {EVAL_EPISODES} episodes "
         f"every {EVAL_EVERY_STEPS:,} env steps, its time counting; solved at the first evaluation with mean "
-        f"return >= {solved_at}; wall-clock limit {limit:g} s; "
+        f"return >= {solved_at}, ending within the wall-clock limit of {limit:g} s; "
         f"{config['seeds']} seed{'s' if config['seeds'] != 1 else ''}.",
         "",
         "| algo | framework | version | median time-to-solve (s) | min–max (s) | median env steps | "
@@ -172,8 +234,10 @@ def summarize(document: dict[str, Any]) -> str:
             ]
             if not runs:
                 continue
-            times = [r["solved_at_s"] if r["solved"] else limit for r in runs]
-            solved = [r for r in runs if r["solved"]]
+            solved = [r for r in runs if solved_in_time(r, limit)]
+            times = [r["solved_at_s"] if solved_in_time(r, limit) else limit for r in runs]
+            if any(r["solved"] and not solved_in_time(r, limit) for r in runs):
+                notes.add("A run that solved only past the time limit counts as not solved.")
             failed = sum(1 for r in runs if "error" in r)
             mark = "*" if len(solved) < len(runs) else ""
             if mark:
@@ -212,7 +276,22 @@ def summarize(document: dict[str, Any]) -> str:
 # --- main --------------------------------------------------------------------------------------------
 
 
+def plan_runs(args: argparse.Namespace, document: dict[str, Any]) -> list[tuple[int, str, str, str]]:
+    """The runs to do, as ``(seed, algo, env, framework)``: those of the options not in ``document`` yet. Failed
+    runs are dropped from it, to be run again."""
+    document["runs"] = [r for r in document["runs"] if "error" not in r]
+    done = {(r["framework"], r["algo"], run_env(r), r["seed"]) for r in document["runs"]}
+    return [
+        (seed, algo, env, fw)
+        for seed in range(args.seeds)
+        for algo, env in ((algo, env_of(args.env, algo)) for algo in args.algos)
+        for fw in args.frameworks
+        if (fw, algo, env) not in UNSUPPORTED and (fw, algo, env, seed) not in done
+    ]
+
+
 def main() -> None:
+    exit_on_signals()  # SIGTERM stops the run going on, as Ctrl-C does (run_runner's except)
     args = parse_args()
     peers_python, log_dir = start(args)
     config = {
@@ -234,15 +313,7 @@ def main() -> None:
         },
     }
     document = open_results(args.out, args.resume, config, header, peers_python, ("time_limit_s", "--time-limit"))
-    done = {(r["framework"], r["algo"], run_env(r), r["seed"]) for r in document["runs"]}
-
-    plan = [
-        (seed, algo, env, fw)
-        for seed in range(args.seeds)
-        for algo, env in ((algo, env_of(args.env, algo)) for algo in args.algos)
-        for fw in args.frameworks
-        if (fw, algo, env) not in UNSUPPORTED and (fw, algo, env, seed) not in done
-    ]
+    plan = plan_runs(args, document)
     for index, (seed, algo, env, framework) in enumerate(plan, start=1):
         log(f"[{index}/{len(plan)}] {framework} {algo} {env} seed {seed}")
         record = run_once(runner_python(framework, peers_python), framework, algo, env, seed, args.time_limit, log_dir)

@@ -29,10 +29,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from harness import cpu_model
+from harness import cpu_model, split_choices
 
 from rlfleet.arch.parallel import ParallelOptions
-from rlfleet.backends import make_backend
+from rlfleet.backends import BACKENDS, make_backend
 
 SIZES = [100, 10_000, 100_000, 1_000_000, 10_000_000]
 
@@ -76,15 +76,23 @@ def measure(backend_name: str, size: int, trials: int) -> list[float]:
     return times[1:]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default="serial,local,ray")
     parser.add_argument("--trials", type=int, default=15)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.backend_list = split_choices(parser, "--backends", args.backends, tuple(BACKENDS))
+    if args.trials < 1:
+        parser.error(f"--trials must be at least 1, got {args.trials}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)
     results = []
-    backends = args.backends.split(",")
+    backends = args.backend_list
     if "ray" in backends:  # one private instance for every size (runs use the connection this process has)
         from rlfleet.backends.ray_instance import start_private_instance
 
@@ -106,7 +114,8 @@ def main() -> None:
         cells = [f"{row[b]['median_ms']:.2f}" for b in backends]
         print(f"| {size:,} | " + " | ".join(cells) + " |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": machine, "args": vars(args), "results": results}, indent=2))
+        described = {k: v for k, v in vars(args).items() if k != "backend_list"}
+        Path(args.out).write_text(json.dumps({"machine": machine, "args": described, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

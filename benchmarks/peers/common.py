@@ -159,8 +159,8 @@ class Tracker(Clock):
 
     Call :meth:`start` right before training starts; at each training-loop boundary ask :meth:`eval_due`,
     and if it is, evaluate (the evaluation's time counts) and pass the mean return to :meth:`record`,
-    which says whether training must stop: solved (mean return >= ``SOLVED_RETURNS[env]``), wall-clock limit or
-    step limit reached.
+    which says whether training must stop: solved (mean return >= ``SOLVED_RETURNS[env]`` by the end of the
+    wall-clock limit: an evaluation that ends past it does not solve), wall-clock limit or step limit reached.
     """
 
     def __init__(self, env: str, time_limit_s: float, step_limit: int) -> None:
@@ -184,7 +184,7 @@ class Tracker(Clock):
         self.evals.append((env_steps, round(elapsed, 4), float(mean_return)))
         while self.next_eval_step <= env_steps:
             self.next_eval_step += EVAL_EVERY_STEPS
-        if mean_return >= self.solved_return:
+        if mean_return >= self.solved_return and elapsed <= self.time_limit_s:  # a solve past the limit is none
             self.stop_reason = "solved"
         elif elapsed >= self.time_limit_s:
             self.stop_reason = "time_limit"
