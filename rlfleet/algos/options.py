@@ -127,9 +127,18 @@ def make_replay_buffer(cfg: Any, n_envs: int, total_steps: int, seed: int = 0) -
     common = dict(capacity=cfg.buffer_size, n_envs=n_envs, n_step=cfg.n_step, gamma=cfg.gamma, seed=seed)
     if not cfg.prioritized:
         return ReplayBuffer(**common)
-    updates = max(1, (total_steps - cfg.learning_starts) // (cfg.train_freq * n_envs))
-    anneal = updates * cfg.gradient_steps if cfg.beta_anneal else 0  # 0: β stays `beta`
+    anneal = beta_anneal_steps(cfg, n_envs, total_steps)
     return PrioritizedReplayBuffer(**common, alpha=cfg.alpha, beta=cfg.beta, beta_final=1.0, beta_anneal_steps=anneal)
+
+
+def beta_anneal_steps(cfg: Any, n_envs: int, total_steps: int) -> int:
+    """The `sample` calls over which β anneals to 1 (0: it stays `beta`): the run's updates, `gradient_steps` for
+    every `train_freq` steps of its `n_envs` envs. A buffer whose columns are not the envs (a multi-agent policy's:
+    one per env copy and agent) takes the number of env copies here, not its columns."""
+    if not cfg.beta_anneal:
+        return 0
+    updates = max(1, (total_steps - cfg.learning_starts) // (cfg.train_freq * n_envs))
+    return int(updates * cfg.gradient_steps)
 
 
 def replay_problem(cfg: Any) -> str | None:

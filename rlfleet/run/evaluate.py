@@ -26,7 +26,7 @@ from rlfleet.envs.pettingzoo import agent_spaces, is_pettingzoo_id, make_agent_e
 from rlfleet.fields import MAX_ENVS, Bounds, ConfigError, check_fields, check_value
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
 from rlfleet.run.config import EVAL_MAX_STEPS, MAX_SEED, saved_run_config
-from rlfleet.run.multi_agent import checkpoint_policies, evaluate_agents
+from rlfleet.run.multi_agent import AgentEvaluation, Policies, checkpoint_policies, evaluate_agents
 from rlfleet.run.paths import check_output_folder
 
 EPISODES = Bounds(ge=1)
@@ -279,6 +279,30 @@ def _first_frame(env: Any, env_id: str) -> Any:
         ) from None
 
 
+def _evaluate_agents_on_video(
+    policies: Policies, run: dict[str, Any], episodes: int, seed: int, bound: int, video_dir: Path
+) -> AgentEvaluation:
+    """`evaluate_agents` one episode at a time on a rendering env (episode i reset with `seed + i`), its frames
+    from the reset on saved as `episode-<i>.gif` when it ends."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
+    parts = []
+    for i in range(episodes):
+        env = make_agent_env(run["env"], "rgb_array", **run["env_kwargs"])
+        frames: list[Any] = []  # rgb_array frames
+        record = lambda _, env=env, frames=frames: frames.append(env.render())  # noqa: E731
+        try:
+            parts.append(evaluate_agents(policies, [env], seed + i, bound, record))
+        finally:
+            env.close()
+        video_dir.mkdir(parents=True, exist_ok=True)
+        _save_gif(frames, video_dir / f"episode-{i}.gif", fps=10)
+    return AgentEvaluation(
+        {agent: np.concatenate([p.agents[agent] for p in parts]) for agent in parts[0].agents},
+        np.concatenate([p.returns for p in parts]),
+        sum(p.cut for p in parts),
+    )
+
+
 def _evaluate_agents_checkpoint(
     checkpoint: str | Path,
     payload: dict[str, Any],
@@ -289,8 +313,9 @@ def _evaluate_agents_checkpoint(
     max_steps: int | None,
 ) -> dict[str, Any]:
     """`evaluate_checkpoint` of a multi-agent run (its checkpoint `payload`, run config `run`): its policies in
-    `episodes` copies of the env side by side, each agent's return too; with `video_dir`, each copy's episode as
-    `episode-<i>.gif`."""
+    `episodes` copies of the env side by side, each agent's return too; with `video_dir`, one episode after another
+    on a rendering env (episode i reset with `seed + i`), each saved as `episode-<i>.gif` as soon as it ends, so that
+    only one episode's frames are held at a time."""
     algo_cls, config_cls, _, _ = resolve(run["algo"])
     try:
         cfg = config_cls(**payload["algo_config"])
@@ -301,22 +326,15 @@ def _evaluate_agents_checkpoint(
     except MISFITS as exc:
         raise misfit(checkpoint, run["algo"], exc) from None
     bound = checkpoint_bound(run, max_steps)
-    render = "rgb_array" if video_dir is not None else None
-    if render is not None:
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
-    envs = [make_agent_env(run["env"], render, **run["env_kwargs"]) for _ in range(episodes)]
-    frames: list[list[Any]] = [[] for _ in envs]
-    try:
-        on_step = (lambda c: frames[c].append(envs[c].render())) if render is not None else None
-        result = evaluate_agents(policies, envs, seed, bound, on_step)
-    finally:
-        for env in envs:
-            env.close()
-    if video_dir is not None:
-        Path(video_dir).mkdir(parents=True, exist_ok=True)
-        for i, episode in enumerate(frames):
-            if episode:
-                _save_gif(episode, Path(video_dir) / f"episode-{i}.gif", fps=10)
+    if video_dir is None:
+        envs = [make_agent_env(run["env"], None, **run["env_kwargs"]) for _ in range(episodes)]
+        try:
+            result = evaluate_agents(policies, envs, seed, bound)
+        finally:
+            for env in envs:
+                env.close()
+    else:
+        result = _evaluate_agents_on_video(policies, run, episodes, seed, bound, Path(video_dir))
     return _record(
         checkpoint,
         run,

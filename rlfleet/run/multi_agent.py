@@ -8,10 +8,11 @@ models):
   are frozen (`--freeze red`) and those loaded from a checkpoint (`--load-policy red=RUN/checkpoints/best.pt`).
   `random` is a policy every mapping may name: uniform over the legal actions, never trained.
 - `Policies`: one algorithm per policy (the run's algorithm, built for the spaces of the policy's agents). Every
-  policy sees the agent's index among the env's agents appended to its observation (a one-hot, `agent_id`): a
-  shared policy tells alike agents apart by it, and a policy's weights fit any mapping of the env; agents with
-  different 1-D Box observations and one action space share a policy with their observations padded with zeros to
-  the longest; other differences need separate policies. `act` batches the agents of one policy across env copies.
+  policy sees the agent's index among the env's agents beside its observation (a one-hot, `agent_id`: appended to
+  a vector, an entry beside an image or in a `Dict`): a shared policy tells alike agents apart by it, and a
+  policy's weights fit any mapping of the env; agents with different 1-D Box observations and one action space
+  share a policy with their observations padded with zeros to the longest; other differences need separate
+  policies. `act` batches the agents of one policy across env copies.
 - `MultiAgentCollector`: steps `n` copies of the env. A trained policy learns from its agents' own transitions:
   an agent's transition runs from one of its actions to its next one (in a turn-based game the other players move
   in between), with every reward it received meanwhile. The policy's data (`PolicyData`) has a column per
@@ -20,7 +21,9 @@ models):
 - `evaluate_agents`: greedy episodes, each agent's return.
 
 A run's `charts/episodic_return` and its evaluation return are the mean return of the trained policies' agents;
-each agent's and each policy's return are logged beside it (`agents/<agent>/...`, `policies/<policy>/...`).
+each agent's and each policy's return are logged beside it (`agents/<agent>/...`, `policies/<policy>/...`). In
+self-play on a zero-sum game that mean is 0 whatever the players learn, and the run says so in one line
+(`multi_agent_runner.zero_sum_agents`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from torch import nn
 from rlfleet.data.batch import stack_obs
 from rlfleet.data.rollout import RolloutStorage, Segment
 from rlfleet.envs.pettingzoo import AgentEnv, AgentSpaces
+from rlfleet.nets.encoders import is_image
 from rlfleet.nets.heads import action_mask_of
 from rlfleet.run.config import ConfigError
 
@@ -47,6 +51,8 @@ RANDOM = "random"
 """The policy that picks uniformly among the legal actions; it has no weights and is never trained."""
 SHARED = "shared"
 AGENT_ID = "agent_id"
+OBSERVATION = "observation"
+"""The observation's entry in a policy's `Dict` input where it is not a `Dict` itself (an image, a `Discrete`)."""
 
 
 # ---------------------------------------------------------------------------------------------------- the mapping
@@ -69,12 +75,15 @@ class PolicyMapping:
 
 
 def _pairs(text: str | None, option: str, example: str) -> dict[str, str]:
-    """'KEY=VALUE,KEY=VALUE' as a dict (in order); one line for an item that is not KEY=VALUE."""
+    """'KEY=VALUE,KEY=VALUE' as a dict (in order); one line for an item that is not KEY=VALUE, and for a key given
+    twice (which of the two was meant is not for rlfleet to guess)."""
     out: dict[str, str] = {}
     for item in (text or "").split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or not key or not value:
             raise ConfigError(f"{option} takes KEY=VALUE items separated by commas ({example}), got {item.strip()!r}")
+        if key in out:
+            raise ConfigError(f"{option} gives {key} twice ({key}={out[key]}, {key}={value}): give it once")
         out[key] = value
     return out
 
@@ -88,7 +97,8 @@ def policy_mapping(
 ) -> PolicyMapping:
     """The mapping of a run's options (`RunConfig.policies`, `policy_map`, `freeze`, `load_policy`); every problem is
     one `ConfigError` line: a pattern that matches no agent, an agent without a policy, a frozen or loaded policy the
-    mapping does not have, a frozen policy without weights, nothing left to train."""
+    mapping does not have, a frozen policy without weights, nothing left to train, a pattern or a loaded policy
+    given twice."""
     load = _pairs(load_policy, "--load-policy", "red=runs/old/checkpoints/best.pt") if load_policy else {}
     freeze_names = [n.strip() for n in (freeze or "").split(",") if n.strip()]
     if policy_map and policies != SHARED:
@@ -165,10 +175,15 @@ class RandomPolicy:
         pass
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """Where its draws have got to (its own generator's and the action space's, which samples `Box` actions):
+        a resumed run's random player goes on with new moves rather than replaying those of the run's start."""
+        return {"rng": self.rng.bit_generator.state, "space_rng": self.space.np_random.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        if not state:  # a checkpoint from before the draws were saved: they go on from the seed
+            return
+        self.rng.bit_generator.state = state["rng"]
+        self.space.np_random.bit_generator.state = state["space_rng"]
 
 
 @dataclass
@@ -176,7 +191,9 @@ class PolicyInput:
     """What an agent's observation becomes for its policy: padded to `width` (a 1-D Box shared with longer ones),
     with the agent's index among the env's agents as a one-hot of `n_ids` (0: none, an env with one agent). Every
     policy of an env sees the id, shared or not, so that a policy's weights fit any mapping of that env: a policy
-    trained shared plays one side against another later (`--load-policy`)."""
+    trained shared plays one side against another later (`--load-policy`). The id goes after a `Box` observation
+    and into a `Dict` one as an entry; an image gets a `Dict` of itself and the id, so that it keeps its shape and
+    dtype (uint8 in replay) and gets the CNN a single-agent run gives it (`MultiInputEncoder`)."""
 
     space: gym.Space
     index: dict[str, int]
@@ -195,9 +212,9 @@ class PolicyInput:
         one_hot[self.index[agent]] = 1.0
         if isinstance(obs, dict):
             return {**obs, AGENT_ID: one_hot}
-        if isinstance(self.space, gym.spaces.Box):
+        if isinstance(self.space, gym.spaces.Box):  # the id appended (not an image: that is a Dict's entry)
             return np.concatenate([np.asarray(obs, np.float32).ravel(), one_hot])
-        return {"observation": obs, AGENT_ID: one_hot}
+        return {OBSERVATION: obs, AGENT_ID: one_hot}
 
 
 def _policy_input(name: str, agents: list[str], spaces: AgentSpaces) -> PolicyInput:
@@ -226,13 +243,13 @@ def _policy_input(name: str, agents: list[str], spaces: AgentSpaces) -> PolicyIn
         one_hot = gym.spaces.Box(0.0, 1.0, (n_ids,), np.float32)
         if isinstance(space, gym.spaces.Dict):
             space = gym.spaces.Dict({**space.spaces, AGENT_ID: one_hot})
-        elif isinstance(space, gym.spaces.Box):
+        elif isinstance(space, gym.spaces.Box) and not is_image(space):
             flat = gym.spaces.Box(np.asarray(space.low, np.float32).ravel(), np.asarray(space.high, np.float32).ravel())
             space = gym.spaces.Box(
                 np.concatenate([flat.low, one_hot.low]), np.concatenate([flat.high, one_hot.high]), dtype=np.float32
             )
-        else:
-            space = gym.spaces.Dict({"observation": space, AGENT_ID: one_hot})
+        else:  # an image (a CNN's input only as it is), or a space of another kind
+            space = gym.spaces.Dict({OBSERVATION: space, AGENT_ID: one_hot})
     return PolicyInput(space, {a: spaces.agents.index(a) for a in agents}, n_ids, width)
 
 
@@ -323,12 +340,13 @@ class Policies:
         return {"policies": {name: algo.state_dict() for name, algo in self.algos.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Every policy's saved state; the `random` policy's draws where saved (else they follow its seed)."""
         saved = state["policies"]
-        missing = [n for n in self.algos if n not in saved]
+        missing = [n for n in self.algos if n not in saved and n != RANDOM]
         if missing:
             raise KeyError(f"no saved state of policy {missing[0]}")
         for name, algo in self.algos.items():
-            algo.load_state_dict(saved[name])
+            algo.load_state_dict(saved.get(name, {}))
 
 
 # ---------------------------------------------------------------------------------------------------- the data
@@ -506,12 +524,29 @@ class MultiAgentCollector:
         self.restart(seed)
 
     def restart(self, seed: int) -> None:
-        """Every copy begins a new episode (copy c reset with `seed + c`); nothing pending is kept."""
+        """Every copy begins a new episode (copy c reset with `seed + c`); nothing pending is kept, and every lane's
+        exploration noise starts again."""
         self.acting = [env.reset(seed=seed + c) for c, env in enumerate(self.envs)]
         self.pending: dict[tuple[int, str], Transition] = {}
         self.episode_returns: list[dict[str, float]] = [defaultdict(float) for _ in self.envs]
         for d in self.data.values():
             d.restart()
+        self._reset_noise([(c, a) for c in range(len(self.envs)) for a in self.policies.of_agent])
+
+    def _reset_noise(self, ended: Sequence[tuple[int, str]]) -> None:
+        """The exploration noise (`reset_noise`: DDPG's and TD3's Ornstein–Uhlenbeck process) of each (copy, agent)
+        in `ended` back at its start, as a single-agent run's is for an env whose episode ended: each policy's lanes
+        are (copy, agent) pairs, and the agent's next action begins an episode of its own."""
+        if not ended:
+            return
+        for name in self.policies.trained:
+            reset = getattr(self.policies.algos[name], "reset_noise", None)
+            agents = self.policies.agents_of[name]
+            lanes = [c * len(agents) + agents.index(a) for c, a in ended if a in agents]
+            if reset is not None and lanes:
+                mask = np.zeros(len(self.envs) * len(agents), bool)
+                mask[lanes] = True
+                reset(mask)
 
     @property
     def episodes(self) -> int:
@@ -539,8 +574,10 @@ class MultiAgentCollector:
                 self.stats.add(dict(self.episode_returns[c]), self.trained_agents)
                 self.episode_returns[c] = defaultdict(float)
                 self.acting[c] = env.reset()
+                self._reset_noise([(c, a) for a in self.policies.of_agent])
             else:
                 self.acting[c] = result.acting
+                self._reset_noise([(c, a) for a in result.ended])
         self.env_steps += len(self.envs)
 
     def _close(self, c: int, agent: str, obs: Any, terminated: bool, truncated: bool) -> None:
@@ -579,11 +616,15 @@ def evaluate_agents(
     envs: list[AgentEnv],
     seed: int,
     max_steps: int,
-    on_step: Callable[[int], None] | None = None,
+    on_frame: Callable[[int], None] | None = None,
 ) -> AgentEvaluation:
     """One greedy episode in each env copy (copy c reset with `seed + c`), each at most `max_steps` steps;
-    `on_step(c)` after every step of copy c (rendering)."""
+    `on_frame(c)` after the reset of copy c and after each of its steps (rendering: a video's first frame is the
+    episode's start)."""
     acting = [env.reset(seed=seed + c) for c, env in enumerate(envs)]
+    if on_frame is not None:
+        for c in range(len(envs)):
+            on_frame(c)
     returns: list[dict[str, float]] = [defaultdict(float) for _ in envs]
     steps = np.zeros(len(envs), int)
     done = np.zeros(len(envs), bool)
@@ -599,8 +640,8 @@ def evaluate_agents(
                 returns[c][agent] += reward
             steps[c] += 1
             acting[c] = result.acting
-            if on_step is not None:
-                on_step(c)
+            if on_frame is not None:
+                on_frame(c)
             if result.over or steps[c] >= max_steps:
                 cut += not result.over
                 done[c] = True
@@ -623,5 +664,6 @@ def checkpoint_policies(
         return algo_cls(dataclasses.replace(algo_cfg, n_envs=lanes), obs, act, seed=seed)
 
     policies = Policies(spaces, mapping, build, seed=seed, copies=algo_cfg.n_envs)
-    policies.load_state_dict(state)
+    saved = {name: s for name, s in state["policies"].items() if name != RANDOM}  # its draws: the evaluation's seed's
+    policies.load_state_dict({**state, "policies": saved})
     return policies

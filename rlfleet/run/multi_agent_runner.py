@@ -6,14 +6,17 @@ a multi-agent env (`single`, `data_parallel`) build their loops on it; the other
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlfleet.algos.options import beta_anneal_steps
 from rlfleet.envs.pettingzoo import AgentEnv, AgentSpaces, make_agent_env
 from rlfleet.run.checkpoint import CheckpointError, load_algo_state, load_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig
-from rlfleet.run.multi_agent import Policies, PolicyData, PolicyMapping, evaluate_agents, policy_mapping
+from rlfleet.run.logger import RunLogger
+from rlfleet.run.multi_agent import RANDOM, Policies, PolicyData, PolicyMapping, evaluate_agents, policy_mapping
 from rlfleet.run.runner import ResolvedConfig, RunBase, build_algorithm
 
 
@@ -33,10 +36,17 @@ def run_mapping(cfg: RunConfig, spaces: AgentSpaces) -> PolicyMapping:
     return policy_mapping(spaces.agents, cfg.policies, cfg.policy_map, cfg.freeze, cfg.load_policy)
 
 
+def absolute_source(source: str) -> str:
+    """`CHECKPOINT[#POLICY]` with the checkpoint (a file or a run folder) as an absolute path."""
+    path, sep, saved = source.partition("#")
+    return str(Path(path).resolve()) + sep + saved
+
+
 def load_policy_weights(algo: Any, source: str, policy: str, algo_name: str) -> None:
     """Put the weights of `source` (`CHECKPOINT[#SAVED_POLICY]`) into policy `policy`'s algorithm: a multi-agent
-    checkpoint's policy of that name (or `SAVED_POLICY`, or its only one), a single-agent checkpoint's agent. A
-    checkpoint of another algorithm, a policy it does not have, or networks that do not fit: one line."""
+    checkpoint's policy of that name (or `SAVED_POLICY`, or its only one with weights: `random` has none), a
+    single-agent checkpoint's agent. A checkpoint of another algorithm, a policy it does not have (`random` among
+    them), or networks that do not fit: one line."""
     path, _, saved = source.partition("#")
     payload = load_checkpoint(path)
     trained_with = payload["run_config"].get("algo")
@@ -47,7 +57,12 @@ def load_policy_weights(algo: Any, source: str, policy: str, algo_name: str) -> 
         )
     state = payload["algo"]
     if isinstance(state.get("policies"), dict):
-        policies = state["policies"]
+        policies = {n: s for n, s in state["policies"].items() if n != RANDOM}  # the random policy has no weights
+        if saved == RANDOM:
+            raise CheckpointError(
+                f"--load-policy {policy}={source}: {RANDOM} is the uniform random policy, it has no weights to load "
+                f"(map the agents to {RANDOM} instead)"
+            )
         key = saved or (policy if policy in policies else None)
         if key is None and len(policies) == 1:
             key = next(iter(policies))
@@ -62,6 +77,27 @@ def load_policy_weights(algo: Any, source: str, policy: str, algo_name: str) -> 
             f"--load-policy {policy}={source}: that checkpoint is a single-agent run's, it has no policy {saved!r}"
         )
     load_algo_state(algo, {"algo": state}, path, f"{algo_name} (policy {policy})")
+
+
+def zero_sum_agents(returns: dict[str, np.ndarray], policies: Policies) -> list[str] | None:
+    """The trained agents, where there are several and their returns add up to 0 in every evaluation episode
+    (`returns`: each agent's, episode by episode) though not all are 0: self-play in a zero-sum game (the default
+    `--policies shared` on tic-tac-toe), whose run's return, their mean, is 0 whatever they learn. None otherwise."""
+    trained = [a for a in policies.of_agent if policies.of_agent[a] in policies.trained]
+    if len(trained) < 2:
+        return None
+    each = np.stack([returns[a] for a in trained])
+    return trained if np.allclose(each.sum(axis=0), 0.0) and np.any(each != 0) else None
+
+
+def zero_sum_note(agents: list[str]) -> str:
+    """The line for a run whose trained agents' returns cancel out (`zero_sum_agents`)."""
+    return (
+        f"note: the trained agents' returns ({', '.join(agents)}) add up to 0 in every evaluation episode (self-play "
+        "in a zero-sum game), so the run's return, their mean, is 0 whatever they learn: --stop-return, best.pt and "
+        "sweeps have nothing to go on; to score a side, play it against a fixed opponent (--policy-map with random, "
+        "or --load-policy and --freeze)"
+    )
 
 
 class MultiAgentRunBase(RunBase):
@@ -79,7 +115,10 @@ class MultiAgentRunBase(RunBase):
         return resolved
 
     def build_algo(self, seed: int) -> Policies:
-        """The run's policies, each the run's algorithm built for its agents' spaces; loaded weights put in."""
+        """The run's policies, each the run's algorithm built for its agents' spaces; loaded weights put in. A new
+        run keeps its `--load-policy` checkpoints as absolute paths (config.json: found from any folder); a resumed
+        one reads none of them, its own checkpoint holds every policy's weights (a source moved or deleted since
+        does not matter)."""
         spaces: AgentSpaces = self.env_info["agents"]
         mapping = run_mapping(self.cfg, spaces)
 
@@ -89,8 +128,10 @@ class MultiAgentRunBase(RunBase):
             return build_algorithm(self.cfg, cfg, info, policy_seed, self.device)
 
         policies = Policies(spaces, mapping, build, seed, copies=self.algo_cfg.n_envs)
-        for name, source in mapping.loads.items():
-            load_policy_weights(policies.algos[name], source, name, self.cfg.algo)
+        if mapping.loads and not self.resuming:
+            for name, source in mapping.loads.items():
+                load_policy_weights(policies.algos[name], source, name, self.cfg.algo)
+            self.cfg.load_policy = ",".join(f"{n}={absolute_source(source)}" for n, source in mapping.loads.items())
         return policies
 
     def check_config(self) -> None:
@@ -120,9 +161,12 @@ class MultiAgentRunBase(RunBase):
             algo = self.algo.algos[name]
             lanes = copies * len(self.algo.agents_of[name])
             if algo.data == "replay":
-                data[name] = PolicyData(
-                    algo, lanes, buffer=algo.make_buffer(lanes, self.total_steps, seed=self.cfg.seed)
-                )
+                buffer = algo.make_buffer(lanes, self.total_steps, seed=self.cfg.seed)
+                schedule = buffer.schedule_state()
+                if schedule.get("beta_anneal_steps"):  # β over the run's update passes: one per train_freq steps of
+                    anneal = beta_anneal_steps(algo.cfg, copies, self.total_steps)  # the copies, not of the lanes
+                    buffer.load_schedule_state({**schedule, "beta_anneal_steps": anneal})
+                data[name] = PolicyData(algo, lanes, buffer=buffer)
             else:
                 data[name] = PolicyData(algo, lanes, rollout_len=self.algo_cfg.rollout_len)
         return data
@@ -147,6 +191,7 @@ class MultiAgentRunBase(RunBase):
 
     def run_evaluation(self, step: int) -> tuple[np.ndarray, int, dict[str, float]]:
         result = evaluate_agents(self.algo, self.eval_envs, self.eval_seed(step), self.eval_max_steps)
+        self._zero_sum_agents = zero_sum_agents(result.agents, self.algo)
         agents = {a: float(r.mean()) for a, r in result.agents.items()}
         policies = {
             name: float(np.mean([agents[a] for a in self.algo.agents_of[name]])) for name in self.algo.mapping.names
@@ -155,6 +200,18 @@ class MultiAgentRunBase(RunBase):
         more = {f"eval/agents/{a}/return_mean": r for a, r in agents.items()}
         more.update({f"eval/policies/{p}/return_mean": r for p, r in policies.items()})
         return result.returns, result.cut, more
+
+    _zero_sum_agents: list[str] | None = None
+    _zero_sum_noted = False
+
+    def _evaluate(self, logger: RunLogger, start: float) -> float:
+        """The run's evaluation; and once per invocation, the line that says the run's return cannot tell anything
+        where the trained agents' returns cancel out (`zero_sum_note`)."""
+        mean = super()._evaluate(logger, start)
+        if self._zero_sum_agents and not self._zero_sum_noted:
+            self._zero_sum_noted = True
+            logger.note(zero_sum_note(self._zero_sum_agents))
+        return mean
 
     def agent_returns(self) -> dict[str, list[float]]:
         """Each agent's training returns of the episodes finished since the last log row (the architecture's)."""

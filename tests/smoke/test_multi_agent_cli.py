@@ -16,7 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # test_cli's helpers, under --im
 
 from test_cli import check_one_error_line, run_main, tree  # noqa: E402
 
+from rlfleet.envs.pettingzoo import make_agent_env  # noqa: E402
 from rlfleet.launch import train  # noqa: E402
+from rlfleet.run import evaluate  # noqa: E402
 from rlfleet.run.checkpoint import load_checkpoint  # noqa: E402
 
 TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
@@ -88,25 +90,143 @@ def test_a_run_logs_every_agent_and_resumes_and_evaluates_with_a_video(tmp_path:
     resumed = train(resume=first.run_dir, steps=2_048, progress=False)
     assert resumed["env_steps"] == 2_048 and resumed["episodes"] > first["episodes"]
     monkeypatch.chdir(tmp_path)
+    live, made = [], []  # the rendering envs open at once, and the GIFs on disk as each env is made
+
+    def counted(*args, **kwargs):
+        env = make_agent_env(*args, **kwargs)
+        made.append(sorted(p.name for p in (tmp_path / "video").glob("*.gif")))
+        live.append(env)
+        close = env.close
+        env.close = lambda: (live.remove(env), close())
+        assert len(live) == 1, "a rendering env for each episode, side by side: every episode's frames held at once"
+        return env
+
+    frames = []  # each GIF's frames
+    save_gif = evaluate._save_gif
+    monkeypatch.setattr(evaluate, "make_agent_env", counted)
+    monkeypatch.setattr(
+        evaluate, "_save_gif", lambda episode, *a, **k: (frames.append(len(episode)), save_gif(episode, *a, **k))
+    )
     assert run_main(("eval", first.run_dir, "--episodes", "2", "--video", "video")) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["agents"]) == {"agent_0", "agent_1", "agent_2"} and len(out["returns"]) == 2
     assert sorted(p.name for p in (tmp_path / "video").iterdir()) == ["episode-0.gif", "episode-1.gif"]
+    assert made == [[], ["episode-0.gif"]] and not live  # each episode's GIF written when it ended
+    assert frames == [26, 26]  # the start, then each of max_cycles' 25 steps
 
 
 def test_a_frozen_policy_loaded_from_an_earlier_run_keeps_its_weights(tmp_path: Path):
-    """Self-play against a fixed earlier self: player_2 plays the earlier run's policy and never learns."""
+    """Self-play against a fixed earlier self: player_2 plays the earlier run's policy and never learns, while
+    player_1's policy learns (its weights move from those it started with: a run of 100 steps, before any update,
+    resumed)."""
     opts = {"logdir": str(tmp_path), "progress": False, "eval_episodes": 2}
     earlier = train("dqn", TICTACTOE, steps=600, seed=0, name="earlier", overrides={"learning_starts": 100}, **opts)
     source = load_checkpoint(earlier.run_dir)["algo"]["policies"]["shared"]
-    now = train("dqn", TICTACTOE, steps=1_500, seed=1, name="now", policy_map="player_1=learner,player_2=old",
-                freeze="old", load_policy=f"old={earlier.run_dir}/checkpoints/latest.pt#shared",
-                overrides={"learning_starts": 100}, **opts)  # fmt: skip
+    start = train("dqn", TICTACTOE, steps=100, seed=1, name="now", policy_map="player_1=learner,player_2=old",
+                  freeze="old", load_policy=f"old={earlier.run_dir}/checkpoints/latest.pt#shared",
+                  overrides={"learning_starts": 100}, **opts)  # fmt: skip
+    assert start["updates"] == 0
+    initial = load_checkpoint(start.run_dir)["algo"]["policies"]["learner"]["q"]
+    now = train(resume=start.run_dir, steps=1_500, progress=False)
     saved = load_checkpoint(now.run_dir)["algo"]["policies"]
-    assert now["trained_policies"] == ["learner"] and now["frozen_policies"] == ["old"]
+    assert now["trained_policies"] == ["learner"] and now["frozen_policies"] == ["old"] and now["updates"] > 0
     for key, tensor in source["q"].items():
         assert torch.equal(saved["old"]["q"][key], tensor), f"the frozen policy's {key} changed"
-    assert any(not torch.equal(saved["learner"]["q"][k], saved["old"]["q"][k]) for k in source["q"])
+    assert any(not torch.equal(saved["learner"]["q"][k], initial[k]) for k in initial), "the learner did not learn"
+
+
+def test_a_run_with_a_loaded_policy_resumes_from_another_folder_after_its_source_moved(
+    tmp_path: Path, monkeypatch, capsys
+):
+    """The run's checkpoint holds the loaded weights, so a resume reads no source; the source is kept as an absolute
+    path. A checkpoint trained against `random` has one policy with weights, which `--load-policy P=RUN` takes
+    without `#NAME`; naming `random` there is one line."""
+    monkeypatch.chdir(tmp_path)
+    opts = {"logdir": "runs", "progress": False, "eval_episodes": 2, "overrides": {"learning_starts": 100}}
+    train("dqn", TICTACTOE, steps=200, seed=0, name="src", policy_map="player_1=learner,player_2=random", **opts)
+    mapping = ("--policy-map", "player_1=learner,player_2=old", "--freeze", "old")
+    code = run_main((*DQN_TTT, *mapping, "--load-policy", "old=runs/src#random", "--steps", "200"))
+    out, err = capsys.readouterr()
+    check_one_error_line(code, out, err, ["--load-policy old=runs/src#random", "the uniform random policy"])
+    now = train("dqn", TICTACTOE, steps=200, seed=1, name="now", policy_map="player_1=learner,player_2=old",
+                freeze="old", load_policy="old=runs/src", **opts)  # fmt: skip
+    config = json.loads((now.run_dir / "config.json").read_text())
+    assert config["run"]["load_policy"] == f"old={tmp_path / 'runs' / 'src'}"
+    (tmp_path / "runs" / "src").rename(tmp_path / "runs" / "src-moved")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    resumed = train(resume=str(tmp_path / now.run_dir), steps=400, progress=False)
+    assert resumed["env_steps"] >= 400 and resumed["frozen_policies"] == ["old"]
+
+
+def test_an_image_observation_gets_a_cnn_and_stays_uint8_in_replay(tmp_path: Path, monkeypatch):
+    """An env of pixel observations trains the CNN a single-agent run would, on uint8 frames, not an MLP on floats."""
+    (tmp_path / "image_agents_v0.py").write_text(IMAGE_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = train("dqn", "pettingzoo:image_agents_v0", steps=64, seed=0, logdir=str(tmp_path), progress=False,
+                   eval_every=10**9, eval_episodes=1, overrides={"learning_starts": 32, "batch_size": 8,
+                   "buffer_size": 100})  # fmt: skip
+    payload = load_checkpoint(result.run_dir / "checkpoints" / "latest.pt")
+    q = payload["algo"]["policies"]["shared"]["q"]
+    assert q["body.cnns.observation.net.0.0.weight"].dim() == 4  # a convolution over the frames
+    stored = payload["buffers"]["shared"]["storage"]["obs"]
+    assert stored["observation"].dtype == torch.uint8 and stored["observation"].shape[-3:] == (3, 10, 10)
+
+
+IMAGE_ENV = """
+import gymnasium as gym
+import numpy as np
+from pettingzoo import ParallelEnv
+
+
+class ImageAgents(ParallelEnv):
+    metadata = {"name": "image_agents_v0", "render_modes": ["rgb_array"]}
+    possible_agents = ["a", "b"]
+
+    def __init__(self, render_mode=None):
+        self.render_mode, self.agents, self.t = render_mode, [], 0
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(0, 255, (3, 10, 10), np.uint8)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def _obs(self):
+        return {a: np.full((3, 10, 10), self.t * 20, np.uint8) for a in self.agents}
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, list(self.possible_agents)
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        rewards = {a: float(actions[a]) for a in self.agents}
+        obs, ended = self._obs(), self.t >= 5
+        truncations = {a: ended for a in self.agents}
+        terminations, infos = {a: False for a in self.agents}, {a: {} for a in self.agents}
+        self.agents = [] if ended else self.agents
+        return obs, rewards, terminations, truncations, infos
+
+
+def parallel_env(render_mode=None):
+    return ImageAgents(render_mode)
+"""
+
+
+def test_shared_self_play_on_a_zero_sum_game_says_its_return_tells_nothing(tmp_path: Path, capsys):
+    """The default mapping on tic-tac-toe: the players' returns cancel out, so the run says so (once), and β of its
+    prioritized replay anneals over the run's update passes (one per train_freq steps of the env copies, not of the
+    buffer's copies × players columns)."""
+    run = train("dqn", TICTACTOE, steps=1_200, seed=0, eval_every=300, n_envs=2, logdir=str(tmp_path),
+                progress=False, eval_episodes=2, overrides={"learning_starts": 100, "prioritized": True})  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("add up to 0 in every evaluation episode") == 1, out
+    assert run["eval_return_mean"] == 0.0  # what the note is about
+    payload = load_checkpoint(run.run_dir / "checkpoints" / "latest.pt")
+    cfg = payload["algo_config"]
+    passes = (1_200 - cfg["learning_starts"]) // (cfg["train_freq"] * 2)
+    assert payload["buffers"]["shared"]["beta_anneal_steps"] == passes * cfg["gradient_steps"]
 
 
 def test_eval_seed_draws_the_random_players_moves(tmp_path: Path, monkeypatch, capsys):
@@ -114,6 +234,7 @@ def test_eval_seed_draws_the_random_players_moves(tmp_path: Path, monkeypatch, c
     a random player differ from seed to seed by that player's draws alone, and one seed plays the same games again."""
     run = train("dqn", TICTACTOE, policy_map="player_1=learner,player_2=random", steps=300, seed=0,
                 overrides={"learning_starts": 100}, logdir=str(tmp_path), progress=False, eval_episodes=2)  # fmt: skip
+    assert "add up to 0" not in capsys.readouterr().out  # a learner against a fixed opponent: its return is the run's
     monkeypatch.chdir(tmp_path)
     games = []
     for seed in (1, 2, 1):

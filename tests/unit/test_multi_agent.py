@@ -25,10 +25,12 @@ from rlfleet.run.multi_agent import (
     MultiAgentCollector,
     Policies,
     PolicyData,
+    RandomPolicy,
     Transition,
     evaluate_agents,
     policy_mapping,
 )
+from rlfleet.run.multi_agent_runner import zero_sum_agents
 
 TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
@@ -64,6 +66,8 @@ def test_shared_separate_and_mapped_policies():
         ({"policy_map": "*=random"}, "nothing to train"),
         ({"policies": "each"}, "must be shared or separate"),
         ({"load_policy": "random=x.pt", "policy_map": "*=random"}, "has no weights to load"),
+        ({"policy_map": "agent_*=red,agent_*=blue,*=red"}, "--policy-map gives agent_* twice"),
+        ({"policy_map": "adversary_*=red,*=blue", "load_policy": "red=x.pt,red=y.pt"}, "--load-policy gives red twice"),
     ],
 )
 def test_a_mapping_problem_is_one_line(options, says):
@@ -274,7 +278,88 @@ def test_random_policy_never_picks_a_masked_action_and_evaluation_counts_each_ag
     assert np.array_equal(result.returns, result.agents["player_1"])  # the trained policy's agent
 
 
+def test_an_image_keeps_its_shape_and_dtype_beside_the_agent_id_and_gets_a_cnn():
+    """An image is not flattened into a float vector with the id after it: the policy sees a Dict of the image (uint8,
+    (C, H, W)) and the id, and the encoder a single-agent run gives the image (a CNN) takes it."""
+    from rlfleet.nets.encoders import MultiInputEncoder, make_encoder
+
+    spaces = _image_spaces()
+    for options in ({}, {"policies": "separate"}):
+        policies = Policies(spaces, policy_mapping(spaces.agents, **options), lambda *_: _Scripted(), 0)
+        name = policies.of_agent["b"]
+        space = policies.inputs[name].space
+        assert isinstance(space, gym.spaces.Dict) and space["observation"] == spaces.observation["b"]
+        assert space["agent_id"].shape == (2,)
+        x = policies.inputs[name].one("b", np.full((3, 10, 10), 7, np.uint8))
+        assert x["observation"].dtype == np.uint8 and x["observation"].shape == (3, 10, 10)
+        assert list(x["agent_id"]) == [0, 1]
+        encoder = make_encoder(space)
+        assert isinstance(encoder, MultiInputEncoder) and list(encoder.cnns) == ["observation"]
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(9), gym.spaces.Box(-1.0, 1.0, (2,), np.float32)])
+def test_the_random_policy_goes_on_with_its_draws_from_a_saved_state(space):
+    """A resumed run's random player does not replay the draws of the run's start: its state holds where they are."""
+    played = RandomPolicy(space, seed=3)
+    obs = np.zeros((4, 1), np.float32)
+    played.act(obs)
+    state = played.state_dict()
+    after = [played.act(obs)[0] for _ in range(3)]
+    resumed = RandomPolicy(space, seed=3)
+    resumed.load_state_dict(state)
+    assert all(np.array_equal(a, b) for a, b in zip(after, [resumed.act(obs)[0] for _ in range(3)], strict=True))
+    old = RandomPolicy(space, seed=3)
+    old.load_state_dict({})  # a checkpoint from before the draws were saved: they start at the seed
+    assert np.array_equal(old.act(obs)[0], RandomPolicy(space, seed=3).act(obs)[0])
+
+
+@needs_envs
+def test_each_lanes_exploration_noise_starts_again_when_its_agents_episode_does():
+    """`reset_noise` (DDPG's and TD3's Ornstein–Uhlenbeck process) as a single-agent run calls it: every lane at the
+    start, and a lane (copy, agent) when that agent's episode ends, by its leaving or the episode's end."""
+    env = "pettingzoo:changing_agents_env"
+    spaces = agent_spaces(env)
+    policies = Policies(spaces, policy_mapping(spaces.agents), lambda *_: _Noisy(), 0, copies=2)
+    data = {"shared": PolicyData(None, lanes=2 * 3, buffer=_Rows())}
+    collector = MultiAgentCollector([make_agent_env(env) for _ in range(2)], policies, data, seed=0)
+    resets = policies.algos["shared"].resets
+    assert [list(np.flatnonzero(m)) for m in resets] == [[0, 1, 2, 3, 4, 5]]  # lanes: copy * 3 + [stayer, runner, late]
+    for _ in range(8):
+        collector.step()
+    assert [list(np.flatnonzero(m)) for m in resets[1:]] == [[1], [4], [0, 1, 2], [3, 4, 5]]  # runner leaves, then ends
+
+
+def test_a_zero_sum_self_play_is_told_from_a_team_and_from_a_learner_against_a_fixed_opponent():
+    shared = Policies(_two_players(), policy_mapping(["p1", "p2"]), lambda *_: _Scripted(), 0)
+    against = Policies(
+        _two_players(), policy_mapping(["p1", "p2"], policy_map="p1=me,p2=random"), lambda *_: _Scripted(), 0
+    )
+    won, drawn = {"p1": np.array([1.0, -1.0]), "p2": np.array([-1.0, 1.0])}, {"p1": np.zeros(2), "p2": np.zeros(2)}
+    team = {"p1": np.array([-3.0, -2.0]), "p2": np.array([-3.0, -2.0])}
+    assert zero_sum_agents(won, shared) == ["p1", "p2"]
+    assert zero_sum_agents(drawn, shared) is None and zero_sum_agents(team, shared) is None
+    assert zero_sum_agents(won, against) is None  # one trained agent: its return is the run's
+
+
 # ---------------------------------------------------------------------------------------------------- helpers
+class _Noisy:
+    """A stand-in policy with exploration noise per lane: records each `reset_noise` mask."""
+
+    data = "replay"
+
+    def __init__(self):
+        self.resets = []
+
+    def act(self, obs, state=None, explore=True):
+        return np.zeros(len(obs), np.int64), {}, None
+
+    def reset_noise(self, done):
+        self.resets.append(np.array(done))
+
+    def schedule(self, *_):
+        pass
+
+
 class _Scripted:
     """A stand-in policy: plays the next move of its agent's script, the first legal square, or `always`."""
 
@@ -313,6 +398,22 @@ class _Rows:
 
     def mark_boundary(self, columns):
         pass
+
+
+def _image_spaces():
+    from rlfleet.envs.pettingzoo import AgentSpaces
+
+    image = gym.spaces.Box(0, 255, (3, 10, 10), np.uint8)
+    return AgentSpaces(["a", "b"], {"a": image, "b": image}, dict.fromkeys("ab", gym.spaces.Discrete(2)), True, None)
+
+
+def _two_players():
+    from rlfleet.envs.pettingzoo import AgentSpaces
+
+    box = gym.spaces.Box(0, 1, (2,), np.float32)
+    return AgentSpaces(
+        ["p1", "p2"], {"p1": box, "p2": box}, dict.fromkeys(["p1", "p2"], gym.spaces.Discrete(2)), True, None
+    )
 
 
 def _unlike_spaces():
