@@ -102,9 +102,17 @@ _SHOWING: dict[str, ProgressCallback] = {}
 
 
 def _progress_of(sweep: dict[str, Any]) -> ProgressCallback:
-    """The progress callback that a kept one (`ProgressCallback.__reduce__`) comes back as."""
+    """The progress callback that a kept one (`ProgressCallback.__reduce__`) comes back as: the one shown for its
+    sweep folder, or for the same sweep (made at the same moment, of the same algorithm, env and search) in another
+    folder, where the folder was copied or moved after Ray Tune kept the callback with the folder's old name."""
     spec = Sweep.from_json(sweep)
-    return _SHOWING.get(spec.folder) or ProgressCallback(spec)
+    same = (c for c in _SHOWING.values() if _identity(c.spec) == _identity(spec))
+    return _SHOWING.get(spec.folder) or next(same, None) or ProgressCallback(spec)
+
+
+def _identity(spec: Sweep) -> tuple[Any, ...]:
+    """What a sweep is wherever its folder is."""
+    return spec.created, spec.algo, spec.env, tuple(spec.search)
 
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -230,10 +238,20 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
+def _has_ended(row: dict[str, Any]) -> bool:
+    """Whether a trial's row is of a trial that ended (solved, finished, at its time limit or stopped by the
+    scheduler): not one that failed or has not ended (an interrupted sweep's, which --resume goes on with)."""
+    return row["status"] != "unfinished" and not row["status"].startswith("error")
+
+
 def _ranked(rows: list[dict[str, Any]], better: str) -> list[dict[str, Any]]:
+    """The rows best first: the trials that ended, by score, then those that failed or have not ended, by score,
+    then those without a score. A failed trial's last score may be its best moment before the crash, and an unfinished
+    one's is where it stopped: the best trial is one that ended, where any did."""
     scored = [r for r in rows if isinstance(r["score"], int | float) and math.isfinite(r["score"])]
     rest = [r for r in rows if r not in scored]
-    return sorted(scored, key=lambda r: r["score"], reverse=better == "max") + rest
+    by_score = sorted(scored, key=lambda r: r["score"], reverse=better == "max")
+    return [r for r in by_score if _has_ended(r)] + [r for r in by_score if not _has_ended(r)] + rest
 
 
 def _table(rows: list[dict[str, Any]], names: list[str], metric: str) -> list[list[str]]:
@@ -273,9 +291,10 @@ def summarize(spec: Sweep, grid: Any, interrupted: bool) -> SweepResult:
         f"({spec.tune.better}); {solved} of {len(rows)} solved.",
         "",
     ]
+    caveat = "" if best is None or _has_ended(best) else f"{best['status']}; no trial ended"
     if best is not None:
-        lines += [f"Best trial: {best['trial']} ({metric} {_short(best['score'])}); train it with:", "",
-                  f"    {command}", ""]  # fmt: skip
+        said = f"{metric} {_short(best['score'])}{caveat and ', ' + caveat}"
+        lines += [f"Best trial: {best['trial']} ({said}); train it with:", "", f"    {command}", ""]
         if spec.tune.scheduler == "pbt":
             lines += ["PBT changed its trials' values as they trained (each trial's exploits.jsonl); the command "
                       "runs the best trial's last values from the start.", ""]  # fmt: skip
@@ -293,7 +312,7 @@ def summarize(spec: Sweep, grid: Any, interrupted: bool) -> SweepResult:
     more = f"\n... {len(rows) - SHOWN_ROWS} more in trials.csv" if len(rows) > SHOWN_ROWS else ""
     print(f"{_aligned(shown)}{more}")
     if best is not None:
-        print(f"best trial {best['trial']}: {metric} {_short(best['score'])}\n  {command}")
+        print(f"best trial {best['trial']}: {metric} {_short(best['score'])}{caveat and f' ({caveat})'}\n  {command}")
     print(f"sweep folder: {folder} (summary.md, trials.csv, {', '.join(plots)})")
     return SweepResult(folder, rows, best, command, interrupted or unfinished)
 

@@ -73,7 +73,7 @@ class Sweep:
     options: dict[str, Any]
     """The `rlfleet.train` options every trial shares (its searched ones set on top, `rlfleet.tuning.space.apply`)."""
     tune: TuneOptions
-    folder: str  # absolute
+    folder: str  # absolute: where it was made (a resumed sweep's is the folder --resume was given)
     max_evaluations: int
     """Evaluations of a whole run (the schedulers' horizon): the longest trial's, where `steps` or `eval_every` is
     searched."""

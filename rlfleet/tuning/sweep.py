@@ -48,10 +48,10 @@ from typing import Any
 
 from rlfleet.arch.parallel import RAY_OPTIONS
 from rlfleet.fields import ConfigError, check_fields, single_folder_name
-from rlfleet.run.config import notes_at
+from rlfleet.run.config import RunConfig, notes_at
 from rlfleet.run.paths import check_output_folder, name_part
 from rlfleet.run.runner import ResolvedConfig
-from rlfleet.tuning.space import KeptInRange, Param, apply, parse_space
+from rlfleet.tuning.space import ENV_KWARGS, KeptInRange, Param, apply, parse_space
 from rlfleet.tuning.spec import (
     EXPLOITS,
     NODES_FILE,
@@ -100,6 +100,47 @@ def _check_trial_run(options: dict[str, Any]) -> None:
         )
     if backend not in ("local", "serial"):
         raise ConfigError(f"--backend {backend}: a trial's roles run with the local or serial backend")
+
+
+SEARCHED_AND_GIVEN = frozenset({"seed"})
+"""The run options that may be given beside their searched name: the sweep's `--seed` also seeds Ray Tune's draws."""
+
+
+def _check_given_or_searched(params: Sequence[Param], options: dict[str, Any]) -> None:
+    """Refuse a searched name that a fixed option sets too (`--set lr=...` beside `--search lr=...`; `--n-envs`,
+    `--net` and their config fields; `--steps`; `--env-kwargs KEY=...`): every trial takes the searched value, and a
+    fixed one dropped in silence is a sweep that runs otherwise than its command says. `options` are the trials'
+    options as given, named as the user gave them."""
+    from rlfleet.launch import USER_NETS
+
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    overrides = options.get("overrides") or {}
+    env_kwargs = options.get("env_kwargs") or {}
+    for p in params:
+        # a config field is also set by the run option of its name (--n-envs, --net), not by an architecture's
+        # (hogwild's --optimizer picks its shared optimizer; the config's optimizer is the algorithm's own)
+        same = p.kind != "algo" or p.name in run_fields or p.name.removesuffix("_kwargs") in USER_NETS
+        given: str | None = None
+        if p.kind == "env":
+            key = p.name[len(ENV_KWARGS) :]
+            given = f"--env-kwargs {key}={_text(env_kwargs[key])}" if key in env_kwargs else None
+        elif p.kind == "algo" and p.name in overrides:
+            given = f"--set {p.name}={_text(overrides[p.name])}"
+        elif p.name in options and same:
+            given = f"--{p.name.replace('_', '-')} {_text(options[p.name])}"
+        if given is not None and p.name not in SEARCHED_AND_GIVEN:
+            raise ConfigError(
+                f"{given} and --search {p.text} both set {p.name}: give one (each trial takes the searched value)"
+            )
+
+
+def _text(value: Any) -> str:
+    """A fixed option's value as the command line writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_text(v)}" for k, v in value.items())
+    return str(value)
 
 
 SCHEDULER_OPTIONS = {
@@ -317,7 +358,7 @@ def tune(
     *,
     search: list[str] | tuple[str, ...] = (),
     resume: str | Path | None = None,
-    logdir: str = "runs",
+    logdir: str | None = None,
     name: str | None = None,
     **options: Any,
 ) -> SweepResult:
@@ -330,13 +371,16 @@ def tune(
     `search` items are `NAME=DIST(ARGS)` (`rlfleet.tuning.space`). `options` are `TuneOptions` fields (`trials`,
     `scheduler`, `metric`, `mode`, `max_concurrent`, `cpus_per_trial`, `grace_period`, `perturbation_interval`,
     `address`, `progress`) and, beside them, the `rlfleet.train` options every trial shares (`steps`, `arch`,
-    `workers`, `overrides`, `env_kwargs`, ...). Everything is checked before anything is written."""
+    `workers`, `overrides`, `env_kwargs`, ...); `logdir` (default runs) and `name` place a new sweep's folder.
+    Everything is checked before anything is written. `resume` goes on with the sweep of that folder, which keeps its
+    configuration: only `address` and `progress` may be given with it."""
     _check_installed()
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     given_tune = {k: v for k, v in options.items() if k in tune_fields}
     train_options = {k: v for k, v in options.items() if k not in tune_fields}
     if resume is not None:
-        return _resume(resume, algo, env, search, train_options, given_tune)
+        new_folder = {k: v for k, v in (("logdir", logdir), ("name", name)) if v is not None}
+        return _resume(resume, algo, env, search, {**new_folder, **train_options}, given_tune)
     if algo is None or env is None:
         raise ConfigError("tune needs an algorithm and an env (or resume=SWEEP_DIR)")
     if not search:
@@ -346,8 +390,10 @@ def tune(
     _check_scheduler_options(opts)
     from rlfleet.launch import user_net_as_overrides
 
+    given = train_options
     train_options = user_net_as_overrides(train_options)  # a network as its import path, which sweep.json keeps
     params = parse_space(list(search), algo, options_cls(algo, train_options))
+    _check_given_or_searched(params, given)
     _check_trial_options(train_options, params)
     checked = _check_space(algo, env, params, train_options, pbt=opts.scheduler == "pbt")
     if opts.cpus_per_trial is None:  # every trial reserves what the largest needs
@@ -356,7 +402,7 @@ def tune(
         from rlfleet.backends.ray_backend import RayBackend
 
         RayBackend.check_options(_ray_options(opts))  # something answers there, it is Ray, it takes our token
-    folder = _sweep_folder(logdir, name, algo, env)
+    folder = _sweep_folder("runs" if logdir is None else logdir, name, algo, env)
     horizon = max(math.ceil(r.total_steps / r.eval_every) for r in checked)  # the longest trial's evaluations
     spec = Sweep(algo, env, [p.text for p in params], train_options, opts, str(folder), horizon)
     folder.mkdir(parents=True, exist_ok=True)
@@ -373,8 +419,12 @@ def _resume(
     given_tune: dict[str, Any],
 ) -> SweepResult:
     """Go on with the sweep in `folder` (Ray Tune's restore: unfinished and failed trials run again, each resuming
-    its run from its checkpoint). Only where it runs may change (`address`, `progress`)."""
+    its run from its checkpoint). Only where it runs may change (`address`, `progress`). The sweep is the folder
+    given, wherever it was made: a sweep folder copied or moved resumes where it is now (Ray Tune's record follows
+    it). A sweep stopped before Ray Tune saved its experiment (Ctrl-C while Ray starts) has only its `sweep.json`,
+    and no trial ran: it starts afresh from it, as the command that made it would have."""
     spec = read_sweep(folder)
+    spec.folder = str(Path(folder).resolve())  # sweep.json's is where it was made
     fixed = {k: v for k, v in given_tune.items() if k not in ("address", "progress")}
     if algo or env or search or train_options or fixed:
         named = [*(["ALGO"] if algo else []), *(["--env"] if env else []), *(["--search"] if search else []),
@@ -383,15 +433,16 @@ def _resume(
             f"a resumed sweep keeps its configuration ({SPEC_FILE}); give only --address or --no-progress with "
             f"--resume, not {', '.join(named)}"
         )
-    if not (Path(spec.folder) / TUNE_FOLDER / "tuner.pkl").is_file():  # what `Tuner.can_restore` looks for
-        raise ConfigError(f"{folder} holds no Ray Tune experiment to restore (its {TUNE_FOLDER}/ is missing or empty)")
     spec.tune.address = given_tune.get("address", "")
     spec.tune.progress = given_tune.get("progress", True)
     if spec.tune.address:
         from rlfleet.backends.ray_backend import RayBackend
 
         RayBackend.check_options(_ray_options(spec.tune))
-    return _run(spec, restore=True)
+    restore = (Path(spec.folder) / TUNE_FOLDER / "tuner.pkl").is_file()  # what `Tuner.can_restore` looks for
+    if not restore:  # Ray Tune writes it before any trial starts
+        print(f"{folder} holds no Ray Tune experiment yet (the sweep stopped before it began): it starts afresh")
+    return _run(spec, restore=restore)
 
 
 def _ray_options(opts: TuneOptions) -> Any:

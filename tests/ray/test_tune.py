@@ -1,7 +1,8 @@
 """`rlfleet tune` on a real Ray instance: an ASHA sweep of PPO on CartPole-v1 whose best trial solves, with one run
 folder, one table row and one scatter point per trial; PBT that hands a trial another trial's learner, which it goes
 on from with its own perturbed config; and Ctrl-C on a sweep, which ends every trial with its checkpoint, leaves no
-process, and resumes to the end (`rlfleet tune --resume`)."""
+process, and resumes to the end (`rlfleet tune --resume`) in the folder given, moved since; a sweep stopped before Ray
+Tune saved it resumes too, afresh."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import parse_overrides
 from rlfleet.run.evaluate import evaluate_checkpoint
 from rlfleet.run.plot import read_metrics
+from rlfleet.tuning import sweep as tune_sweep
 from rlfleet.tuning.report import scatter_figure
 from rlfleet.tuning.sweep import read_sweep, tune
 
@@ -118,7 +120,7 @@ def test_hyperband_pauses_trials_and_they_go_on_from_their_checkpoints(ray_insta
     assert resumed, "no trial was paused and went on"
 
 
-def test_ctrl_c_ends_every_trial_with_its_checkpoint_and_the_sweep_resumes(tmp_path: Path):
+def test_ctrl_c_ends_every_trial_with_its_checkpoint_and_the_sweep_resumes_where_it_was_moved(tmp_path: Path):
     before = set(ray_processes())
     sweep = tmp_path / "sweep"
     cmd = ["tune", "ppo", "--env", "CartPole-v1", "--search", LR, "--trials", "2", "--steps", "30000",
@@ -142,14 +144,32 @@ def test_ctrl_c_ends_every_trial_with_its_checkpoint_and_the_sweep_resumes(tmp_p
         assert 0 < saved["env_steps"] < 30_000
         interrupted[run.name] = saved["env_steps"]
     assert interrupted
-    done = subprocess.run([*RLFLEET, "tune", "--resume", str(sweep), "--no-progress"], cwd=tmp_path, text=True,
+    sweep = sweep.rename(tmp_path / "moved")  # the sweep is the folder --resume is given: its trials go on there
+    done = subprocess.run([*RLFLEET, "tune", "--resume", "moved", "--no-progress"], cwd=tmp_path, text=True,
                           capture_output=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not (tmp_path / "sweep").exists()
     with open(sweep / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(r["status"] == "finished" for r in rows), rows
+    assert all(Path(r["run_dir"]).parent == sweep / "trials" for r in rows), rows
     for name, steps in interrupted.items():  # went on from its checkpoint, not from the start
         run = sweep / "trials" / name
         assert load_checkpoint(run)["env_steps"] >= 30_000
         evals = eval_steps(run)
         assert evals == sorted(set(evals)) and any(s <= steps for s in evals) and evals[-1] >= 30_000
+
+
+def test_a_sweep_stopped_before_ray_tune_saved_it_resumes_afresh(ray_instance, tmp_path: Path, monkeypatch):
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C after Ray started, before Ray Tune wrote its experiment
+
+    monkeypatch.setattr(tune_sweep, "_tuner", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        tune("ppo", "CartPole-v1", search=[LR], trials=2, steps=2_000, eval_every=1_000, stop_return=float("inf"),
+             logdir=str(tmp_path), name="early", progress=False)  # fmt: skip
+    assert not (tmp_path / "early" / "tune").exists()
+    monkeypatch.undo()
+    result = tune(resume=tmp_path / "early", progress=False)
+    assert not result.interrupted and [r["status"] for r in result.trials] == ["finished", "finished"], result.trials
+    assert all(Path(r["run_dir"]).parent == tmp_path / "early" / "trials" for r in result.trials)

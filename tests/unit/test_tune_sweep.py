@@ -1,6 +1,7 @@
 """What a sweep hands Ray Tune, checked without starting Ray: PBT's explore step keeps every value one the search
-space draws, the schedulers' horizon and each trial's CPUs fit the longest and largest trial, and a resumed sweep
-shows its progress as the resuming command asks."""
+space draws, the schedulers' horizon and each trial's CPUs fit the longest and largest trial, a value both given and
+searched is refused before Ray starts, a resumed sweep shows its progress as the resuming command asks, and the
+summary ranks the trials that ended before those that failed or have not."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 
 pytest.importorskip("ray.tune", reason="the tune extra is not installed")
 
+from rlfleet.cli import main
 from rlfleet.launch import check_run
 from rlfleet.tuning import sweep
 from rlfleet.tuning.report import ProgressCallback
-from rlfleet.tuning.spec import Sweep, TuneOptions
+from rlfleet.tuning.spec import Sweep, SweepResult, TuneOptions
 
 PBT_SEARCH = [
     "gamma=choice(0.98,0.99,0.995)",
@@ -88,3 +90,78 @@ def test_a_resumed_sweep_shows_progress_as_the_resuming_command_asks(tmp_path: P
     assert [c.spec.tune.progress for c in callbacks] == [True] and callbacks[0] is again
     again.close()
     assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("given", "search"),
+    [
+        (["--set", "lr=0.0003"], "lr=choice(0.001,0.002)"),
+        (["--steps", "2000"], "steps=choice(4000,8000)"),
+        (["--n-envs", "8"], "n_envs=choice(2,4)"),  # a run option that sets the config field of its name
+        (["--env-kwargs", "sutton_barto_reward=true"], "env_kwargs.sutton_barto_reward=choice(true,false)"),
+    ],
+)
+def test_a_value_both_given_and_searched_is_refused_in_one_line_naming_both(
+    monkeypatch, tmp_path: Path, capsys, given: list[str], search: str
+):
+    monkeypatch.setattr(sweep, "_run", lambda spec, restore: pytest.fail("the sweep ran"))
+    argv = ["tune", "ppo", "--env", "CartPole-v1", "--search", search, *given, "--logdir", str(tmp_path), "--name", "s"]
+    assert main(argv) == 2
+    name = search.split("=", 1)[0]
+    says = f"rlfleet: error: {' '.join(given)} and --search {search} both set {name}: give one"
+    assert capsys.readouterr().err.startswith(says + " (each trial takes the searched value)\n")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_given_option_of_another_meaning_than_the_searched_name_stays(monkeypatch, tmp_path: Path):
+    """The sweep's --seed seeds Ray Tune's draws as well as the trials; hogwild's --optimizer picks its shared
+    optimizer, while the config's optimizer (which `optimizer` searches) is the algorithm's own (--optimizer algo)."""
+    spec = checked_sweep(monkeypatch, tmp_path, "ppo", ["seed=randint(0,9)"], seed=3, steps=4000)
+    assert spec.options["seed"] == 3
+    spec = checked_sweep(monkeypatch, tmp_path / "a3c", "a3c", ["optimizer=choice(adam,rmsprop)"], arch="hogwild",
+                         optimizer="algo", steps=4000)  # fmt: skip
+    assert spec.options["optimizer"] == "algo" and [p.kind for p in spec.params] == ["algo"]
+
+
+def summary_of(folder: Path, statuses: list[tuple[float, str]]) -> SweepResult:
+    """The summary of a sweep whose trials (`t_00000`, ...) last reported each score and have each Ray Tune status (a
+    failed one with its traceback)."""
+    from rlfleet.tuning.report import summarize
+
+    folder.mkdir()
+    (folder / "error.txt").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+    trials = [
+        SimpleNamespace(
+            trial_id=f"t_{i:05d}",
+            config={"lr": 0.001 * (i + 1)},
+            status=status,
+            last_result={"eval/return_mean": score, "env_steps": 2048, "solved": False},
+            error_file=str(folder / "error.txt") if status == "ERROR" else None,
+        )
+        for i, (score, status) in enumerate(statuses)
+    ]
+    spec = Sweep("ppo", "CartPole-v1", ["lr=uniform(0.001,0.01)"], {"steps": 4096}, TuneOptions(progress=False),
+                 str(folder), 2)  # fmt: skip
+    return summarize(spec, SimpleNamespace(_experiment_analysis=SimpleNamespace(trials=trials)), interrupted=True)
+
+
+def test_the_best_trial_is_the_best_that_ended_not_a_failed_or_unfinished_one(tmp_path: Path, capsys):
+    """A failed trial's last score may be its moment before the crash, an unfinished one's is where it stopped."""
+    result = summary_of(tmp_path / "s", [(90, "ERROR"), (40, "TERMINATED"), (70, "RUNNING"), (20, "TERMINATED")])
+    assert [(r["trial"], r["status"]) for r in result.trials] == [  # best first: the ended, then the rest, by score
+        ("t_00001", "stopped by the scheduler"),
+        ("t_00003", "stopped by the scheduler"),
+        ("t_00000", "error: RuntimeError: boom"),
+        ("t_00002", "unfinished"),
+    ]
+    assert result.best is result.trials[0]
+    assert "best trial t_00001: eval/return_mean 40\n" in capsys.readouterr().out
+    assert "Best trial: t_00001 (eval/return_mean 40); train it with:" in (tmp_path / "s" / "summary.md").read_text()
+
+
+def test_where_no_trial_ended_the_best_is_the_best_of_the_rest_and_says_so(tmp_path: Path, capsys):
+    result = summary_of(tmp_path / "s", [(90, "ERROR"), (95, "RUNNING")])
+    assert result.best is not None and result.best["trial"] == "t_00001"
+    assert "best trial t_00001: eval/return_mean 95 (unfinished; no trial ended)\n" in capsys.readouterr().out
+    summary = (tmp_path / "s" / "summary.md").read_text()
+    assert "Best trial: t_00001 (eval/return_mean 95, unfinished; no trial ended); train it with:" in summary
