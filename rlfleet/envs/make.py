@@ -55,6 +55,7 @@ from rlfleet.envs.minatar import make as make_minatar
 from rlfleet.envs.minatar import register as register_minatar
 from rlfleet.envs.processes import ENV_TIMEOUT_S, WatchedAsyncVectorEnv
 from rlfleet.envs.wrappers import (
+    ChannelsFirstImages,
     EnvPoolVectorEnv,
     FlatDictObservation,
     LiftEpisodeStatistics,
@@ -62,6 +63,7 @@ from rlfleet.envs.wrappers import (
     TerminalOnLifeLoss,
     ZeroBasedActions,
     has_action_start,
+    has_channels_last_image,
     needs_flat_dict,
     sign_reward,
 )
@@ -334,7 +336,9 @@ def make_env(
     docstring, or use :func:`finished_episodes`.
 
     Tuple and nested Dict observations reach the agent as one flat Dict (:class:`~rlfleet.envs.wrappers.
-    FlatDictObservation`: Blackjack-v1's Tuple becomes a Dict keyed "0", "1", "2"). ``Discrete`` and
+    FlatDictObservation`: Blackjack-v1's Tuple becomes a Dict keyed "0", "1", "2"), and channels-last uint8 images
+    (``(H, W, 3)``: CarRacing, pixel wrappers) as ``(C, H, W)``, the CNN encoders' layout (:class:`~rlfleet.envs.
+    wrappers.ChannelsFirstImages`). ``Discrete`` and
     ``MultiDiscrete`` actions that start at a value other than 0 reach it 0-based (:class:`~rlfleet.envs.
     wrappers.ZeroBasedActions`: the env gets start + the agent's choice).
 
@@ -371,6 +375,8 @@ def make_env(
         raise TypeError(f"env must be a Gymnasium id or a zero-argument callable, got {type(env).__name__}")
     if needs_flat_dict(built.observation_space):  # Tuple and nested Dict observations: one flat Dict
         built = FlatDictObservation(built)
+    if has_channels_last_image(built.observation_space):  # (H, W, C) frames: (C, H, W), as the CNNs take them
+        built = ChannelsFirstImages(built)
     if has_action_start(built.action_space):  # Discrete(n, start) actions: the agent picks 0..n−1
         built = ZeroBasedActions(built)
     if seed is not None:

@@ -37,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.envs.make import UnknownEnvError
+from rlfleet.envs.wrappers import channels_first_observation, channels_first_space
 
 PREFIX = "pettingzoo:"
 INSTALL_HINT = 'pip install "rlfleet[multiagent]"'
@@ -119,7 +120,9 @@ class AgentEnv:
 
     # ------------------------------------------------------------------------------------------ spaces
     def observation_space(self, agent: str) -> gym.Space:
-        space = self.env.observation_space(agent)
+        """The agent's observations as it sees them: channels-last frames channels first (as a single-agent env's:
+        `ChannelsFirstImages`), with the mask its info carries."""
+        space = channels_first_space(self.env.observation_space(agent))
         if agent in self._masked_in_info:
             n = self._masked_in_info[agent]
             return gym.spaces.Dict({"observation": space, MASK: gym.spaces.Box(0, 1, (n,), np.int8)})
@@ -149,6 +152,7 @@ class AgentEnv:
                 self._masked_in_info.setdefault(agent, int(action_space.n))
 
     def _observe(self, agent: str, obs: Any, info: dict[str, Any] | None) -> Any:
+        obs = channels_first_observation(self.env.observation_space(agent), obs)
         if info and MASK in info and not (isinstance(obs, dict) and MASK in obs):
             mask = np.asarray(info[MASK], dtype=np.int8)
             self._masked_in_info[agent] = len(mask)

@@ -78,6 +78,64 @@ class FlatDictObservation(gym.ObservationWrapper):
         return _flatten(observation)
 
 
+IMAGE_CHANNELS = (1, 3, 4)
+"""The channel counts of a channels-last image: grey, RGB, RGBA."""
+
+
+def is_channels_last_image(space: gym.Space) -> bool:
+    """A uint8 `(H, W, C)` image with C grey, RGB or RGBA channels and H, W larger than that: the layout of
+    Gymnasium's pixel envs (CarRacing, the ALE's raw frames, pixel-observation wrappers). The CNN encoders take
+    images channels first (`(C, H, W)`: the Atari and MinAtar pipelines' stacks), and would read H as the channels."""
+    return (
+        isinstance(space, gym.spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) == 3
+        and space.shape[2] in IMAGE_CHANNELS
+        and min(space.shape[:2]) > max(IMAGE_CHANNELS)
+    )
+
+
+def has_channels_last_image(space: gym.Space) -> bool:
+    """A channels-last image (`is_channels_last_image`), or a `Dict` with one as an entry."""
+    if isinstance(space, gym.spaces.Dict):
+        return any(is_channels_last_image(sub) for sub in space.spaces.values())
+    return is_channels_last_image(space)
+
+
+def channels_first_space(space: gym.Space) -> gym.Space:
+    """`space` with its channels-last images (`is_channels_last_image`: itself, or a `Dict`'s entries) as `(C, H, W)`;
+    any other space as it is."""
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({key: channels_first_space(sub) for key, sub in space.spaces.items()})
+    if not is_channels_last_image(space):
+        return space
+    assert isinstance(space, gym.spaces.Box)
+    return gym.spaces.Box(space.low.transpose(2, 0, 1), space.high.transpose(2, 0, 1), dtype=np.uint8)
+
+
+def channels_first_observation(space: gym.Space, observation: Any) -> Any:
+    """An observation of `space` as one of `channels_first_space(space)`: each `(H, W, C)` frame a contiguous
+    `(C, H, W)` array."""
+    if isinstance(space, gym.spaces.Dict) and isinstance(observation, dict):
+        return {key: channels_first_observation(space[key], value) for key, value in observation.items()}
+    if not is_channels_last_image(space):
+        return observation
+    return np.ascontiguousarray(np.asarray(observation).transpose(2, 0, 1))
+
+
+class ChannelsFirstImages(gym.ObservationWrapper):
+    """Channels-last uint8 images (`is_channels_last_image`; a `Dict`'s entries too) as `(C, H, W)`, the layout the
+    CNN encoders take: a CarRacing frame `(96, 96, 3)` reaches the agent as `(3, 96, 96)`, and the replay, datasets
+    and the networks hold it so. Rendering is the env's own, unchanged."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = channels_first_space(env.observation_space)
+
+    def observation(self, observation: Any) -> Any:
+        return channels_first_observation(self.env.observation_space, observation)
+
+
 def has_action_start(space: gym.Space) -> bool:
     """A `Discrete` or `MultiDiscrete` action space whose values start anywhere but 0."""
     return isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and bool(np.any(space.start != 0))

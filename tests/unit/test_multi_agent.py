@@ -423,3 +423,37 @@ def _unlike_spaces():
     return AgentSpaces(
         ["a", "b"], {"a": box, "b": image}, {"a": gym.spaces.Discrete(2), "b": gym.spaces.Discrete(2)}, True, None
     )
+
+
+class PixelPair:
+    """A parallel PettingZoo env of two agents seeing `(H, W, 3)` uint8 frames (red: the row, green: the column),
+    one of them with its action mask in its info."""
+
+    possible_agents = ["a", "b"]
+
+    def __init__(self):
+        self.agents = list(self.possible_agents)
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(0, 255, (12, 10, 3), np.uint8)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        frame = np.zeros((12, 10, 3), np.uint8)
+        frame[..., 0], frame[..., 1] = np.arange(12)[:, None], np.arange(10)[None, :]
+        return {a: frame for a in self.agents}, {"a": {}, "b": {"action_mask": np.array([1, 0], np.int8)}}
+
+
+def test_channels_last_frames_reach_every_agent_channels_first():
+    """As in a single-agent env, a `(H, W, 3)` frame is `(3, H, W)` for the agent (the CNN encoders' layout), pixel
+    for pixel, with or without the mask its info carries."""
+    env = AgentEnv(PixelPair(), parallel=True)
+    acting = env.reset(seed=0)
+    assert env.observation_space("a").shape == (3, 12, 10)
+    assert env.observation_space("b")["observation"].shape == (3, 12, 10)
+    for frame in (acting["a"], acting["b"]["observation"]):
+        assert frame.shape == (3, 12, 10) and frame.dtype == np.uint8
+        assert (frame[0] == np.arange(12)[:, None]).all() and (frame[1] == np.arange(10)[None, :]).all()
+    assert env.observation_space("b").contains(acting["b"])

@@ -161,6 +161,53 @@ def test_nested_dict_and_tuple_observations_are_flattened_to_one_level():
     assert env.observation_space.contains(obs)
 
 
+class Frames(gym.Env):
+    """Pixel observations as Gymnasium's pixel envs give them: `(H, W, 3)` uint8 frames (each pixel's red channel
+    its row, green its column), alone or beside a vector in a Dict."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, in_dict=False, render_mode=None):
+        frame = gym.spaces.Box(0, 255, (12, 10, 3), np.uint8)
+        self.in_dict = in_dict
+        self.observation_space = (
+            gym.spaces.Dict({"pixels": frame, "speed": gym.spaces.Box(-1, 1, (1,))}) if in_dict else frame
+        )
+
+    def _obs(self):
+        frame = np.zeros((12, 10, 3), np.uint8)
+        frame[..., 0] = np.arange(12)[:, None]
+        frame[..., 1] = np.arange(10)[None, :]
+        return {"pixels": frame, "speed": np.zeros(1, np.float32)} if self.in_dict else frame
+
+    def reset(self, *, seed=None, options=None):
+        return self._obs(), {}
+
+    def step(self, action):
+        return self._obs(), 0.0, True, False, {}
+
+
+@pytest.mark.parametrize("in_dict", [False, True], ids=["box", "dict-entry"])
+def test_channels_last_frames_reach_the_agent_channels_first_and_get_a_cnn_of_their_channels(in_dict):
+    """A `(H, W, 3)` frame (CarRacing's, a pixel wrapper's) is `(3, H, W)` for the agent, pixel for pixel, so the CNN
+    has 3 input channels (not H) and sees H x W; channels-first stacks and small grids are left as they are."""
+    from rlfleet.envs.wrappers import is_channels_last_image
+
+    env = make_env(lambda: Frames(in_dict))
+    space = env.observation_space["pixels"] if in_dict else env.observation_space
+    assert space.shape == (3, 12, 10) and space.dtype == np.uint8
+    obs, _ = env.reset()
+    frame = obs["pixels"] if in_dict else obs
+    assert env.observation_space.contains(obs) and frame.flags.c_contiguous
+    assert (frame[0] == np.arange(12)[:, None]).all() and (frame[1] == np.arange(10)[None, :]).all()
+    encoder = make_encoder(env.observation_space)
+    first = next(m for m in encoder.modules() if isinstance(m, torch.nn.Conv2d))
+    assert first.in_channels == 3
+    for kept in [(4, 84, 84), (1, 84, 84), (4, 10, 10), (3, 3, 3)]:  # Atari stacks, MinAtar grids, a tiny cube
+        assert not is_channels_last_image(gym.spaces.Box(0, 255, kept, np.uint8)), kept
+    assert not is_channels_last_image(gym.spaces.Box(0, 1, (84, 84, 3), np.float32))  # not a uint8 image
+
+
 class Echo(gym.Env):
     """Records the action the env receives."""
 
