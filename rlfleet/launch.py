@@ -186,8 +186,11 @@ def resumed_config(
                 differ.append(f"--{key} {value} (the run's: {cfg.options[key]})")
         else:
             saved = getattr(cfg, key) if key in RUN_FIELDS else cfg.options.get(key, _default_option(cfg.arch, key))
+            if saved is None and key in algo_config:  # not given: the algorithm's, as the run resolved it (n_envs)
+                saved = algo_config[key]
             if value != saved:
-                differ.append(f"--{key.replace('_', '-')} {value} (the run's: {saved})")
+                shown = "not given: its default" if saved is None else saved
+                differ.append(f"--{key.replace('_', '-')} {value} (the run's: {shown})")
     if given.get("backend", "ray") != "ray":  # off Ray, the saved run's Ray options no longer apply
         for key in set(RAY_OPTIONS) - set(given):
             cfg.options.pop(key, None)

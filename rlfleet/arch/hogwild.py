@@ -236,9 +236,10 @@ class HogwildRunner(ParallelRunner):
         return super().log_row() | row
 
     def wind_down(self, stop_flag: StopFlag, pool: RoleGroup) -> None:
-        """Stop the workers, then count the episodes and time they reported on their way out."""
+        """Stop the workers, then count the updates, episodes and time they reported on their way out."""
         self.stop_roles(stop_flag, pool)
         while (report := pool.get_any(0.0)) is not None:
+            self.state["updates"] += report[0]
             self.count_returns(report[1])
             for key, seconds in report[3].items():
                 self.timing[key] += seconds

@@ -206,6 +206,12 @@ class OfflineRunner(RunBase):
         saved = payload.get("offline") or {}
         if "aggregated_obs" in saved:
             self.aggregated = Batch(obs=saved["aggregated_obs"], act=saved["aggregated_act"])
+        elif self.state["dagger_round"] > 0:  # best.pt: the learner and the counters alone
+            log.warning(
+                f"the checkpoint holds none of the pairs DAgger's {self.state['dagger_round']} rounds so far labelled "
+                "(best.pt keeps the learner alone): the resumed run trains on without them, and does not run those "
+                "rounds again"
+            )
         self.returns.extend(saved.get("returns", []))
 
     def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:

@@ -86,16 +86,20 @@ class SingleRunner(RunBase):
 
     # ----------------------------------------------------------------------------------------- state
     def _payload(self, with_data: bool) -> dict[str, Any]:
+        """The run's checkpoint; the episodes counted and their recent returns in every one (`best.pt` too: a run
+        resumed from it counts on), the envs, the collector's place in them and the replay with the data."""
         payload = super()._payload(with_data)
+        payload["collector"] = {
+            "episodes": self.collector.episodes,
+            "returns": list(self.collector.returns),
+            "lengths": list(self.collector.lengths),
+        }
         if with_data:
             payload["torch_rng"] = torch.get_rng_state()
             if self.device.type == "cuda":  # what a learner draws on its GPU (SAC's actions in an update)
                 payload["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-            payload["collector"] = {
+            payload["collector"] |= {
                 "obs": self.collector.obs,
-                "episodes": self.collector.episodes,
-                "returns": list(self.collector.returns),
-                "lengths": list(self.collector.lengths),
                 "state": self.collector.state,  # a recurrent policy's state goes with obs (None: feed-forward)
                 "starts": self.collector.starts,
             }
@@ -119,7 +123,7 @@ class SingleRunner(RunBase):
             c.episodes = int(col["episodes"])
             c.returns.extend(col["returns"])
             c.lengths.extend(col["lengths"])
-            envs_restored = env_state.restore(self.envs, payload.get("envs"))
+            envs_restored = "obs" in col and env_state.restore(self.envs, payload.get("envs"))
             if envs_restored:
                 c.obs = col["obs"]
                 c.state = col.get("state")  # loaded on the CPU; a CNN policy acts (and keeps it) on the device
@@ -132,6 +136,11 @@ class SingleRunner(RunBase):
             torch.cuda.set_rng_state(payload["cuda_rng"], self.device)
         if self.buffer is not None and "buffer" in payload:
             self.buffer.load_state_dict(payload["buffer"])
+        elif self.buffer is not None:  # best.pt: the learner and the counters alone
+            log.warning(
+                "the checkpoint holds no replay (best.pt keeps the learner alone): the resumed run fills it anew and "
+                "makes no update until it holds learning_starts transitions again"
+            )
         if not envs_restored:  # the envs begin new episodes: what was stored of the old ones ends here
             why = env_state.uncaptured(self.envs) or "the checkpoint holds none"
             log.warning(

@@ -49,9 +49,10 @@ KEPT = {
     "env-kwargs": (("--env-kwargs", "sutton_barto_reward=true"), ["--env-kwargs {'sutton_barto_reward': True}"]),
     "seed": (("--seed", "3"), ["--seed 3 (the run's: 0)"]),
     "workers": (("--workers", "3"), ["--workers 3 (the run's: 2)"]),
-    "n-envs": (("--n-envs", "2"), ["--n-envs 2 (the run's: None)"]),
+    "n-envs": (("--n-envs", "2"), ["--n-envs 2 (the run's: 8)"]),
+    "eval-every": (("--eval-every", "512"), ["--eval-every 512 (the run's: 256)"]),
     "arch": (("--arch", "single"), ["--arch single (the run's: data_parallel)"]),
-    "preset": (("--preset", "paper"), ["--preset paper (the run's: None)"]),
+    "preset": (("--preset", "paper"), ["--preset paper (the run's: not given: its default)"]),
 }
 
 
@@ -72,7 +73,7 @@ def test_a_resume_applies_what_it_may_change_and_accepts_equal_values(saved_run:
     """The same ALGO, --env, --set and --env-kwargs as saved pass; --steps, --torch-threads and --backend apply."""
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)  # a copy: the module's run stays as the refusals expect it
-    same = ("--env", "CartPole-v1", "--set", "lr=3e-3", "--set", "hidden=64,64")
+    same = ("--env", "CartPole-v1", "--set", "lr=3e-3", "--set", "hidden=64,64", "--n-envs", "8")  # 8: a2c's own
     changes = ("--steps", "512", "--torch-threads", "2", "--backend", "local", "--max-restarts", "3")
     assert run_main(("train", "a2c", "--resume", run, *same, *changes, "--no-progress")) == 0
     payload = load_checkpoint(run)
@@ -138,6 +139,20 @@ def test_a_resume_from_an_earlier_checkpoint_says_what_it_replaces(saved_run: Pa
     assert load_checkpoint(run)["env_steps"] >= 512
     assert run_main(("train", "--resume", checkpoints / "latest.pt", "--steps", "768", "--no-progress")) == 0
     assert "replaces" not in capsys.readouterr().out
+
+
+def test_a_resume_from_best_counts_on_its_episodes_and_says_its_replay_is_gone(tmp_path: Path, caplog):
+    """best.pt keeps the learner and the counters, not the data: a run resumed from it counts its episodes on from
+    best's, and says in one line that its replay starts empty (no update until learning_starts again)."""
+    kw = dict(eval_episodes=1, stop_return=1e9, logdir=str(tmp_path), name="r", progress=False)
+    overrides = {"learning_starts": 200, "buffer_size": 5_000}
+    train("dqn", "CartPole-v1", steps=1_200, eval_every=600, overrides=overrides, **kw)
+    best = load_checkpoint(tmp_path / "r" / "checkpoints" / "best.pt")
+    assert best["collector"]["episodes"] > 0 and "buffer" not in best
+    with caplog.at_level(logging.WARNING, logger="rlfleet"):
+        resumed = train(resume=tmp_path / "r" / "checkpoints" / "best.pt", steps=1_800, progress=False)
+    assert resumed["episodes"] > best["collector"]["episodes"]
+    assert "the checkpoint holds no replay (best.pt keeps the learner alone)" in caplog.text
 
 
 @pytest.mark.parametrize("arch", ["data_parallel", "allreduce", "gossip"])

@@ -301,6 +301,24 @@ def test_a_resume_refuses_a_dataset_whose_pairs_changed_and_warns_of_an_expert_t
     assert resumed["gradient_steps"] == 120
 
 
+def test_a_dagger_run_resumed_from_best_says_its_labelled_pairs_are_gone(tmp_path: Path, run_opts, caplog):
+    """best.pt keeps the learner and the counters, not the pairs DAgger's rounds labelled: a resume from it trains on
+    without them, and says so in one line rather than in silence."""
+    data = tmp_path / "data.npz"
+    demos(n=60).save(data)
+    train(
+        "bc", "CartPole-v1", dataset=str(data), expert=str(fake_checkpoint(tmp_path / "expert.pt")), steps=120,
+        overrides={"dagger_iterations": 3, "dagger_episodes": 2}, stop_return=1e9, eval_every=40, name="r",
+        **run_opts,
+    )  # fmt: skip
+    best = tmp_path / "r" / "checkpoints" / "best.pt"
+    rounds = load_checkpoint(best)["state"]["dagger_round"]
+    assert rounds > 0
+    with caplog.at_level(logging.WARNING, logger="rlfleet"):
+        train(resume=best, steps=130, progress=False)
+    assert f"holds none of the pairs DAgger's {rounds} rounds so far labelled" in caplog.text
+
+
 def test_dagger_keeps_the_experts_labels_whatever_the_datasets_action_dtype(tmp_path: Path, run_opts):
     """Demonstrations of Discrete(3) actions stored as int8: the labels DAgger aggregates stay whole int64 labels
     (a dataset's bool actions would have turned the expert's 2 into 1 in the checkpoint, not in the running run)."""

@@ -181,6 +181,18 @@ def test_serial_hogwild_run_writes_its_run_folder(tmp_path):
     assert json.loads((run / "config.json").read_text())["workers"] == 2
 
 
+def test_a_run_stopped_early_counts_the_updates_its_workers_made_on_their_way_out(tmp_path):
+    """Workers report on a clock; those stopped early (Ctrl-C, SIGTERM, a callback, a time limit) send their last
+    report on their way out, and its updates count as its episodes do: every 5-step segment is one update, short
+    of at most the segment each worker had begun."""
+    result = train("a3c", "CartPole-v1", workers=2, backend="local", steps=10**6, eval_every=10**6,
+                   callbacks=[lambda info: info["env_steps"] >= 20_000], logdir=str(tmp_path), name="r",
+                   progress=False)  # fmt: skip
+    r = result.result
+    assert r["stopped_by"] == "interrupted"
+    assert r["env_steps"] // 5 - 2 <= r["updates"] <= r["env_steps"] // 5, (r["updates"], r["env_steps"])
+
+
 def test_lstm_worker_carries_its_own_state_across_segments():
     """The recurrent agent: a worker's hidden state survives the pull of new shared weights between its
     segments (the next segment starts from it), and the LSTM's weights are among the shared parameters."""
