@@ -177,6 +177,11 @@ def resumed_config(
         if key == "overrides":
             differ += _overrides_that_differ(cfg.algo, value, algo_config)
         elif key in RESUME_MAY_CHANGE:
+            if key == "steps" and isinstance(value, int) and isinstance(cfg.steps, int) and value > cfg.steps:
+                notes.warning(
+                    f"--steps {value} (the run's: {cfg.steps}): what the run schedules over its budget (a learning "
+                    "rate annealed to 0, ε, β) and its default evaluation and checkpoint intervals follow the new one"
+                )
             if key in RUN_FIELDS:
                 setattr(cfg, key, value)
             else:

@@ -69,13 +69,15 @@ def test_a_resume_refuses_what_it_must_keep_in_one_line(saved_run: Path, capsys,
     assert tree(saved_run) == before
 
 
-def test_a_resume_applies_what_it_may_change_and_accepts_equal_values(saved_run: Path, tmp_path: Path):
-    """The same ALGO, --env, --set and --env-kwargs as saved pass; --steps, --torch-threads and --backend apply."""
+def test_a_resume_applies_what_it_may_change_and_accepts_equal_values(saved_run: Path, tmp_path: Path, capsys):
+    """The same ALGO, --env, --set and --env-kwargs as saved pass; --steps, --torch-threads and --backend apply (a
+    new --steps says in one line that what the run schedules over its budget follows it)."""
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)  # a copy: the module's run stays as the refusals expect it
     same = ("--env", "CartPole-v1", "--set", "lr=3e-3", "--set", "hidden=64,64", "--n-envs", "8")  # 8: a2c's own
     changes = ("--steps", "512", "--torch-threads", "2", "--backend", "local", "--max-restarts", "3")
     assert run_main(("train", "a2c", "--resume", run, *same, *changes, "--no-progress")) == 0
+    assert "--steps 512 (the run's: 256): what the run schedules over its budget" in capsys.readouterr().out
     payload = load_checkpoint(run)
     assert payload["env_steps"] >= 512
     saved = payload["run_config"]
