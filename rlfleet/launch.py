@@ -56,6 +56,7 @@ def train(
         run_dir = run_folder_of(resume)
         cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
         check_resumed_steps(options.get("steps"), payload["env_steps"])
+        check_unfinished(cfg, payload)
         note_replaced_progress(resume, run_dir, payload["env_steps"])
         return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
     if algo is None or env is None:
@@ -126,6 +127,30 @@ def check_resumed_steps(steps: Any, done: int) -> None:
     left for the run's own check of `--steps`."""
     if isinstance(steps, int) and not isinstance(steps, bool) and steps <= done:
         raise ConfigError(f"--steps {steps}: the run is at {done} steps already; --steps must exceed it")
+
+
+def check_unfinished(cfg: RunConfig, payload: dict[str, Any]) -> None:
+    """A resume of a run that has nothing left to do is one `ConfigError` (`finished`)."""
+    problem = finished(payload, cfg.steps)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def finished(payload: dict[str, Any], steps: int | None) -> str | None:
+    """Why the run of a checkpoint has nothing left to do with a budget of `steps` (None: the run's own), or None: it
+    took its whole budget, or it solved (a resume would stop again at its next evaluation, rewriting its
+    result.json)."""
+    done = payload["env_steps"]
+    budget = steps if steps is not None else payload["algo_config"].get("total_steps")
+    if isinstance(budget, int) and done >= budget:
+        return f"the run has taken its {budget} steps ({done}): give --steps above {done} to train on"
+    solved = (payload.get("state") or {}).get("solved_at_step")
+    if solved is not None:
+        return (
+            f"the run solved at step {solved} (an evaluation reached its --stop-return) and stopped there; a resume "
+            "would stop again at its next evaluation: start a new run to train on past it"
+        )
+    return None
 
 
 def note_replaced_progress(resume: str | Path, run_dir: Path, step: int) -> None:

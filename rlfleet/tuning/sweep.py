@@ -310,7 +310,7 @@ def run_trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     trial given another trial's learner goes on from it."""
     from ray import tune
 
-    from rlfleet.launch import train, train_from
+    from rlfleet.launch import finished, train, train_from
     from rlfleet.run.checkpoint import load_checkpoint
 
     spec = Sweep.from_json(sweep)
@@ -334,7 +334,9 @@ def run_trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
             f.write(json.dumps(record, default=str) + "\n")
         train_from(payload, run_dir, spec.algo, spec.env, callbacks=[reporter], **options)
     elif (run_dir / "checkpoints" / "latest.pt").is_file():
-        train(resume=run_dir, callbacks=[reporter], progress=False)
+        saved = load_checkpoint(run_dir, mmap=True)  # mapped: its replay is never read here
+        if finished(saved, saved["run_config"].get("steps")) is None:  # else it ended before Tune heard: done
+            train(resume=run_dir, callbacks=[reporter], progress=False)
     else:
         train(spec.algo, spec.env, logdir=str(spec.trials_dir), name=trial_id, callbacks=[reporter], **options)
     reporter.final()

@@ -143,6 +143,26 @@ def test_a_resume_from_an_earlier_checkpoint_says_what_it_replaces(saved_run: Pa
     assert "replaces" not in capsys.readouterr().out
 
 
+def test_a_resume_of_a_run_with_nothing_left_to_do_is_one_line(saved_run: Path, tmp_path: Path, capsys):
+    """A run that took its whole budget resumes only with a larger --steps; one that solved would stop again at its
+    next evaluation (rewriting its result.json): both are refused in one line, the run folder untouched."""
+    before = tree(saved_run)
+    assert run_main(("train", "--resume", saved_run, "--no-progress")) == 2
+    assert "rlfleet: error: the run has taken its 256 steps (256): give --steps above 256 to train on" in (
+        capsys.readouterr().err
+    )
+    solved = tmp_path / "solved"
+    args = ("train", "ppo", "--env", "CartPole-v1", "--stop-return", "9", "--eval-every", "512", "--eval-episodes", "1")
+    assert run_main((*args, "--logdir", tmp_path, "--name", "solved", "--no-progress")) == 0
+    capsys.readouterr()
+    solved_before = tree(solved)
+    assert run_main(("train", "--resume", solved, "--steps", "100000", "--no-progress")) == 2
+    assert "the run solved at step 512 (an evaluation reached its --stop-return) and stopped there" in (
+        capsys.readouterr().err
+    )
+    assert tree(saved_run) == before and tree(solved) == solved_before
+
+
 def test_a_resume_from_best_counts_on_its_episodes_and_says_its_replay_is_gone(tmp_path: Path, caplog):
     """best.pt keeps the learner and the counters, not the data: a run resumed from it counts its episodes on from
     best's, and says in one line that its replay starts empty (no update until learning_starts again)."""

@@ -88,3 +88,26 @@ def test_resume_refuses_every_option_but_where_the_sweep_runs(monkeypatch, tmp_p
     assert len(err.splitlines()) == 1 and err.endswith(f"not {given[0]}"), err
     with pytest.raises(ConfigError, match="a resumed sweep keeps its configuration"):
         sweep.tune(resume=tmp_path / "s", **{given[0][2:]: given[1]})
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["finished", "interrupted"])
+def test_a_trial_run_again_resumes_its_run_unless_the_run_had_ended(monkeypatch, tmp_path: Path, finished: bool):
+    """A trial Ray Tune runs again (a resumed sweep, HyperBand's pause) resumes its run from its checkpoint; one whose
+    run had ended before Tune heard (its budget taken, or solved) is done, not refused as `train --resume` refuses
+    it."""
+    from ray import tune
+
+    from rlfleet import launch
+    from rlfleet.launch import train
+
+    spec = made_sweep(monkeypatch, tmp_path)
+    stop = None if finished else [lambda info: info["env_steps"] >= 1_024]
+    train("ppo", "CartPole-v1", steps=2_048, eval_every=10**6, eval_episodes=1, logdir=str(spec.trials_dir),
+          name="t_00001", callbacks=stop, progress=False)  # fmt: skip
+    monkeypatch.setattr(tune, "get_context", lambda: type("Context", (), {"get_trial_id": lambda self: "t_00001"})())
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
+    monkeypatch.setattr(tune, "report", lambda *args, **kwargs: None)
+    resumed: list[Path] = []
+    monkeypatch.setattr(launch, "train", lambda resume=None, **kwargs: resumed.append(Path(resume)))
+    sweep.run_trial({"lr": 0.003}, spec.to_json())
+    assert resumed == ([] if finished else [spec.trials_dir / "t_00001"])
