@@ -67,7 +67,7 @@ def check_action_space(action_space: gym.Space[Any], algo: str, kinds: Sequence[
 def check_action_mask(obs_space: gym.Space[Any], action_space: gym.Space[Any], algo: str) -> None:
     """Refuse observations that carry their legal actions (`has_action_mask`) where the algorithm would ignore
     them (actions other than `Discrete`: it would take illegal actions unawares) or misread them (a mask that is
-    not one 0/1 entry per action, such as a float mask that obs_norm rescaled); an `UnsupportedSpaceError`
+    not one 0/1 entry per action; obs_norm leaves a mask as it is: `make_obs_stats`); an `UnsupportedSpaceError`
     naming the problem."""
     if not has_action_mask(obs_space):
         return

@@ -41,6 +41,7 @@ from gymnasium.vector.utils import batch_space
 
 from rlfleet.envs.wrappers import ForwardingVectorWrapper
 from rlfleet.fields import bounded
+from rlfleet.nets.heads import ACTION_MASK
 
 
 @dataclass
@@ -147,11 +148,14 @@ def _is_float_box(space: gym.Space) -> TypeGuard[gym.spaces.Box]:
 
 def make_obs_stats(space: gym.Space, clip: float) -> ObsStats:
     """Running statistics for observations of `space`: a float Box, or a Dict with float Box entries (those are
-    normalised); else a ValueError that says what obs_norm takes."""
+    normalised, but for its `action_mask`: a float 0/1 mask rescaled would read every action as legal); else a
+    ValueError that says what obs_norm takes."""
     if _is_float_box(space):
         return RunningMeanStd(tuple(space.shape), clip)
     if isinstance(space, gym.spaces.Dict):
-        shapes = {key: tuple(sub.shape) for key, sub in space.spaces.items() if _is_float_box(sub)}
+        shapes = {
+            key: tuple(sub.shape) for key, sub in space.spaces.items() if _is_float_box(sub) and key != ACTION_MASK
+        }
         if shapes:
             return DictRunningMeanStd(shapes, clip)
     raise ValueError(

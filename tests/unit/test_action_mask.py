@@ -318,3 +318,24 @@ def test_a_mask_that_is_not_one_0_1_entry_per_action_is_refused(mask):
         cls(config_cls(**variant), space, ACT, seed=0)
     bits = gym.spaces.Dict({"observation": OBS["observation"], "action_mask": gym.spaces.MultiBinary(N_ACTIONS)})
     cls(config_cls(**variant), bits, ACT, seed=0)  # a MultiBinary mask is one
+
+
+def test_obs_norm_leaves_a_float_mask_as_it_is():
+    """A float 0/1 mask beside float observations: obs_norm normalises the observations, never the mask (rescaled,
+    its 0s would read as legal, every action with them)."""
+    from rlfleet.envs.normalize import make_obs_stats
+    from rlfleet.nets.heads import action_mask_of
+
+    space = gym.spaces.Dict(
+        {"obs": gym.spaces.Box(-5, 5, (3,), np.float32), "action_mask": gym.spaces.Box(0, 1, (4,), np.float32)}
+    )
+    stats = make_obs_stats(space, clip=10.0)
+    rng = np.random.default_rng(0)
+    masks = np.zeros((64, 4), np.float32)
+    masks[np.arange(64), rng.integers(4, size=64)] = 1.0  # one legal action a row
+    batch = {"obs": rng.normal(3.0, 2.0, (64, 3)).astype(np.float32), "action_mask": masks}
+    stats.update(batch)
+    seen = stats.normalize(batch)
+    np.testing.assert_array_equal(seen["action_mask"], masks)
+    assert abs(float(seen["obs"].mean())) < 0.1  # the observations themselves are normalised
+    assert (action_mask_of(seen).sum(axis=1) == 1).all()
