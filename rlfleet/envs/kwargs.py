@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import io
+import tokenize
 from collections.abc import Callable
 from typing import Any
 
@@ -45,12 +47,27 @@ def parse_env_value(text: str) -> Any:
     if word in ("none", "null"):
         return None
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = ast.literal_eval(_python_words(text))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, tokenize.TokenError):
         if word.lstrip("+-") in ("inf", "infinity", "nan"):
             return float(text)
         return text
     return value if _plain_data(value) else text  # 1j, b'x', {1, 2}: kept as written
+
+
+WORDS = {"true": "True", "false": "False", "none": "None", "null": "None"}
+"""The words typed inside a list or dict as they are alone (any case): `flags=[false, true]`."""
+
+
+def _python_words(text: str) -> str:
+    """`text` with the bare words of `WORDS` (not those in quotes) as Python's literals, each as long as the word it
+    replaces, so that `ast.literal_eval` reads `[false, null]` as it reads `[False, None]`."""
+    tokens = []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.NAME and token.string.lower() in WORDS:
+            token = token._replace(string=WORDS[token.string.lower()])
+        tokens.append(token)
+    return tokenize.untokenize(tokens)
 
 
 def parse_env_kwargs(items: list[str], option: str = OPTION) -> dict[str, Any]:

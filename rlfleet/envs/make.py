@@ -123,19 +123,26 @@ class AtariOptions:
     max_episode_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.frame_stack, int) or self.frame_stack < 1:
+        if not _whole(self.frame_stack) or self.frame_stack < 1:
             raise ValueError(f"frame_stack must be an int >= 1, got {self.frame_stack!r}")
-        if not isinstance(self.noop_max, int) or self.noop_max < 0:
+        if not _whole(self.noop_max) or self.noop_max < 0:
             raise ValueError(f"noop_max must be an int >= 0, got {self.noop_max!r}")
+        for name in ("terminal_on_life_loss", "full_action_space", "clip_rewards"):  # "no" would be true
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "clip_rewards" and value is None):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
         if self.repeat_action_probability is not None and not 0.0 <= self.repeat_action_probability <= 1.0:
             raise ValueError(
                 f"repeat_action_probability must be in [0, 1] (or None for the id's default), "
                 f"got {self.repeat_action_probability!r}"
             )
-        if self.max_episode_steps is not None and (
-            not isinstance(self.max_episode_steps, int) or self.max_episode_steps < 1
-        ):
+        if self.max_episode_steps is not None and (not _whole(self.max_episode_steps) or self.max_episode_steps < 1):
             raise ValueError(f"max_episode_steps must be an int >= 1 or None, got {self.max_episode_steps!r}")
+
+
+def _whole(value: Any) -> bool:
+    """An int, not a bool (which Python counts as one: `frame_stack=true`)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _atari_options(env_id: str, env_kwargs: dict[str, Any]) -> AtariOptions:

@@ -166,7 +166,7 @@ def make_obs_stats(space: gym.Space, clip: float) -> ObsStats:
 
 def stats_from_state(state: dict[str, Any], clip: float) -> ObsStats:
     """The statistics a checkpoint saved (`state_dict()` of either kind), restored."""
-    if "mean" in state:
+    if not isinstance(state.get("mean"), dict) and "mean" in state:  # a Dict's entry named "mean" holds a dict
         stats: ObsStats = RunningMeanStd(np.shape(state["mean"]), clip)
     else:
         stats = DictRunningMeanStd({key: np.shape(sub["mean"]) for key, sub in state.items()}, clip)

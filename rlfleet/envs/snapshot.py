@@ -29,6 +29,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
+from rlfleet.envs.wrappers import EnvPoolVectorEnv
+
 _PLAIN = (int, float, bool, str, bytes, type(None))
 _STATELESS = (gym.Space, EnvSpec, enum.Enum, type, types.ModuleType)
 _STATELESS_MODULES = ("pygame", "gymnasium.envs.mujoco.mujoco_rendering")  # rendering: screens, clocks, viewers
@@ -211,7 +213,8 @@ def _base_vector_env(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
 def _record(envs: gym.vector.VectorEnv) -> dict[str, Any]:
     base = _base_vector_env(envs)
     if not isinstance(base, gym.vector.SyncVectorEnv):
-        raise _Opaque("the envs run in processes of their own; --vector-mode sync keeps them in the run's")
+        where = "in EnvPool's own threads" if isinstance(base, EnvPoolVectorEnv) else "in processes of their own"
+        raise _Opaque(f"the envs run {where}; --vector-mode sync keeps them in the run's")
     return {
         "vector": _attributes(base, type(base).__name__, 0, skip=("envs",)),
         "envs": [[_layer_state(layer, type(layer).__name__) for layer in _layers(env)] for env in base.envs],

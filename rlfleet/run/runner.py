@@ -407,8 +407,12 @@ class RunBase(abc.ABC):
                 f"--vector-mode {cfg.vector_mode} has no effect on {where}: only --arch single steps training envs "
                 "of its own as a vector env"
             )
-        if cfg.vector_mode == "envpool":
-            import_envpool()  # without it: one line now, not an empty run folder and a traceback later
+        if cfg.vector_mode == "envpool":  # an env, or a keyword, EnvPool lacks: one line now, not an empty run folder
+            import_envpool()
+            try:
+                make_vector_env(cfg.env, 1, seed=0, mode="envpool", training=True, **cfg.env_kwargs).close()
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"--vector-mode envpool cannot run {cfg.env}: {str(exc).splitlines()[0]}") from None
         if cfg.env_timeout_s != ENV_TIMEOUT_S:
             mode = cfg.vector_mode
             training = cls.takes_vector_mode and resolve_vector_mode(cfg.env, algo_cfg.n_envs, mode) == "async"

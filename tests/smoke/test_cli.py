@@ -319,6 +319,14 @@ RUN_OPTIONS = {
     "no-command": ((), ["command"]),
     "unknown-option": ((*TRAIN, "--stepz", "5"), ["--stepz"]),
     "env-relative-module": (("train", "ppo", "--env", "../x:Foo"), ["'../x'", "x:Foo"]),
+    "envpool-no-such-task": (
+        ("train", "dqn", "--env", "MinAtar/Breakout-v1", "--vector-mode", "envpool"),
+        ["--vector-mode envpool cannot run MinAtar/Breakout-v1", "EnvPool has no task"],
+    ),
+    "envpool-keyword-it-lacks": (
+        (*TRAIN[:4], "--vector-mode", "envpool", "--env-kwargs", "sutton_barto_reward=true"),
+        ["--vector-mode envpool cannot run CartPole-v1", "sutton_barto_reward"],
+    ),
 }
 
 # run names: one path component inside --logdir

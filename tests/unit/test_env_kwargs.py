@@ -39,6 +39,10 @@ HAS_ALE = importlib.util.find_spec("ale_py") is not None
         ("a b", "a b"),
         ("a=b", "a=b"),
         ("1j", "1j"),
+        ("[false, true]", [False, True]),  # the words inside a list or dict are typed as they are alone
+        ('{"a": null, "b": TRUE}', {"a": None, "b": True}),
+        ("['false', none]", ["false", None]),  # quoted: text
+        ("[a, b]", "[a, b]"),
     ],
 )
 def test_values_are_typed(text: str, value):

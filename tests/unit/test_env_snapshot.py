@@ -108,3 +108,12 @@ def test_envs_in_processes_of_their_own_give_no_snapshot():
     assert env_state.snapshot(envs) is None
     assert "processes of their own" in (env_state.uncaptured(envs) or "")
     envs.close()
+
+
+def test_envpool_envs_give_no_snapshot_and_say_they_run_in_its_threads():
+    pytest.importorskip("envpool")
+    envs = make_vector_env("CartPole-v1", 2, seed=0, mode="envpool")
+    envs.reset(seed=0)
+    assert env_state.snapshot(envs) is None
+    assert "in EnvPool's own threads" in (env_state.uncaptured(envs) or "")
+    envs.close()

@@ -114,6 +114,25 @@ def test_invalid_options_are_rejected_early() -> None:
         make_vector_env(lambda: gym.make("CartPole-v1"), 2, mode="async")
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("clip_rewards", "no"),
+        ("terminal_on_life_loss", "off"),
+        ("full_action_space", "no"),
+        ("terminal_on_life_loss", 0),
+        ("frame_stack", True),
+        ("noop_max", False),
+    ],
+)
+def test_atari_switches_take_true_or_false_and_counts_take_whole_numbers(option, value) -> None:
+    """An Atari switch given "no" or "off" (text, which Python reads as true) turned the option on; a bool counted as
+    an int for frame_stack. Each is one ValueError naming the option, on the Gymnasium and EnvPool paths alike."""
+    pytest.importorskip("ale_py")
+    with pytest.raises(ValueError, match=f"^{option} must be"):
+        make_env("ALE/Pong-v5", **{option: value})
+
+
 def test_env_spec_info_cartpole() -> None:
     info = env_spec_info("CartPole-v1")
     assert info["reward_threshold"] == 475.0

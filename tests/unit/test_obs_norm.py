@@ -102,6 +102,21 @@ def test_dict_observations_have_their_float_box_entries_normalized_and_the_rest_
     assert np.array_equal(restored.normalize({"cue": cue, "x": x})["x"], stats.normalize({"cue": cue, "x": x})["x"])
 
 
+def test_the_statistics_of_a_dict_with_an_entry_named_mean_are_restored_as_a_dicts():
+    """A Dict observation whose entry is called "mean" saves per-entry statistics that hold a "mean" key too: they are
+    read back as a Dict's (what `rlfleet eval`, `collect` and `--expert` do), not taken for one Box's."""
+    import gymnasium as gym
+
+    space = gym.spaces.Dict({"mean": gym.spaces.Box(-5, 5, (2,)), "x": gym.spaces.Box(-5, 5, (3,))})
+    stats = make_obs_stats(space, 10.0)
+    rng = np.random.default_rng(0)
+    obs = {"mean": rng.normal(2.0, 1.0, (100, 2)), "x": rng.normal(-1.0, 3.0, (100, 3))}
+    stats.update(obs)
+    restored = stats_from_state(stats.state_dict(), 10.0)
+    for key in obs:
+        np.testing.assert_array_equal(restored.normalize(obs)[key], stats.normalize(obs)[key])
+
+
 def test_training_wrapper_updates_evaluation_wrapper_reads_and_final_obs_are_normalised():
     stats = RunningMeanStd((4,))
     raw = make_vector_env("CartPole-v1", 3, seed=0, mode="sync")
