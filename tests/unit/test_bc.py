@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -253,7 +254,9 @@ def test_dagger_aggregates_states_labelled_by_the_expert(tmp_path: Path, run_opt
     assert payload["state"]["dagger_round"] == 2
 
 
-def test_an_interrupted_dagger_run_resumes_exactly(tmp_path: Path, run_opts):
+def dagger_run_options(tmp_path: Path, run_opts: dict) -> tuple[Path, Path, dict]:
+    """A dataset of 60 pairs, an untrained expert, and the options of a 120-step DAgger run of 3 rounds over them
+    (evaluated and saved every 40 steps): (dataset, expert, options)."""
     data = tmp_path / "data.npz"
     demos(n=60).save(data)
     expert = fake_checkpoint(tmp_path / "expert.pt")
@@ -261,8 +264,18 @@ def test_an_interrupted_dagger_run_resumes_exactly(tmp_path: Path, run_opts):
         dataset=str(data), expert=str(expert), steps=120, overrides={"dagger_iterations": 3, "dagger_episodes": 2},
         stop_return=1e9, eval_every=40, checkpoint_every=40, **run_opts,
     )  # fmt: skip
+    return data, expert, kw
+
+
+def stopped_at_50(kw: dict) -> Any:
+    """The DAgger run of `kw`, stopped at gradient step 50 (after its first round)."""
+    return train("bc", "CartPole-v1", name="part", callbacks=[lambda info: info["env_steps"] >= 50], **kw)
+
+
+def test_an_interrupted_dagger_run_resumes_exactly(tmp_path: Path, run_opts):
+    _, _, kw = dagger_run_options(tmp_path, run_opts)
     full = train("bc", "CartPole-v1", name="full", **kw)
-    part = train("bc", "CartPole-v1", name="part", callbacks=[lambda info: info["env_steps"] >= 50], **kw)
+    part = stopped_at_50(kw)
     assert part["stopped_by"] == "interrupted" and part["gradient_steps"] == 50
     resumed = train(resume=part.run_dir, progress=False)
     a, b = load_checkpoint(full.run_dir), load_checkpoint(resumed.run_dir)
@@ -279,14 +292,8 @@ def test_a_resume_refuses_a_dataset_whose_pairs_changed_and_warns_of_an_expert_t
     """A dataset re-recorded to the same path (as many pairs, other ones) is not what the run trained on: its resume
     stops in one line, its checkpoint untouched. An expert that trained on since is named in a warning (its later
     labels are its new weights'), and the run goes on."""
-    data = tmp_path / "data.npz"
-    demos(n=60).save(data)
-    expert = fake_checkpoint(tmp_path / "expert.pt")
-    kw = dict(
-        dataset=str(data), expert=str(expert), steps=120, overrides={"dagger_iterations": 3, "dagger_episodes": 2},
-        stop_return=1e9, eval_every=40, checkpoint_every=40, **run_opts,
-    )  # fmt: skip
-    part = train("bc", "CartPole-v1", name="part", callbacks=[lambda info: info["env_steps"] >= 50], **kw)
+    data, expert, kw = dagger_run_options(tmp_path, run_opts)
+    part = stopped_at_50(kw)
     latest = part.run_dir / "checkpoints" / "latest.pt"
     saved = latest.read_bytes()
     demos(n=60, seed=1).save(data)
