@@ -48,6 +48,7 @@ __all__ = [
     "parse_field",
     "parse_overrides",
     "resolve_torch_threads",
+    "torch_threads_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -207,9 +208,14 @@ def resolve_torch_threads(setting: int | str, *, single_process: bool, convoluti
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) >= 1:  # the user's cap for OpenMP pools, which torch's own default honours too
         threads = min(threads, int(omp))
-    if threads > 1:
-        log.info(f"torch threads: {threads} (auto: a CNN learner with the process to itself)")
     return threads
+
+
+def torch_threads_note(setting: int | str, threads: int) -> str | None:
+    """The line a run says where "auto" gave its learner more than one thread (`resolve_torch_threads`)."""
+    if setting != AUTO_THREADS or threads <= 1:
+        return None
+    return f"torch threads: {threads} (auto: a CNN learner with the process to itself)"
 
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env", "options"}

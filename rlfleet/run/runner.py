@@ -53,6 +53,7 @@ from rlfleet.run.config import (
     fit_preset_replay,
     resolve_stop_return,
     resolve_torch_threads,
+    torch_threads_note,
 )
 from rlfleet.run.config import log as notes
 from rlfleet.run.evaluate import cut_note, episode_bound, evaluate
@@ -358,14 +359,15 @@ class RunBase(abc.ABC):
         torch.manual_seed(cfg.seed)
         # build the algorithm before touching the disk: a wrong action space fails here, cleanly
         self.algo = self.build_algo(cfg.seed)
-        note = placement_note(self.device, self.algo, workers_act=not self.single_process, arch=arch,
-                              workers_learn=self.workers_learn_on_device())  # fmt: skip
-        if note is not None:
-            notes.info(note)
         self.obs_stats = self.make_obs_stats()
         self.reward_norm = self.make_reward_norm()
         self.check_config()
         self.stop_return = resolve_stop_return(cfg.stop_return, info["reward_threshold"], cfg.env, cfg.env_kwargs)
+        placement = placement_note(self.device, self.algo, workers_act=not self.single_process, arch=arch,
+                                   workers_learn=self.workers_learn_on_device())  # fmt: skip
+        for note in (torch_threads_note(cfg.torch_threads, self.torch_threads), placement):  # once all checks passed
+            if note is not None:
+                notes.info(note)
 
     @classmethod
     def resolve_config(cls, cfg: RunConfig, resuming: bool = False) -> ResolvedConfig:

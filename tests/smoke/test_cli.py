@@ -319,6 +319,10 @@ RUN_OPTIONS = {
     "no-command": ((), ["command"]),
     "unknown-option": ((*TRAIN, "--stepz", "5"), ["--stepz"]),
     "env-relative-module": (("train", "ppo", "--env", "../x:Foo"), ["'../x'", "x:Foo"]),
+    "obs-norm-on-images": (  # no torch-threads or placement line before it: those come once every check passed
+        ("train", "ppo", "--env", "ALE/Pong-v5", "--set", "obs_norm=true", "--no-progress"),
+        ["obs_norm normalises float vector observations"],
+    ),
     "envpool-no-such-task": (
         ("train", "dqn", "--env", "MinAtar/Breakout-v1", "--vector-mode", "envpool"),
         ["--vector-mode envpool cannot run MinAtar/Breakout-v1", "EnvPool has no task"],
