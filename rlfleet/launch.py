@@ -12,7 +12,8 @@ from typing import Any
 from rlfleet.algos import config_fields, resolve
 from rlfleet.arch import architecture_names, default_arch, runner_class
 from rlfleet.arch.offline import PATH_OPTIONS, check_data_source, same_path
-from rlfleet.arch.parallel import RAY_OPTIONS, RoleOptions
+from rlfleet.arch.parallel import PROCESS_OPTIONS, RAY_OPTIONS, RoleOptions
+from rlfleet.backends import BACKENDS
 from rlfleet.envs.kwargs import parse_env_value
 from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.nets.user import NetError, net_path
@@ -221,6 +222,13 @@ def resumed_config(
             if value != saved:
                 shown = "not given: its default" if saved is None else saved
                 differ.append(f"--{key.replace('_', '-')} {value} (the run's: {shown})")
+    backend = cfg.options.get("backend")
+    idle = [key for key in PROCESS_OPTIONS if key in given]
+    if isinstance(backend, str) and backend in BACKENDS and BACKENDS[backend].in_process and idle:
+        raise ConfigError(  # what a new run refuses too (`ParallelRunner.check_parallel`)
+            f"--{idle[0].replace('_', '-')} is for roles that run as processes (--backend local or ray); --backend "
+            f"{backend} runs them in this process, one after another"
+        )
     if given.get("backend", "ray") != "ray":  # off Ray, the saved run's Ray options no longer apply
         for key in set(RAY_OPTIONS) - set(given):
             cfg.options.pop(key, None)

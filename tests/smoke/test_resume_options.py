@@ -143,6 +143,17 @@ def test_a_resume_from_an_earlier_checkpoint_says_what_it_replaces(saved_run: Pa
     assert "replaces" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("given", [("--heartbeat-s", "30"), ("--backend", "serial", "--max-restarts", "2")])
+def test_a_resume_refuses_a_process_option_its_in_process_backend_has_no_use_for(saved_run: Path, capsys, given):
+    """The run is on the serial backend: --heartbeat-s or --max-restarts given with its resume would do nothing, as a
+    new run says; the resume says it too, in one line, the run folder untouched."""
+    before = tree(saved_run)
+    assert run_main(("train", "--resume", saved_run, "--steps", "512", *given, "--no-progress")) == 2
+    err = capsys.readouterr().err
+    assert f"rlfleet: error: {given[-2]} is for roles that run as processes (--backend local or ray)" in err, err
+    assert tree(saved_run) == before
+
+
 def test_a_resume_of_a_run_with_nothing_left_to_do_is_one_line(saved_run: Path, tmp_path: Path, capsys):
     """A run that took its whole budget resumes only with a larger --steps; one that solved would stop again at its
     next evaluation (rewriting its result.json): both are refused in one line, the run folder untouched."""
