@@ -146,8 +146,9 @@ class RunConfig:
     own limit (`max_episode_steps`) is shorter ends its episodes there."""
     stop_return: float | None = bounded(None, finite=False)
     """Stop once an evaluation's mean return reaches this (inf: never); default the env's reward_threshold."""
-    time_limit: float | None = bounded(None, gt=0)
-    """Wall-clock seconds this invocation trains at most (checkpoint saved); a resumed run gets them again."""
+    time_limit: float | None = bounded(None, gt=0, finite=False)
+    """Wall-clock seconds this invocation trains at most (checkpoint saved); a resumed run gets them again (inf: no
+    limit, which is how a resume drops the one its run had)."""
     checkpoint_every: int | None = bounded(None, ge=0)
     """Env steps between checkpoints; None or 0: 10 evaluations' worth."""
     vector_mode: str = checked("auto", one_of(VECTOR_MODES))

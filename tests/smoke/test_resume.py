@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,18 @@ def test_a_time_limit_is_a_budget_for_each_invocation(run_opts):
     resumed = train(resume=stopped.run_dir, progress=False)
     assert resumed["stopped_by"] == "steps" and resumed["env_steps"] == 2_048
     assert resumed["wall_time_s"] >= 1_000.0  # the run's total time
+
+
+def test_a_resume_given_an_infinite_time_limit_trains_without_one(run_opts):
+    """`--time-limit inf` is how a resume drops the limit of its run: one that ran into it trains to its steps."""
+    opts = dict(seed=0, steps=2_048, time_limit=1e-9, eval_every=10**9, eval_episodes=1, stop_return=1e9)
+    cut = train("ppo", "CartPole-v1", name="c", **opts, **run_opts)
+    assert cut["stopped_by"] == "time_limit" and cut["env_steps"] < 2_048
+    again = train(resume=cut.run_dir, progress=False)  # the run's limit holds on a resume that names none
+    assert again["stopped_by"] == "time_limit" and again["env_steps"] < 2_048
+    resumed = train(resume=cut.run_dir, time_limit=math.inf, progress=False)
+    assert resumed["stopped_by"] == "steps" and resumed["env_steps"] == 2_048
+    assert load_checkpoint(resumed.run_dir)["run_config"]["time_limit"] == math.inf
 
 
 def test_the_last_checkpoint_holds_the_final_evaluation(run_opts):

@@ -199,7 +199,7 @@ RUN_OPTION_ERRORS = {
     "n-envs-float": (dict(n_envs=2.0), ["--n-envs=2.0 is not an int"]),
     "time-limit-negative": (dict(time_limit=-1.0), ["--time-limit=-1.0 is negative", "must be > 0"]),
     "time-limit-zero": (dict(time_limit=0), ["--time-limit=0 is out of range", "must be > 0"]),
-    "time-limit-inf": (dict(time_limit=math.inf), ["--time-limit=inf is not a finite number"]),
+    "time-limit-nan": (dict(time_limit=math.nan), ["--time-limit=nan is not a number"]),
     "stop-return-nan": (dict(stop_return=math.nan), ["--stop-return=nan is not a number"]),
     "eval-episodes-zero": (dict(eval_episodes=0), ["--eval-episodes=0", "must be in [1, 4096]"]),
     "eval-episodes-huge": (dict(eval_episodes=10**7), ["--eval-episodes=10000000", "must be in [1, 4096]"]),
