@@ -179,13 +179,17 @@ def saved_steps(checkpoint: Path) -> int | None:
     return steps if isinstance(steps, int) else None
 
 
-RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress", "env_timeout_s"}) | {
-    f.name for f in dataclasses.fields(RoleOptions)
+RESUME_MAY_CHANGE = frozenset({"steps", "time_limit", "torch_threads", "device", "progress"}) | {
+    "env_timeout_s",
+    "group_timeout_s",
+    "gossip_timeout_s",
+    *(f.name for f in dataclasses.fields(RoleOptions)),
 }
 """What a resumed run may change: how long it trains (`--steps`, `--time-limit`), and how and where it runs, which
 the checkpoint does not depend on (`--torch-threads`, the backend and its options: `--backend`, `--address`,
 `--placement`, `--cpus-per-role`, `--gpus-per-role`, `--heartbeat-s`, `--max-restarts`; each backend restarts
-its roles from the learner's saved state). Anything else given with a resume must equal the saved value."""
+its roles from the learner's saved state; how long a process waits for another: `--env-timeout-s`,
+`--group-timeout-s`, `--gossip-timeout-s`). Anything else given with a resume must equal the saved value."""
 
 
 def resumed_config(

@@ -269,6 +269,8 @@ class LearnerReport:
     """Why the group broke or did not form, if it did."""
     note: str | None = None
     """Whose state a restarted learner took on when its group formed."""
+    last: bool = False
+    """The item of the budget's last update (learner 0's holds the coordinator's final state)."""
 
 
 class AllReduceLearner(Producer):
@@ -336,7 +338,7 @@ class AllReduceLearner(Producer):
         if self.worker_id == 0 and (self.updates % self.spec.state_every == 0 or last):
             state = pack_state(self.algo)
         note, self.note = self.note, None
-        return report(steps, returns, metrics, True, generation, state, note=note)
+        return report(steps, returns, metrics, True, generation, state, note=note, last=last)
 
     def close(self) -> None:
         if self.group is not None:
@@ -386,7 +388,7 @@ class AllReduceRunner(ParallelRunner):
             )
         if opts.workers == 1 and not self.resuming and (given := self.given_option(("group_timeout_s",))):
             raise ConfigError(f"{given} has no effect with --workers 1: one learner forms no group to wait for")
-        if opts.group_timeout_s >= opts.heartbeat_s:
+        if opts.workers > 1 and opts.group_timeout_s >= opts.heartbeat_s:
             raise ConfigError(
                 f"--group-timeout-s {opts.group_timeout_s:g} must be less than --heartbeat-s {opts.heartbeat_s:g}: "
                 "a learner waiting that long for a hung peer would be taken for hung itself"
@@ -404,6 +406,8 @@ class AllReduceRunner(ParallelRunner):
         self.start_backend()  # the counter: env steps of every learner's items
         self.store: TCPStore | None = None
         self.generation: int | None = None
+        self.final_taken = False  # learner 0's state after the budget's last update
+        self.budget_taken_at: float | None = None
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -452,6 +456,7 @@ class AllReduceRunner(ParallelRunner):
         if item.state is not None:
             with self.publishing():  # a learner on a device: the CPU copies a restarted learner pulls too
                 load_state(self.algo, item.state)
+            self.final_taken |= item.last
         if not item.updated:
             return {}, 0
         return item.metrics, int(item.worker == 0)  # one update of the group per update of learner 0
@@ -466,9 +471,20 @@ class AllReduceRunner(ParallelRunner):
         learner = partial(AllReduceLearner, self.spec, self.shared, self.weights)
         return self.start_roles(learner, stop_flag, AHEAD)
 
+    def budget_spent(self) -> bool:
+        """The budget's env steps are taken, and so is learner 0's state after the budget's last update: another
+        learner's item of that update may take the count past the budget first (or learner 0 has not sent it
+        within --heartbeat-s of that: the run ends with the latest state it sent)."""
+        if not super().budget_spent():
+            return False
+        now = time.monotonic()
+        self.budget_taken_at = self.budget_taken_at or now
+        return self.final_taken or now - self.budget_taken_at > self.opts.heartbeat_s
+
     def coordinate(self, pool: RoleGroup) -> Taken | None:
-        """The next item of any learner, taken in (`take`); then the learner may send the next."""
-        item = pool.get_any(WAIT_S)
+        """The next item of any learner, taken in (`take`); then the learner may send the next. Past the budget,
+        only learner 0's (`budget_spent`): the others' are of updates after the budget's last."""
+        item = pool.get(0, WAIT_S) if super().budget_spent() else pool.get_any(WAIT_S)
         if item is None:
             return None
         metrics, updates = self.take(item)

@@ -568,6 +568,18 @@ class ParallelRunner(RunBase):
         """One pass of the loop: wait (`WAIT_S` at most) for what the workers send, learn from it, count its steps
         and episodes, give the credits back; what it took in, None if nothing came."""
 
+    def threads_not_learning(self) -> str | None:
+        threads = self.cfg.torch_threads
+        if self.role_learning != "always" or not isinstance(threads, int) or threads <= 1:
+            return None
+        each = "as many as --cpus-per-role" if self.opts.backend == "ray" else "one"
+        return (f"--torch-threads {threads} is the coordinator's, which evaluates; the learners of {self.arch} are "
+                f"processes of their own, with {each} torch thread each")  # fmt: skip
+
+    def budget_spent(self) -> bool:
+        """Whether the loop has taken the run's budget of env steps (and what comes with it, where more does)."""
+        return self.env_steps >= self.total_steps
+
     def wind_down(self, stop_flag: StopFlag, pool: RoleGroup) -> None:
         """After the loop, before the final evaluation and checkpoint (`finish`): stop the workers."""
         self.stop_roles(stop_flag, pool)
@@ -606,7 +618,7 @@ class ParallelRunner(RunBase):
                         if reason is not None:
                             stopped_by = reason
                             break
-                        if self.env_steps >= self.total_steps:
+                        if self.budget_spent():
                             break
                 except FAILURES as exc:  # the run cannot go on: it stops as cleanly as on Ctrl-C, then says why
                     failure, stopped_by = as_failure(exc), "failure"

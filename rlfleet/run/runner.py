@@ -368,6 +368,14 @@ class RunBase(abc.ABC):
         for note in (torch_threads_note(cfg.torch_threads, self.torch_threads), placement):  # once all checks passed
             if note is not None:
                 notes.info(note)
+        threads = self.threads_not_learning()
+        if threads is not None:
+            notes.warning(threads)
+
+    def threads_not_learning(self) -> str | None:
+        """Where `--torch-threads` given as a count does not reach the learning (its learners are processes of their
+        own), the line that says so."""
+        return None
 
     @classmethod
     def resolve_config(cls, cfg: RunConfig, resuming: bool = False) -> ResolvedConfig:

@@ -3,6 +3,7 @@ concatenated batch does; the gradient hook of `optimize`; the options and algori
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import queue
@@ -15,12 +16,12 @@ import torch
 import torch.distributed as dist
 from spawned import WORKER_TIMEOUT_S, allreduce_learner, learner_after_a_failed_start, make_cartpole_algo
 
-from rlfleet.arch.allreduce import GENERATION, LearnerGroup, Rendezvous
+from rlfleet.arch.allreduce import GENERATION, AllReduceRunner, LearnerGroup, Rendezvous
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.data.batch import Batch
-from rlfleet.launch import train
+from rlfleet.launch import check_run, resumed_config, train
 from rlfleet.optim.step import optimize, set_gradient_hook
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
 
 LEARNERS = 2
 PER_LEARNER = 64  # samples in each learner's batch
@@ -156,6 +157,29 @@ def test_bad_allreduce_input_is_one_clear_line(tmp_path, algo, options, message)
     assert not any(tmp_path.iterdir())  # nothing written
 
 
+def test_one_learner_takes_any_heartbeat(caplog):
+    """--group-timeout-s is refused with one learner, so its default must not bound --heartbeat-s there."""
+    resolved, _ = check_run("ppo", "CartPole-v1", arch="allreduce", workers=1, backend="local", heartbeat_s=30.0)
+    assert resolved.opts.heartbeat_s == 30.0
+
+
+def test_a_resume_may_shorten_the_heartbeat_with_the_group_timeout():
+    """Both are how long a process waits for another, which the checkpoint does not depend on."""
+    saved = dataclasses.asdict(RunConfig("ppo", "CartPole-v1", arch="allreduce", options={"workers": 2}))
+    given = {"backend": "local", "heartbeat_s": 30.0, "group_timeout_s": 20.0}
+    run = AllReduceRunner.__new__(AllReduceRunner)
+    run._prepare(resumed_config(saved, {}, None, None, given), resuming=True)
+    assert (run.opts.heartbeat_s, run.opts.group_timeout_s) == (30.0, 20.0)
+
+
+def test_torch_threads_say_they_are_the_coordinators(caplog):
+    """The learners are processes of one torch thread each: a count given for the run says it does not reach them."""
+    check_run("ppo", "CartPole-v1", arch="allreduce", workers=2, backend="local", torch_threads=2)
+    said = [r.getMessage() for r in caplog.records if "--torch-threads" in r.getMessage()]
+    assert said == ["--torch-threads 2 is the coordinator's, which evaluates; the learners of allreduce are processes "
+                    "of their own, with one torch thread each"]  # fmt: skip
+
+
 def test_one_learner_runs_serially_and_checkpoints_its_state(run_opts):
     """`--workers 1 --backend serial`: the single-learner reference, no group (nothing to average)."""
     r = train("ppo", "CartPole-v1", arch="allreduce", workers=1, backend="serial", steps=1_024, eval_every=1_024,
@@ -174,6 +198,18 @@ def test_learner_zero_sends_its_state_after_the_last_update_of_the_budget(run_op
     saved = torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert r["updates"] == 4 and saved["allreduce"]["version"] == 1
     assert saved["algo"]["optimizer"]["state"]
+
+
+def test_the_final_state_is_learner_zeros_after_the_last_update_when_another_learner_ends_the_budget(run_opts):
+    """Two learner processes: the item of learner 1 for the budget's last update may take the count past the
+    budget before learner 0's item of that update (its state) comes. The coordinator waits for it, so the final
+    evaluation and checkpoint are of every update the group made, not of the weights it started with."""
+    r = train("a2c", "CartPole-v1", arch="allreduce", workers=2, backend="local", state_every=1_000, steps=6_000,
+              eval_every=10**9, eval_episodes=2, stop_return=1e9, **run_opts)  # fmt: skip
+    segment = 2 * 8 * 16  # two learners' rollouts of 8 envs × 16 steps (a2c's)
+    assert r["updates"] == -(-6_000 // segment) and r["env_steps"] == r["updates"] * segment
+    saved = torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert {int(s["step"]) for s in saved["algo"]["optimizer"]["state"].values()} == {r["updates"]}
 
 
 def test_a_resumed_run_goes_on_from_the_learners_optimizer_state(run_opts, tmp_path):
