@@ -330,6 +330,8 @@ class GossipReport:
     """Σ over the messages mixed since the last item of how many rounds each was behind the reader's round."""
     mixed: int = 0
     """Messages mixed since the last item."""
+    stalest: int = 0
+    """The most rounds one of those messages was behind the reader's round."""
     round: int | None = None
     """The round completed with this item (None: still waiting for peers)."""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -359,6 +361,7 @@ class Counts(TypedDict):
     skipped: int
     staleness: int
     mixed: int
+    stalest: int
 
 
 def flat_params(params: list[nn.Parameter]) -> torch.Tensor:
@@ -393,7 +396,7 @@ class GossipLearner(WorkerActor):
         self.flat = self.flatten()
         self.since: float | None = None  # when the current wait began
         self.timings = Timings(compute_s=0.0, wait_s=0.0, average_s=0.0)
-        self.counts = Counts(skipped=0, staleness=0, mixed=0)
+        self.counts = Counts(skipped=0, staleness=0, mixed=0, stalest=0)
         self.gala = spec.order == "gala"
         self.steps = 0
         self.returns: list[float] = []
@@ -506,6 +509,7 @@ class GossipLearner(WorkerActor):
         for j, (round_, message) in zip(peers, whole, strict=True):
             mixed += row[j] * message
             self.counts["staleness"] += max(0, t - round_)
+            self.counts["stalest"] = max(self.counts["stalest"], t - round_)
         self.counts["mixed"] += len(peers)
         self.load_flat(mixed)
 
@@ -570,7 +574,7 @@ class GossipLearner(WorkerActor):
                             generation=self.mailboxes.generation, **self.timings, **self.counts)  # fmt: skip
         self.steps, self.returns = 0, []
         self.timings = Timings(compute_s=0.0, wait_s=0.0, average_s=0.0)
-        self.counts = Counts(skipped=0, staleness=0, mixed=0)
+        self.counts = Counts(skipped=0, staleness=0, mixed=0, stalest=0)
         if completed:
             item.round = self.round
             item.metrics, self.metrics = ({} if self.adopted else self.metrics), {}
@@ -650,6 +654,8 @@ class GossipRunner(ParallelRunner):
                 f"own messages{', the default on the ray backend' if opts.gossip_order == 'auto' else ''}): "
                 "add --gossip-order gala, or leave --max-staleness out"
             )
+        if opts.gossip_order == "auto" and not self.resuming:  # saved resolved: a resume on another backend keeps it
+            opts.gossip_order = self.order
 
     @cached_property
     def topology(self) -> Topology:
@@ -711,7 +717,7 @@ class GossipRunner(ParallelRunner):
     @staticmethod
     def _fresh_stats() -> dict[str, Any]:
         return {"steps": 0, "returns": [], "compute_s": 0.0, "wait_s": 0.0, "average_s": 0.0, "rounds": 0,
-                "skipped": 0, "staleness": 0, "mixed": 0}  # fmt: skip
+                "skipped": 0, "staleness": 0, "mixed": 0, "stalest": 0}  # fmt: skip
 
     def initial_states(self) -> list[bytes]:
         """The coordinator's networks and optimizer for every learner, or (`distinct_init`) each learner's own."""
@@ -753,6 +759,7 @@ class GossipRunner(ParallelRunner):
         stats["returns"] += item.returns
         for key in ("compute_s", "wait_s", "average_s", "skipped", "staleness", "mixed"):
             stats[key] += getattr(item, key)
+        stats["stalest"] = max(stats["stalest"], item.stalest)
         stats["rounds"] += item.round is not None
         if item.note is not None:
             self._report(f"learner {item.worker}: {item.note}")
@@ -791,6 +798,7 @@ class GossipRunner(ParallelRunner):
                 row[f"learner{i}/average_share"] = stats["average_s"] / busy
             for key in ("compute_s", "wait_s", "average_s", "rounds", "skipped", "staleness", "mixed"):
                 total[key] += stats[key]
+            total["stalest"] = max(total["stalest"], stats["stalest"])
         busy = total["compute_s"] + total["wait_s"] + total["average_s"]
         if busy > 0:
             for key in ("compute", "wait", "average"):
@@ -799,6 +807,7 @@ class GossipRunner(ParallelRunner):
             row["gossip/skip_share"] = total["skipped"] / total["rounds"]
         if total["mixed"]:
             row["gossip/staleness"] = total["staleness"] / total["mixed"]
+            row["gossip/staleness_max"] = total["stalest"]
         if self.consensus:
             row["gossip/round"], row["gossip/consensus_distance"] = self.consensus[-1]
         self.stats = [self._fresh_stats() for _ in self.stats]
