@@ -1,5 +1,7 @@
 """Parameter servers with a bug where the coordinator pulls them: a spawned server process imports them by name."""
 
+import os
+
 from rlfleet.arch.param_server import ParamShard, ShardServers, ShardState
 
 
@@ -29,3 +31,17 @@ class ServersFailingState(ShardServers):
     def __call__(self, index: int, incarnation: int) -> ParamShard:
         state = self.states[index]
         return ShardFailingState(state, self.optimizer, self.lr, self.algo_optimizer, self.device, after=self.after)
+
+
+class ShardExitingAtState(ParamShard):
+    """A server whose process dies at its first `state` call (every incarnation's)."""
+
+    def state(self) -> ShardState:
+        os._exit(3)
+
+
+class ServersExitingAtState(ShardServers):
+    """`ShardServers` whose servers are `ShardExitingAtState`s."""
+
+    def __call__(self, index: int, incarnation: int) -> ParamShard:
+        return ShardExitingAtState(self.states[index], self.optimizer, self.lr, self.algo_optimizer, self.device)

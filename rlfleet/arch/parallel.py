@@ -631,8 +631,9 @@ class ParallelRunner(RunBase):
             try:
                 self.finish(logger, start, stopped_by)
             except FAILURES as exc:  # a service call of the final evaluation or checkpoint (param_server's pull)
+                if failure is not exc:  # not the failure that ended the loop, met again (a spent restart budget)
+                    self._report(f"the run stops: {exc}", show=False)
                 failure, stopped_by = as_failure(exc), "failure"
-                self._report(f"the run stops: {exc}", show=False)
                 self.finish(logger, start, stopped_by)  # no evaluation; the checkpoint of what the coordinator holds
         finally:
             self.shut_down(stop_flag, pool)

@@ -92,7 +92,16 @@ from rlfleet.arch.parallel import (
     WorkerSpec,
 )
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
-from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceError, ServiceGroup, ServiceHandle, ServiceUnavailable
+from rlfleet.backends import (
+    BACKENDS,
+    Pending,
+    RoleGroup,
+    RunFailure,
+    ServiceError,
+    ServiceGroup,
+    ServiceHandle,
+    ServiceUnavailable,
+)
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.device import worker_device
 from rlfleet.fields import MAX_ROLES, bounded
@@ -481,7 +490,11 @@ class ParamServerRunner(ParallelRunner):
             self._report(f"a server did not answer after the stop request: the run ends with the snapshot of step "
                          f"{self.pulled_at} (version {self.version})")  # fmt: skip
             return
-        except (ServiceError, ServiceUnavailable):  # a failure of the run: its checkpoint holds the last snapshot
+        except (
+            ServiceError,
+            ServiceUnavailable,
+            RunFailure,
+        ):  # a failure of the run: its checkpoint holds the last snapshot
             self.unanswered = True
             self.version = self.servers.states[0].version
             raise

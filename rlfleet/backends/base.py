@@ -102,17 +102,23 @@ class RestartBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self.spent = 0
+        self.failure: WorkerFailure | None = None
 
     def spend(self, what: str, own: int, crash: Crash) -> None:
         """One restart of a group that names its crashes `what` ("workers", "replay shards") and has now restarted
-        `own` times itself: a `WorkerFailure` if the budget is spent."""
+        `own` times itself: a `WorkerFailure` if the budget is spent. Once spent, that same failure again, whatever
+        crash is met next: the one past the limit is not restarted, so a later check meets it again and it is not
+        another crash."""
+        if self.failure is not None:
+            raise self.failure
         self.spent += 1
         if self.spent <= self.limit:
             return
         counted = f"{own} times"
         if own != self.spent:
             counted += f", {self.spent} restarts in all with the run's other roles and services"
-        raise WorkerFailure(f"{what} crashed {counted} (limit {self.limit}); last: {crash.describe()}")
+        self.failure = WorkerFailure(f"{what} crashed {counted} (limit {self.limit}); last: {crash.describe()}")
+        raise self.failure
 
 
 @dataclass

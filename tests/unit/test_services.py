@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import time
 from functools import partial
@@ -284,3 +285,24 @@ def test_a_parameter_server_that_raises_when_pulled_stops_the_run_with_the_last_
     assert saved["env_steps"] == result["env_steps"]
     assert (saved["param_server"]["version"] > 0) == (answered > 0), saved["param_server"]["version"]
     assert f"the run stops: {says}" in (run / "workers.log").read_text()
+
+
+def test_a_parameter_server_past_the_restart_limit_stops_the_run_with_its_checkpoint(monkeypatch, tmp_path):
+    """A server that dies whenever it is pulled, with --max-restarts 1: restarted once, then dead past the limit. The
+    run stops as on any failure (checkpoint, `result.json`); the final pull meets the same dead server, which is
+    that failure again, not another crash."""
+    from failing_servers import ServersExitingAtState
+
+    from rlfleet.arch import param_server
+
+    monkeypatch.setattr(param_server, "ShardServers", ServersExitingAtState)
+    with pytest.raises(RunFailure) as caught:
+        train("a2c", "CartPole-v1", arch="param_server", backend="local", workers=1, steps=3000, eval_every=1000,
+              eval_episodes=1, max_restarts=1, logdir=str(tmp_path), name="r", progress=False)  # fmt: skip
+    run = tmp_path / "r"
+    says = str(caught.value).splitlines()[0]  # every shard's server dies when pulled: the second to die is named
+    assert re.fullmatch(r"servers crashed 2 times \(limit 1\); last: server \d died \(exit code 3\)", says), says
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "failure" and result["failure"].splitlines()[0] == says, result
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"]
+    assert (run / "workers.log").read_text().count("the run stops") == 1
