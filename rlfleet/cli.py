@@ -8,7 +8,9 @@ import dataclasses
 import json
 import logging
 import select
+import signal
 import sys
+import threading
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -415,6 +417,24 @@ def _reader_gone() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """A SIGTERM (`kill`, `timeout`, a scheduler's preemption) outside a run's loop, which stops politely on its own,
+    is a Ctrl-C: what the command started goes with it, and it says so in one line."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlfleet.algos import UnknownAlgorithmError
@@ -427,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.run.plot import MetricsError
 
     try:
-        with _run_notes(args.command == "train"):
+        with _run_notes(args.command == "train"), _sigterm_as_ctrl_c():
             return args.func(args)
     except BrokenPipeError:  # `rlfleet list | head`: the reader has what it wanted; any other pipe is the command's
         if not _reader_gone():

@@ -387,16 +387,24 @@ def sigint_deferred() -> Iterator[None]:
     started here inherit it blocked and never see one (Ray blocks it in the processes it starts too, and none of
     them unblocks it), and a SIGINT that reaches another thread of this process meanwhile is only recorded. At the
     end the handler in place before the block gets the one that came (KeyboardInterrupt by default, the run's
-    polite stop during a run), as if it had come then."""
+    polite stop during a run), as if it had come then. The SIGTERM handler in place before the block is put back
+    too: `ray.init` installs one that exits (`sys.exit(15)`), which would outlive the run in the user's process; a
+    SIGTERM that reached that one meanwhile is a KeyboardInterrupt, as a Ctrl-C is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    previous_term = signal.getsignal(signal.SIGTERM)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
+    except SystemExit as exc:  # Ray's SIGTERM handler, while `ray.init` ran
+        if exc.code != signal.SIGTERM or signal.getsignal(signal.SIGTERM) is previous_term:
+            raise
+        raise KeyboardInterrupt from None
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending in this thread reaches `previous` here
         if came and signal.SIGINT not in mask:

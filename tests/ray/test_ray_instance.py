@@ -46,18 +46,24 @@ def wait_for_process(proc: subprocess.Popen, name: str, timeout: float = 120) ->
         time.sleep(0.02)
 
 
-def test_ctrl_c_while_the_private_instance_starts_stops_the_run(tmp_path: Path):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_while_the_private_instance_starts_stops_the_run(tmp_path: Path, how: str):
     """SIGINT to the whole process group (a terminal's Ctrl-C) as soon as the instance's GCS server runs, while
     `ray.init` still starts the raylet and the rest: it used to be ignored there (the run went on training); now it
-    is deferred until the instance is up, then interrupts: the instance is shut down, one line, exit 130."""
+    is deferred until the instance is up, then interrupts: the instance is shut down, one line, exit 130. SIGTERM
+    to the driver alone does the same (it reaches the handler `ray.init` installs, which used to exit 15 without a
+    word)."""
     proc = start_cli([*LONG_RUN, "--logdir", tmp_path, "--name", "r"], tmp_path)
     sid = proc.pid
     try:
         wait_for_process(proc, "gcs_server")
         started = set(ray_processes()) & set(session_processes(sid))
-        os.killpg(sid, signal.SIGINT)
+        if how == "ctrl-c":
+            os.killpg(sid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 130, f"exit {proc.returncode} after SIGINT:\n{err[-3000:]}"
+        assert proc.returncode == 130, f"exit {proc.returncode} after {how}:\n{err[-3000:]}"
         assert err.strip().splitlines()[-1] == "rlfleet: interrupted", err[-3000:]
         assert "Traceback" not in err, err[-3000:]
         assert not (tmp_path / "r" / "workers.json").exists()  # no role started
@@ -90,6 +96,18 @@ def test_a_ctrl_c_during_the_start_is_deferred_to_its_end_and_kept_from_the_proc
         child.wait()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_the_sigterm_handler_of_the_process_is_its_own_after_ray_started():
+    """`ray.init` installs a SIGTERM handler that exits; the process's own (here the default) is back afterwards, so
+    a notebook or script that ran a Ray run is not left with it."""
+    before = signal.getsignal(signal.SIGTERM)
+    ray = ray_instance.start_private_instance()
+    try:
+        assert ray.is_initialized() and signal.getsignal(signal.SIGTERM) is before
+    finally:
+        ray_instance.stop_private_instance()
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_run_interrupted_while_it_is_set_up_gives_back_its_private_instance(monkeypatch, tmp_path: Path):
