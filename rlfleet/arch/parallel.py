@@ -35,7 +35,7 @@ import torch
 
 from rlfleet.algos import resolve
 from rlfleet.arch.shared import LocalCopy, algo_modules
-from rlfleet.backends import BACKENDS, Pending, RoleGroup, RunFailure, ServiceGroup, make_backend
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, RunFailure, ServiceGroup, StoppedWhileStarting, make_backend
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.device import host_modules, sync_host, worker_device
@@ -601,7 +601,7 @@ class ParallelRunner(RunBase):
         failure: RunFailure | None = None
         last_item = time.monotonic()
         try:
-            with StopRequest() as stop:
+            with StopRequest(on_request=stop_flag.set) as stop:  # the roles stop at once, as do their starts
                 self.stop_request = stop  # the coordinator's waits on services honour it (`wait_service`)
                 try:
                     pool = self.start_workers(stop_flag, logger)
@@ -626,6 +626,9 @@ class ParallelRunner(RunBase):
                 except ServiceWaitStopped as exc:  # Ctrl-C while a service did not answer: a stop as any other
                     stopped_by = "interrupted"
                     self._report(f"{exc}: the run stops without its answer")
+                except StoppedWhileStarting as exc:  # Ctrl-C while the roles started (Ray actors waiting for CPUs)
+                    stopped_by = "interrupted"
+                    self._report(f"a stop was requested while the roles started ({exc})")
             if pool is not None:
                 self.wind_down(stop_flag, pool)
             try:

@@ -17,6 +17,7 @@ from rlfleet.backends.base import (
     ServiceGroup,
     ServiceHandle,
     ServiceUnavailable,
+    StoppedWhileStarting,
     WorkerFailure,
 )
 from rlfleet.backends.local import LocalBackend
@@ -45,6 +46,7 @@ __all__ = [
     "ServiceGroup",
     "ServiceHandle",
     "ServiceUnavailable",
+    "StoppedWhileStarting",
     "WorkerFailure",
     "make_backend",
 ]

@@ -78,6 +78,11 @@ class WorkerFailure(RunFailure):
     """Workers kept crashing: more restarts than the run allows."""
 
 
+class StoppedWhileStarting(Exception):
+    """The run's stop flag was set (a Ctrl-C) while a group waited for its roles to start: the roles it had started
+    are stopped, and the run stops as on any stop request (`stopped_by` "interrupted")."""
+
+
 class ServiceError(RuntimeError):
     """A service's method raised: the message's first line says what it raised, the rest is the service's traceback.
     Where the coordinator's call gets it, the run stops as on a `RunFailure` (`rlfleet.run.runner.FAILURES`)."""

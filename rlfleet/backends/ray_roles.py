@@ -23,11 +23,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.backends.base import Crash, RestartBudget, RoleGroup, WorkerFailure
+from rlfleet.backends.base import Crash, RestartBudget, RoleGroup, StoppedWhileStarting, WorkerFailure
 from rlfleet.backends.ray_instance import ANSI, sigint_deferred
 from rlfleet.backends.shared_memory import IN_PROCESS, StepCounter, StopFlag
 
 STARTUP_GRACE_S = 60.0  # time a new actor has, beyond the heartbeat interval, to start and answer its first call
+WAIT_SLICE_S = 0.5  # the longest a wait for starting actors goes without looking at the run's stop flag
 TASK_EVENTS = False
 """Whether Ray records an event for each call to rlfleet's actors (its dashboard's task timeline). Off: every item,
 block, sample and gossip round is a call, and the GCS keeps each call's events (about 3.4 KB each, measured with
@@ -136,13 +137,18 @@ class Places:
             which = f"{name} {late[0]}" + ("'s restart" if incarnations[late[0]] else "")
             raise WorkerFailure(f"{which} did not start within {STARTUP_GRACE_S:.0f} s: " + unplaceable(host, service))
 
-    def wait_all(self, timeout: float) -> int:
-        """Wait up to `timeout` for every answer outstanding, record them; returns how many did not come."""
-        refs = list(self.pending.values())
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
-        missing = len(refs) - len(ready)
-        self.poll()
-        return missing
+    def wait_all(self, timeout: float, stop: Callable[[], bool] | None = None) -> int:
+        """Wait up to `timeout` for every answer outstanding (in slices, until `stop()` where given), record them;
+        returns how many did not come."""
+        deadline = time.monotonic() + timeout
+        while True:
+            refs = list(self.pending.values())
+            left = deadline - time.monotonic()
+            if refs and left > 0 and not (stop is not None and stop()):
+                self.ray.wait(refs, num_returns=len(refs), timeout=min(left, WAIT_SLICE_S))
+            self.poll()
+            if not self.pending or time.monotonic() >= deadline or (stop is not None and stop()):
+                return len(self.pending)
 
     def poll(self) -> None:
         """Record the answers that have come (a dead actor's is dropped: the group reports it)."""
@@ -222,7 +228,10 @@ class RayGroup(RoleGroup):
         self.places = Places(self.ray, pids_file, None if pids_file is None else pids_file.with_name("actors.json"))
         for wid, worker in enumerate(self.workers):
             self.places.ask(wid, worker.actor)
-        missing = self.places.wait_all(STARTUP_GRACE_S)
+        missing = self.places.wait_all(STARTUP_GRACE_S, stop.is_set)
+        if stop.is_set():  # a Ctrl-C while they started: nothing of the group keeps holding the cluster's CPUs
+            self.stop()
+            raise StoppedWhileStarting(f"{missing} of {n_workers} roles had not started")
         if missing:
             reason = unplaceable(backend)  # what is free with them still placed
             self.stop()  # nothing of a group that failed to start keeps holding the cluster's CPUs

@@ -79,12 +79,14 @@ class RunResult:
 
 class StopRequest:
     """Turns the first Ctrl-C (SIGINT), or SIGTERM (what `kill`, `timeout`, a batch scheduler's preemption or a
-    container's stop sends), into a polite stop (checkpoint, clean exit); a second one interrupts."""
+    container's stop sends), into a polite stop (checkpoint, clean exit); a second one interrupts. `on_request`, if
+    given, is called at the first (from the signal handler: it must not take a lock)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, on_request: Callable[[], None] | None = None) -> None:
         self.requested = False
+        self.on_request = on_request
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def __enter__(self) -> StopRequest:
@@ -96,6 +98,8 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if self.on_request is not None:
+            self.on_request()
 
     def __exit__(self, *exc: object) -> None:
         for s, previous in self._previous.items():

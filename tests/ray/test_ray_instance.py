@@ -317,6 +317,40 @@ def test_ray_s_own_lines_go_to_the_run_s_log_not_to_the_terminal(tmp_path: Path,
         assert re.search(r"^\(autoscaler \+\d+s\) Error: No available node types can fulfill", log, re.MULTILINE), log
 
 
+def test_ctrl_c_while_the_roles_wait_to_start_stops_the_run(tmp_path: Path):
+    """Roles that cannot be placed (1000 GPUs each) keep the group waiting for them to start: a Ctrl-C then used
+    to wait out the 60 s of their start-up grace and end the run as a failure. It stops the run as any Ctrl-C
+    does: checkpoint, `result.json` with "interrupted", exit 0, nothing of Ray left."""
+    run = tmp_path / "r"
+    args = [*SHORT_RUN, "--gpus-per-role", "1000", "--logdir", tmp_path, "--name", "r"]
+    proc = start_cli(args, tmp_path, command=[sys.executable, "-c", UNCHECKED_GPUS])
+    sid = proc.pid
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "config.json").exists():  # written once the run is set up: the roles start next
+            assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no config.json after 120 s"
+            time.sleep(0.1)
+        time.sleep(3)
+        started = set(ray_processes()) & set(session_processes(sid))
+        os.killpg(sid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"exit {proc.returncode}:\n{err[-3000:]}"
+        assert_nothing_left(sid, started)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "interrupted" and result["env_steps"] == 0, result
+    assert (
+        "a stop was requested while the roles started (1 of 1 roles had not started)"
+        in (run / "workers.log").read_text()
+    )
+    assert (run / "checkpoints" / "latest.pt").exists()
+
+
 # ------------------------------------------------------------------------------------------------- --address auto
 def instance(gcs: str, uid: int | None = None, private: bool = False) -> ray_instance.LocalInstance:
     return ray_instance.LocalInstance(1, os.getuid() if uid is None else uid, gcs, "/tmp/x/session_1_4242", private)
