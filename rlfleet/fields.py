@@ -290,7 +290,24 @@ def check_fields(obj: Any, label: Callable[[dataclasses.Field], str]) -> None:
     cls: type = type(obj)
     hints = _hints(cls)
     for f in dataclasses.fields(obj):
-        check_value(label(f), getattr(obj, f.name), hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))
+        value = getattr(obj, f.name)
+        check_value(label(f), value, hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))
+        if _has_numpy_scalar(value):  # kept as the Python number it stands for: what the envs and JSON take
+            setattr(obj, f.name, _python_number(value))
+
+
+def _has_numpy_scalar(value: Any) -> bool:
+    """Whether `value` is a NumPy scalar (`np.int64(3)`, as `np.arange` gives) or a tuple or list holding one."""
+    if isinstance(value, tuple | list):
+        return any(map(_has_numpy_scalar, value))
+    return type(value).__module__ == "numpy" and hasattr(value, "item")
+
+
+def _python_number(value: Any) -> Any:
+    """`value` with its NumPy scalars as Python numbers (tuples and lists entry by entry)."""
+    if isinstance(value, tuple | list):
+        return type(value)(map(_python_number, value))
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
 
 
 NEEDS = "needs"

@@ -8,9 +8,11 @@ finite, every field's type is checked, and every preset lies inside the ranges.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 
+import numpy as np
 import pytest
 
 from rlfleet import train
@@ -323,3 +325,13 @@ def test_meta_is_the_tests_own_device(tmp_path):
     with pytest.raises(ConfigError, match="device.*must be one of auto, cpu, cuda, cuda:N"):
         train("ppo", "CartPole-v1", device="meta", logdir=str(tmp_path), progress=False)
     assert not any(tmp_path.iterdir())
+
+
+def test_numpy_scalars_are_taken_as_the_python_numbers_they_stand_for(tmp_path):
+    """`for seed in np.arange(3): train(..., seed=seed)`: a NumPy integer seed reached the vector env, which took it
+    for a list of seeds (a TypeError from inside gymnasium), and `config.json` held a NumPy step count as text."""
+    result = train("ppo", "CartPole-v1", seed=np.int64(1), steps=np.int64(300), stop_return=np.float32(1e9),
+                   overrides={"gamma": np.float64(0.98)}, logdir=str(tmp_path), progress=False)  # fmt: skip
+    saved = json.loads((result.run_dir / "config.json").read_text())
+    assert (saved["run"]["seed"], saved["run"]["steps"], saved["algo"]["gamma"]) == (1, 300, 0.98)
+    assert type(load_checkpoint(result.run_dir)["run_config"]["seed"]) is int
