@@ -23,6 +23,7 @@ from rlfleet.run.config import (
     ConfigError,
     RunConfig,
     check_known_options,
+    notes_held,
     parse_field,
     saved_run_config,
 )
@@ -50,20 +51,37 @@ def train(
     the algorithm's config fields of those names (`rlfleet.nets.user`), taken here by name as `--net` is; so are
     `actor_net`, `critic_net` and their `_kwargs` (ddpg, td3, sac: whole modules of your own).
     """
+    check_train_arguments(resume, callbacks)
     options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}  # saved as text
     options = user_net_as_overrides(options)
     if resume is not None:
         payload = load_checkpoint(resume)
         run_dir = run_folder_of(resume)
-        cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
-        check_resumed_steps(options.get("steps"), payload["env_steps"])
-        check_unfinished(cfg, payload)
-        note_replaced_progress(resume, run_dir, payload["env_steps"])
-        return _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks).run()
+        with notes_held():  # said once every check has passed
+            cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
+            check_resumed_steps(options.get("steps"), payload["env_steps"])
+            check_unfinished(cfg, payload)
+            note_replaced_progress(resume, run_dir, payload["env_steps"])
+            runner = _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks)
+        return runner.run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
     cfg = _run_config(algo, env, options)
     return _runner(cfg)(cfg, callbacks=callbacks).run()
+
+
+def check_train_arguments(resume: Any, callbacks: Any) -> None:
+    """`train`'s own arguments checked before anything is read or written: `resume` a path, `callbacks` a list of
+    callables (each called with the run's progress after every update)."""
+    if resume is not None and not isinstance(resume, str | os.PathLike):
+        raise ConfigError(f"resume={resume!r} is not a path: give a run folder or a checkpoint in its checkpoints/")
+    if callbacks is None:
+        return
+    if not isinstance(callbacks, list | tuple) or not all(callable(cb) for cb in callbacks):
+        raise ConfigError(
+            f"callbacks={callbacks!r} is not a list of callables (each called with {{'env_steps', 'trainer'}} after "
+            "every update; one that returns True stops the run)"
+        )
 
 
 def train_from(

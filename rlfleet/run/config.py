@@ -66,6 +66,25 @@ def notes_at(level: int) -> Iterator[None]:
         log.setLevel(kept)
 
 
+@contextlib.contextmanager
+def notes_held() -> Iterator[None]:
+    """The run's notes said in the block are held, and said at its end only if it ends without an error: a run that
+    is refused says only why (a resume's "--steps ... follow the new one" before its "keeps its configuration")."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record)
+        return False
+
+    log.addFilter(hold)
+    try:
+        yield
+    finally:
+        log.removeFilter(hold)
+    for record in held:
+        log.handle(record)
+
+
 AUTO_THREADS = "auto"
 """`torch_threads` resolved at run start by `resolve_torch_threads`."""
 

@@ -53,6 +53,8 @@ KEPT = {
     "eval-every": (("--eval-every", "512"), ["--eval-every 512 (the run's: 256)"]),
     "arch": (("--arch", "single"), ["--arch single (the run's: data_parallel)"]),
     "preset": (("--preset", "paper"), ["--preset paper (the run's: not given: its default)"]),
+    # a larger --steps has a note of its own, said only once the resume is taken: not before the refusal
+    "steps-and-a-set-value": (("--steps", "512", "--set", "lr=0.5"), ["--set lr=0.5 (the run's: 0.003)"]),
 }
 
 
