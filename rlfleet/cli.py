@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import select
 import signal
@@ -108,11 +107,12 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from rlfleet.run.evaluate import cut_note, evaluate_checkpoint
+    from rlfleet.run.logger import json_text
 
     out = evaluate_checkpoint(
         args.checkpoint, episodes=args.episodes, seed=args.seed, video_dir=args.video, max_steps=args.max_steps
     )
-    print(json.dumps(out, indent=2))
+    print(json_text(out, indent=2))
     note = cut_note(out["episodes_cut"], out["episodes"], out["max_steps"], "--max-steps")
     if note:  # beside the JSON, which stays parseable
         print(note, file=sys.stderr)

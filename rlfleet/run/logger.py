@@ -17,13 +17,33 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
+
+
+def json_text(value: Any, **kwargs: Any) -> str:
+    """`value` as strict JSON, which every reader parses (`config.json`, `result.json`, `rlfleet eval`'s output): a
+    float that is not finite (`--stop-return inf`, `--time-limit inf`), which Python would write as the JavaScript
+    words Infinity or NaN, is written as the text "inf", "-inf" or "nan" (what `float()` reads back)."""
+    return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
 
 CSV_FLUSH_S = 2.0
 """Longest time a row logged to `metrics.csv` waits in the file's buffer (the first row waits for nothing)."""

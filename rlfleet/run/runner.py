@@ -9,7 +9,6 @@ import abc
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import signal
 import threading
@@ -58,7 +57,7 @@ from rlfleet.run.config import (
 from rlfleet.run.config import log as notes
 from rlfleet.run.evaluate import cut_note, episode_bound, evaluate
 from rlfleet.run.hints import exploration_hint
-from rlfleet.run.logger import RunLogger
+from rlfleet.run.logger import RunLogger, json_text
 from rlfleet.run.paths import check_output_folder, name_part
 from rlfleet.run.plot import plot_runs
 
@@ -533,7 +532,7 @@ class RunBase(abc.ABC):
             "device": str(self.device),
             **(extra or {}),
         }
-        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        (self.run_dir / "config.json").write_text(json_text(config, indent=2, default=str))
 
     def _payload(self, with_data: bool) -> dict[str, Any]:
         return {
@@ -682,7 +681,7 @@ class RunBase(abc.ABC):
         result = self._result(stopped_by, wall)
         result["failure"] = None if failure is None else str(failure)
         result["exploration_hint"] = self._exploration_hint(result)
-        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+        (self.run_dir / "result.json").write_text(json_text(result, indent=2))
         try:
             plot_runs([self.run_dir], self.run_dir / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
         except Exception as exc:  # a plot must never lose a finished run

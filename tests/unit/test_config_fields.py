@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import typing
 
 import numpy as np
@@ -335,3 +336,30 @@ def test_numpy_scalars_are_taken_as_the_python_numbers_they_stand_for(tmp_path):
     saved = json.loads((result.run_dir / "config.json").read_text())
     assert (saved["run"]["seed"], saved["run"]["steps"], saved["algo"]["gamma"]) == (1, 300, 0.98)
     assert type(load_checkpoint(result.run_dir)["run_config"]["seed"]) is int
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"callbacks": "x"}, "callbacks='x' is not a list of callables"),
+        ({"callbacks": [print, 1]}, "callbacks=[<built-in function print>, 1] is not a list of callables"),
+        ({"resume": 5}, "resume=5 is not a path"),
+    ],
+)
+def test_train_s_own_arguments_are_checked_before_anything_is_written(tmp_path, given, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train("ppo", "CartPole-v1", steps=300, logdir=str(tmp_path), progress=False, **given)
+    assert not any(tmp_path.iterdir())
+
+
+def test_config_and_result_are_strict_json_with_infinite_values(tmp_path):
+    """--stop-return inf and --time-limit inf were written as Infinity, which only Python's reader takes."""
+    result = train("ppo", "CartPole-v1", steps=300, stop_return=math.inf, time_limit=math.inf, logdir=str(tmp_path),
+                   progress=False)  # fmt: skip
+
+    def strict(text: str) -> dict:
+        return json.loads(text, parse_constant=lambda word: pytest.fail(f"{word} is not JSON"))
+
+    config = strict((result.run_dir / "config.json").read_text())
+    assert config["run"]["stop_return"] == config["run"]["time_limit"] == "inf" and float(config["stop_return"]) > 0
+    assert strict((result.run_dir / "result.json").read_text())["stop_return"] == "inf"
