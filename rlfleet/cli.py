@@ -140,7 +140,7 @@ def _collect(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from rlfleet.run.plot import plot_runs
 
-    print(plot_runs([Path(r) for r in args.runs], Path(args.output)))
+    print(plot_runs([Path(r) for r in args.runs], args.output))
     return 0
 
 

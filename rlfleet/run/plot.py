@@ -70,6 +70,8 @@ def check_plot_output(out: str | Path) -> Path:
     folder (missing folders are made)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
+    if isinstance(out, str) and not out.strip():
+        raise ConfigError("-o is empty: give the name of an image file to write (.png)")
     out = Path(out)
     formats = FigureCanvasBase.get_supported_filetypes()
     if out.is_dir():
@@ -80,7 +82,7 @@ def check_plot_output(out: str | Path) -> Path:
     return check_output_file(out, "-o")
 
 
-def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path:
+def plot_runs(run_dirs: list[Path], out: str | Path, title: str | None = None) -> Path:
     """One panel per curve (training episodic return, evaluation return), one line per run, named after its folder;
     the x axis says what the runs' steps count (`step_unit`). A curve of one point is drawn as a marker.
 

@@ -435,6 +435,11 @@ OUTPUT_PATHS = {
     "plot-onto-a-folder": (("plot", "runs/old", "-o", "adir"), ["-o adir", "is a folder"]),
     "plot-below-a-file": (("plot", "runs/old", "-o", "notes.txt/c.png"), ["notes.txt", "is a file"]),
     "plot-over-a-user-file": (("plot", "runs/old", "-o", "notes.txt"), ["notes.txt", ".png"]),
+    # an empty name would be the current folder, which was not asked for
+    "logdir-empty": ((*TRAIN[:-3], "--logdir", ""), ["--logdir is empty"]),
+    "video-empty": (("eval", "runs/old", "--video", ""), ["--video is empty"]),
+    "collect-empty": (("collect", "runs/old", "-o", ""), ["-o is empty"]),
+    "plot-empty": (("plot", "runs/old", "-o", ""), ["-o is empty"]),
 }
 
 # counts and sizes past what the machine or a library can take: refused before they reach the allocator or the OS
