@@ -312,18 +312,25 @@ def _python_number(value: Any) -> Any:
 
 NEEDS = "needs"
 """A field's metadata key naming the switch (a bool or count field of the same config) without which the field has no
-effect: `bounded(10.0, gt=0, needs="obs_norm")`."""
+effect: `bounded(10.0, gt=0, needs="obs_norm")`; or `FIELD=VALUE` where it needs a field to have one value
+(`needs="action_noise=ou"`)."""
 
 
-def idle_setting(obj: Any, given: dict[str, Any], label: str) -> None:
+def idle_setting(obj: Any, given: dict[str, Any], label: str, on: Sequence[str] = ()) -> None:
     """A setting the user gave (`given`: field name to value, as `--set` gives them) for a field of the dataclass
-    `obj` whose switch (`NEEDS`) is off in `obj`: one `ConfigError` that says so, since the value would do nothing."""
+    `obj` whose switch (`NEEDS`) is off in `obj`: one `ConfigError` that says so, since the value would do nothing.
+    `on`: switches the caller turns on whatever `obj` says (the `apex` architecture's replay is always
+    prioritized)."""
     for f in dataclasses.fields(obj):
-        switch = f.metadata.get(NEEDS)
-        if switch is not None and f.name in given and not getattr(obj, switch):
+        needs = f.metadata.get(NEEDS)
+        if needs is None or f.name not in given or needs in on:
+            continue
+        switch, _, wanted = needs.partition("=")
+        value = getattr(obj, switch)
+        if (str(value) != wanted) if wanted else not value:
             raise ConfigError(
-                f"{label} {f.name}={given[f.name]} has no effect while {switch}={getattr(obj, switch)!r}: set "
-                f"{switch} too, or leave {f.name} out"
+                f"{label} {f.name}={given[f.name]} has no effect while {switch}={value!r}: set "
+                f"{needs if wanted else switch} too, or leave {f.name} out"
             )
 
 

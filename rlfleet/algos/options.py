@@ -3,12 +3,12 @@ fields ask for."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet.data.buffer import PrioritizedReplayBuffer, ReplayBuffer
 from rlfleet.envs.kwargs import keyword_args_problem
-from rlfleet.fields import MAX_ENVS, bounded, checked, one_of
+from rlfleet.fields import MAX_ENVS, NEEDS, bounded, checked, one_of
 from rlfleet.nets.continuous import UserNets
 from rlfleet.nets.encoders import ACTIVATIONS, ENCODERS
 from rlfleet.nets.heads import LOG_STDS
@@ -112,11 +112,11 @@ class PriorityOptions:
     prioritized: bool = False
     """Prioritized replay (proportional, Schaul et al. 2016): transitions drawn in proportion to |TD error|^α,
     the loss weighted by importance weights."""
-    alpha: float = bounded(0.6, ge=0)
+    alpha: float = bounded(0.6, ge=0, needs="prioritized")
     """Priority exponent."""
-    beta: float = bounded(0.4, ge=0, le=1)
+    beta: float = bounded(0.4, ge=0, le=1, needs="prioritized")
     """Importance-sampling exponent: its value at the start, annealed to 1 over the run if `beta_anneal`."""
-    beta_anneal: bool = True
+    beta_anneal: bool = field(default=True, metadata={NEEDS: "prioritized"})
     """Anneal β linearly from `beta` to 1 over the run (Schaul et al.); False: β stays `beta` (Ape-X, Horgan et
     al. 2018, and the `apex` presets)."""
 

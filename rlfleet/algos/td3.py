@@ -63,9 +63,9 @@ class DPGOptions(ActorCriticNetOptions, PriorityOptions, NormOptions, ReplayOpti
     run-up, see `rlfleet.algos.noise`)."""
     exploration_noise: float = bounded(0.1, ge=0)
     """σ of the exploration noise (gaussian: its std; ou: the process's σ), in units of half the action range."""
-    ou_theta: float = bounded(0.15, ge=0)
+    ou_theta: float = bounded(0.15, ge=0, needs="action_noise=ou")
     """ou noise: θ, how fast the process is pulled back to 0 (per unit of time, `ou_dt` per step)."""
-    ou_dt: float = bounded(1e-2, gt=0)
+    ou_dt: float = bounded(1e-2, gt=0, needs="action_noise=ou")
     """ou noise: dt, the time one env step advances the process by."""
     hidden: tuple[int, ...] = bounded((64, 64), ge=1)
     """Hidden layer sizes of the actor and the critic MLPs."""

@@ -355,6 +355,7 @@ class ApexRunner(ParallelRunner):
     waiting_for = "block from the actors"
     restart_how = "with the learner's newest weights"
 
+    switched_on = ("prioritized",)
     IDLE_SETTINGS = {
         "prioritized": "its replay is always prioritized, as in the paper (alpha and beta set it)",
         **dict.fromkeys(

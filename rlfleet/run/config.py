@@ -352,12 +352,16 @@ def parse_field(algo: str, key: str, text: str) -> Any:
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    out = {}
+    """`--set KEY=VALUE` items as a dict; a key given twice with different values is one `ConfigError` (the last
+    one would win in silence)."""
+    out: dict[str, str] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ConfigError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = value.strip()
+        key, value = (part.strip() for part in pair.split("=", 1))
+        if key in out and out[key] != value:
+            raise ConfigError(f"--set {key}={out[key]} and --set {key}={value} disagree: give one")
+        out[key] = value
     return out
 
 

@@ -241,6 +241,9 @@ class RunBase(abc.ABC):
     presets: dict[str, str] = {}
     """The architecture's own presets by env family (e.g. apex's paper settings for Atari envs: {"atari": "apex"}):
     picked, when the algorithm has a preset of that name, where no --preset is given, before the family's own."""
+    switched_on: tuple[str, ...] = ()
+    """Algorithm switches the architecture turns on whatever the config says (apex: `prioritized`): the settings
+    that need them are not idle (`idle_setting`)."""
     runs_normalisation = True
     """False where workers step their own envs: `obs_norm` and `reward_norm`, whose running statistics live beside
     the training envs, then run only if the user set them (and the architecture refuses them in `check_config`); a
@@ -395,10 +398,15 @@ class RunBase(abc.ABC):
         )
         if cfg.n_envs is not None and "n_envs" in cfg.overrides and cfg.n_envs != algo_cfg.n_envs and not resuming:
             raise ConfigError(f"--n-envs {cfg.n_envs} and --set n_envs={cfg.overrides['n_envs']} disagree: give one")
+        steps_twice = cfg.steps is not None and "total_steps" in cfg.overrides and cfg.steps != algo_cfg.total_steps
+        if steps_twice and not resuming:
+            raise ConfigError(
+                f"--steps {cfg.steps} and --set total_steps={cfg.overrides['total_steps']} disagree: give one"
+            )
         if cfg.n_envs is not None:
             algo_cfg.n_envs = cfg.n_envs
         if not resuming:
-            idle_setting(algo_cfg, cfg.overrides, "--set")
+            idle_setting(algo_cfg, cfg.overrides, "--set", on=cls.switched_on)
             gaussian_setting(cfg.overrides, info.get("action_space"))
             cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:

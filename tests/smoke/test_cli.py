@@ -649,6 +649,16 @@ IDLE_SETTINGS = {
         ["--policies separate has no effect with --policy-map"],
     ),
     "n-envs-twice": ((*TRAIN, "--n-envs", "4", "--set", "n_envs=2"), ["--n-envs 4 and --set n_envs=2 disagree"]),
+    "steps-twice": ((*TRAIN, "--set", "total_steps=100"), ["--steps 600 and --set total_steps=100 disagree"]),
+    "set-twice": ((*TRAIN, "--set", "lr=1e-3", "--set", "lr=5e-2"), ["--set lr=1e-3 and --set lr=5e-2 disagree"]),
+    "ou-noise-setting-with-gaussian-noise": (
+        ("train", "td3", "--env", "Pendulum-v1", "--set", "ou_theta=0.5", "--logdir", "runs"),
+        ["--set ou_theta=0.5 has no effect while action_noise='gaussian'", "set action_noise=ou too"],
+    ),
+    "priority-setting-with-uniform-replay": (
+        (*TRAIN[:1], "dqn", *TRAIN[2:], "--set", "prioritized=false", "--set", "alpha=0.9"),
+        ["--set alpha=0.9 has no effect while prioritized=False", "set prioritized too"],
+    ),
     "vector-mode-of-workers": (
         (*DC, "--vector-mode", "async"),
         ["--vector-mode async has no effect on --arch data_parallel", "only --arch single"],

@@ -19,6 +19,7 @@ import pytest
 from rlfleet import train
 from rlfleet.algos import REGISTRY, resolve
 from rlfleet.fields import CHECK, Bounds, ConfigError, field_bounds
+from rlfleet.launch import check_run
 from rlfleet.run.checkpoint import load_checkpoint
 from rlfleet.run.config import RunConfig, build_algo_config
 
@@ -363,3 +364,14 @@ def test_config_and_result_are_strict_json_with_infinite_values(tmp_path):
     config = strict((result.run_dir / "config.json").read_text())
     assert config["run"]["stop_return"] == config["run"]["time_limit"] == "inf" and float(config["stop_return"]) > 0
     assert strict((result.run_dir / "result.json").read_text())["stop_return"] == "inf"
+
+
+def test_settings_that_need_a_switch_pass_with_it():
+    """The other side of the refusals of idle settings (tests/smoke/test_cli.py): with the switch they need, or
+    on an architecture that turns it on (apex's replay is always prioritized), they are taken."""
+    resolved, _ = check_run("td3", "Pendulum-v1", overrides={"action_noise": "ou", "ou_theta": "0.5"})
+    assert resolved.algo_cfg.ou_theta == 0.5
+    resolved, _ = check_run("dqn", "CartPole-v1", arch="apex", overrides={"alpha": "0.7", "beta": "0.5"})
+    assert (resolved.algo_cfg.alpha, resolved.algo_cfg.beta) == (0.7, 0.5)
+    resolved, _ = check_run("ppo", "CartPole-v1", steps=600, overrides={"total_steps": "600", "lr": "1e-3"})
+    assert resolved.total_steps == 600
