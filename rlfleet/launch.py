@@ -56,6 +56,7 @@ def train(
     options = user_net_as_overrides(options)
     if resume is not None:
         payload = load_checkpoint(resume)
+        check_resumable(payload, resume)
         run_dir = run_folder_of(resume)
         with notes_held():  # said once every check has passed
             cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
@@ -68,6 +69,17 @@ def train(
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")
     cfg = _run_config(algo, env, options)
     return _runner(cfg)(cfg, callbacks=callbacks).run()
+
+
+def check_resumable(payload: dict[str, Any], checkpoint: str | os.PathLike[str]) -> None:
+    """A checkpoint that `--resume` can go on from: one with the run's counters (`env_steps`, a count, and `state`),
+    which every run's checkpoints hold; a file without them (made by hand, or edited) is one `CheckpointError`."""
+    steps, state = payload.get("env_steps"), payload.get("state")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0 or not isinstance(state, dict):
+        raise CheckpointError(
+            f"checkpoint {os.fspath(checkpoint)} cannot be resumed: it lacks the counters of a run (env_steps "
+            f"{steps!r}, {'a' if isinstance(state, dict) else 'no'} state); the checkpoints a run writes have them"
+        )
 
 
 def check_train_arguments(resume: Any, callbacks: Any) -> None:

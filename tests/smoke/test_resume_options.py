@@ -218,3 +218,24 @@ def test_a_per_env_presets_obs_norm_is_switched_off_too(run_opts: dict, caplog):
     assert "obs_norm and reward_norm: off on the data_parallel architecture" in caplog.text
     algo = json.loads((result.run_dir / "config.json").read_text())["algo"]
     assert algo["obs_norm"] is False and algo["reward_norm"] is False
+
+
+@pytest.mark.parametrize("damage", ["no-state", "steps-as-text"])
+def test_a_checkpoint_without_a_runs_counters_is_one_line(saved_run: Path, tmp_path: Path, capsys, damage: str):
+    """A hand-made or edited checkpoint without `state`, or with `env_steps` of another type, made the resume fail
+    with a KeyError or TypeError deep in the runner."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    path = run / "checkpoints" / "latest.pt"
+    payload = load_checkpoint(path)
+    if damage == "no-state":
+        del payload["state"]
+    else:
+        payload["env_steps"] = "256"
+    save_checkpoint(path, payload)
+    before = tree(run)
+    assert run_main(("train", "--resume", run, "--no-progress")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"rlfleet: error: checkpoint {run} cannot be resumed: it lacks the counters of a run" in err
+    assert tree(run) == before
