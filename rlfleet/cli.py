@@ -435,6 +435,12 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _out_of_memory(exc: RuntimeError) -> bool:
+    """Whether `exc` is torch's word for an allocation that failed (on the CPU, or CUDA's out of memory)."""
+    text = str(exc)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlfleet.algos import UnknownAlgorithmError
@@ -480,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except EnvProcessError as exc:  # outside a run (eval, collect): the command's envs are gone, nothing to save
         print(f"rlfleet: error: {exc}", file=sys.stderr)
+        return 1
+    except (MemoryError, RuntimeError) as exc:  # sizes past what the checks foresee (a network's, a batch's)
+        if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"rlfleet: error: out of memory{f': {first}' if first else ''}", file=sys.stderr)
         return 1
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
         # a path the checks above did not foresee (or that changed under the command): still one line

@@ -454,6 +454,29 @@ def _fit_to_memory(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, pre
     )
 
 
+def check_upfront_memory(algo_cfg: Any, obs_space: Any) -> None:
+    """What a run allocates before its first step, against this machine's memory: an on-policy rollout
+    (`rollout_len` steps of `n_envs` envs) and a prioritized replay's two segment trees (16 bytes a leaf each, leaves
+    rounded up to a power of two). Either past the machine is one `ConfigError`, before anything is written, where
+    it would be a `MemoryError` once the run folder is made."""
+    memory = machine_memory()
+    steps = getattr(algo_cfg, "rollout_len", 0) * getattr(algo_cfg, "n_envs", 0)
+    per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in _leaf_spaces(obs_space)) + 64
+    if steps * per_step > memory:
+        raise ConfigError(
+            f"rollout_len={algo_cfg.rollout_len} steps of n_envs={algo_cfg.n_envs} envs take ~"
+            f"{steps * per_step / 1e9:,.0f} GB, more than this machine's {memory / 1e9:.0f} GB: give fewer of either"
+        )
+    size = getattr(algo_cfg, "buffer_size", None)
+    if getattr(algo_cfg, "prioritized", False) and size is not None:
+        trees = 2 * 16 * (1 << (size - 1).bit_length())
+        if trees > memory:
+            raise ConfigError(
+                f"buffer_size={size:,}: a prioritized replay's trees take ~{trees / 1e9:,.0f} GB up front, more than "
+                f"this machine's {memory / 1e9:.0f} GB: a smaller buffer_size, or --set prioritized=false"
+            )
+
+
 def check_sequence_replay(algo_cfg: Any, sources: int = 1) -> None:
     """A sequence replay (recurrent dqn: `lstm` > 0) keeps `buffer_size // envs` steps of each env (`n_envs` of each
     of `sources`: a data_parallel learner's samplers) and draws sequences of `burn_in + train_len` steps from one

@@ -48,6 +48,7 @@ from rlfleet.run.config import (
     build_algo_config,
     build_options,
     check_run_config,
+    check_upfront_memory,
     drop_preset_normalisation,
     fit_preset_replay,
     resolve_stop_return,
@@ -412,6 +413,7 @@ class RunBase(abc.ABC):
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
         fit_preset_replay(algo_cfg, cfg.overrides, info["observation_space"], preset)
+        check_upfront_memory(algo_cfg, info["observation_space"])
         total_steps = cfg.steps if cfg.steps is not None else algo_cfg.total_steps
         eval_every = cfg.eval_every or max(cls.min_eval_every, total_steps // 50)
         return ResolvedConfig(opts, info, algo_cfg, preset, total_steps, eval_every)

@@ -453,6 +453,11 @@ ABSURD_SIZES = {
     "n-envs-1e9": ((*TRAIN, "--n-envs", "1e9"), ["--n-envs=1000000000", "in [1, 4096]"]),
     "set-n-envs-1e9": ((*TRAIN, "--set", "n_envs=1e9"), ["ppo config n_envs=1000000000", "in [1, 4096]"]),
     "eval-episodes-1e7": ((*TRAIN, "--eval-episodes", "1e7"), ["--eval-episodes=10000000", "in [1, 4096]"]),
+    "rollout-past-memory": ((*TRAIN, "--set", "rollout_len=1e9"), ["rollout_len=1000000000 steps of n_envs=8 envs"]),
+    "priority-trees-past-memory": (
+        (*TRAIN[:1], "dqn", *TRAIN[2:], "--set", "buffer_size=1e10"),
+        ["buffer_size=10,000,000,000: a prioritized replay's trees take", "--set prioritized=false"],
+    ),
     "huge-discrete-observations": (
         ("train", "ppo", "--env", "space_envs:HugeDiscrete-v0", "--logdir", "runs"),
         ["Discrete(10000000000000000)", "10,000,000,000,000,000 floats", "16,777,216"],
