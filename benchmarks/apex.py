@@ -68,10 +68,7 @@ def timed_run(workers: int | None, seconds: float, logdir: Path, name: str) -> d
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = json.loads((logdir / name / "result.json").read_text())
     wall = float(result["wall_time_s"])
-    updates = result["updates"]
-    if workers is None:  # a single-process run counts training phases, each `gradient_steps` updates
-        updates *= json.loads((logdir / name / "config.json").read_text())["algo"]["gradient_steps"]
-    return {"env_steps_per_s": result["env_steps"] / wall, "updates_per_s": updates / wall, "wall_s": wall}
+    return {"env_steps_per_s": result["env_steps"] / wall, "updates_per_s": result["updates"] / wall, "wall_s": wall}
 
 
 def throughput(args: argparse.Namespace) -> None:

@@ -162,14 +162,14 @@ class SingleRunner(RunBase):
         return metrics, 1
 
     def _learn_replay(self) -> tuple[dict[str, float], int]:
-        """`train_freq` steps into replay, then a pass of updates once it holds enough (one, as the run counts them;
-        none before `learning_starts`)."""
+        """`train_freq` steps into replay, then a pass of `gradient_steps` updates once it holds enough (each counted,
+        as every architecture counts a replay algorithm's updates; none before `learning_starts`)."""
         cfg = self.algo_cfg
         assert self.buffer is not None  # a replay algorithm's run has its buffer
         self.collector.collect(self.buffer, n_step=cfg.train_freq * self.collector.n_envs)
         if not self.buffer.ready(cfg.batch_size, cfg.learning_starts):
             return {}, 0
-        return self.replay_updates(), 1
+        return self.replay_updates(), cfg.gradient_steps
 
     def run(self) -> RunResult:
         learn = self._learn_rollout if self.algo.data == "rollout" else self._learn_replay

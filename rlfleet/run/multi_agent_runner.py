@@ -182,7 +182,7 @@ class MultiAgentRunBase(RunBase):
             m: dict[str, Any] = {}
             if d.buffer is not None and d.buffer.ready(self.algo_cfg.batch_size, self.algo_cfg.learning_starts):
                 m = self.replay_updates(algo=algo, buffer=d.buffer)
-                updates += 1
+                updates += self.algo_cfg.gradient_steps
             while d.segments:
                 m = algo.update(d.segments.pop(0))
                 updates += 1

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -66,8 +66,11 @@ LOG_EVERY = 1_000  # env steps between training-metric log lines
 
 
 @dataclass
-class RunResult:
-    """What `train` returns; the same fields are in `<run_dir>/result.json`."""
+class RunResult(Mapping[str, Any]):
+    """What `train` returns; the same fields are in `<run_dir>/result.json`, and it reads as that dict does
+    (`result["solved"]`, `"solved" in result`, `dict(result)`). `updates` counts the learner's updates: one per
+    rollout of an on-policy algorithm, one per gradient step of a replay algorithm (`gradient_steps` per pass), on
+    every architecture."""
 
     run_dir: Path
     result: dict[str, Any]
@@ -75,6 +78,12 @@ class RunResult:
 
     def __getitem__(self, key: str) -> Any:
         return self.result[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.result)
+
+    def __len__(self) -> int:
+        return len(self.result)
 
 
 class StopRequest:

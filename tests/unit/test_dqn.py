@@ -70,11 +70,11 @@ def test_the_online_nets_graph_covers_the_sampled_states_only():
 
 
 def test_a_single_run_counts_a_pass_of_updates_only_once_its_replay_holds_enough(tmp_path):
-    """`updates` in result.json counts passes of gradient_steps updates on `single`: none for the iterations before
-    learning_starts, which only collect."""
+    """`updates` in result.json counts gradient steps (gradient_steps per pass), as on every architecture: none for
+    the iterations before learning_starts, which only collect."""
     result = train("dqn", "CartPole-v1", seed=0, steps=3_000, eval_every=10**9, overrides={"learning_starts": 2_000},
                    logdir=str(tmp_path), progress=False)  # fmt: skip
     cfg = result.algo.cfg
     iterations = result["env_steps"] // (cfg.train_freq * cfg.n_envs)
-    assert 0 < result["updates"] < iterations / 2
-    assert result["updates"] * cfg.gradient_steps == result.algo.updates  # the gradient steps DQN counted itself
+    assert 0 < result["updates"] < iterations / 2 * cfg.gradient_steps
+    assert result["updates"] == result.algo.updates  # the gradient steps DQN counted itself
