@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=DIST(ARGS)",
         help="a searched name and its distribution, repeatable: lr=loguniform(1e-4,1e-2), ent_coef=uniform(0,0.02), "
-        "n_steps=randint(32,256) (both ends included), gamma=choice(0.99,0.995); NAME is a config field, a run "
+        "rollout_len=randint(32,256) (both ends included), gamma=choice(0.99,0.995); NAME is a config field, a run "
         "option, an architecture option or env_kwargs.KEY",
     )
     from rlfleet.tuning.spec import TuneOptions

@@ -75,10 +75,10 @@ from rlfleet.backends import RoleGroup
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.data.rollout import Segment
 from rlfleet.device import host, read_metrics
-from rlfleet.fields import bounded
+from rlfleet.fields import MAX_ROLES, bounded
 from rlfleet.optim.shared import ALGO, build_optimizer
 from rlfleet.optim.step import set_lr
-from rlfleet.run.config import RunConfig
+from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.logger import RunLogger
 
 AHEAD = 1  # gradients a worker may have computed beyond those the centre has applied
@@ -169,7 +169,7 @@ class GradientCentre:
 class GradParallelOptions(AlgoOptimizerOptions):
     """grad_parallel's options (`--optimizer` defaults to the algorithm's own, as Lapan's centre steps it)."""
 
-    grad_sets: int = bounded(0, ge=0)
+    grad_sets: int = bounded(0, ge=0, le=MAX_ROLES)
     """Gradient sets the centre sums per optimizer step (0: one per worker, a synchronous sum; 1: each as it
     comes, RLlib's AsyncGradients)."""
 
@@ -183,6 +183,13 @@ class GradParallelRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
+        segment = getattr(self.algo_cfg, "rollout_len", 0) * self.algo_cfg.n_envs
+        k = getattr(self.opts, "grad_sets", 0)  # given: one set of k is more than the run's budget
+        if k and k * segment > self.total_steps:
+            raise ConfigError(
+                f"--grad-sets {k}: one optimizer step sums {k} gradients of {segment} steps each, "
+                f"{k * segment} steps, more than the run's {self.total_steps}: fewer --grad-sets or more --steps"
+            )
 
     def __init__(
         self,

@@ -430,14 +430,15 @@ class RunBase(abc.ABC):
     @classmethod
     def check_env_options(cls, cfg: RunConfig, info: dict[str, Any], algo_cfg: Any) -> None:
         """`--vector-mode` and `--env-timeout-s` where they act: the first on an architecture that steps its training
-        envs as the run's own vector env (`takes_vector_mode`), the second where the run has env processes (its
-        training envs, or on Atari its evaluation envs, in async mode). Given elsewhere: one `ConfigError`."""
-        if cfg.vector_mode != "auto" and not cls.takes_vector_mode:
+        envs as the run's own vector env (`takes_vector_mode`) or on Atari (whose evaluation envs follow it on every
+        architecture), the second where the run has env processes (its training envs, or on Atari its evaluation
+        envs, in async mode). Given elsewhere: one `ConfigError`."""
+        if cfg.vector_mode != "auto" and not cls.takes_vector_mode and not info["is_atari"]:
             arch = cfg.arch or DEFAULT_ARCH.get(cfg.algo, "single")
             where = "a PettingZoo env" if info["family"] == "multi_agent" else f"--arch {arch}"
             raise ConfigError(
                 f"--vector-mode {cfg.vector_mode} has no effect on {where}: only --arch single steps training envs "
-                "of its own as a vector env"
+                "of its own as a vector env (and on Atari the evaluation envs of every architecture follow it)"
             )
         if cfg.vector_mode == "envpool":  # an env, or a keyword, EnvPool lacks: one line now, not an empty run folder
             import_envpool()

@@ -2,7 +2,7 @@
 
     lr=loguniform(1e-4,1e-2)      a float field, drawn log-uniformly between the ends
     ent_coef=uniform(0,0.02)      a float field, drawn uniformly
-    n_steps=randint(32,256)       an int field, drawn uniformly from the ends, both included
+    rollout_len=randint(32,256)   an int field, drawn uniformly from the ends, both included
     gamma=choice(0.99,0.995)      any field: one of the values, each typed as --set types it
     env_kwargs.KEY=choice(...)    an entry of --env-kwargs (typed as --env-kwargs types it)
 

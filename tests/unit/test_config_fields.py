@@ -375,3 +375,12 @@ def test_settings_that_need_a_switch_pass_with_it():
     assert (resolved.algo_cfg.alpha, resolved.algo_cfg.beta) == (0.7, 0.5)
     resolved, _ = check_run("ppo", "CartPole-v1", steps=600, overrides={"total_steps": "600", "lr": "1e-3"})
     assert resolved.total_steps == 600
+
+
+def test_vector_mode_is_taken_on_atari_by_every_architecture():
+    """Atari evaluation envs follow --vector-mode on every architecture (async by default: ten processes), so it
+    is no idle setting there, as it is for the training envs of workers that step their own."""
+    resolved, _ = check_run("a2c", "ALE/Pong-v5", arch="data_parallel", vector_mode="sync", steps=1_000)
+    assert resolved.opts.workers >= 1
+    with pytest.raises(ConfigError, match="--vector-mode sync has no effect on --arch data_parallel"):
+        check_run("a2c", "CartPole-v1", arch="data_parallel", vector_mode="sync")

@@ -213,6 +213,13 @@ UNKNOWN_ADAM = (
         ("dqn", {"arch": "grad_parallel"}, "replay.*data_parallel"),
         ("a2c", {"arch": "grad_parallel", "workers": 0}, "--workers"),
         ("a2c", {"arch": "grad_parallel", "grad_sets": -1}, "--grad-sets"),
+        # a set of k gradients past the budget: a run of 1000 steps took 131,200 for one optimizer step
+        ("a2c", {"arch": "grad_parallel", "grad_sets": 1025}, "--grad-sets=1025 is out of range"),
+        (
+            "a2c",
+            {"arch": "grad_parallel", "grad_sets": 10, "steps": 1000},
+            r"--grad-sets 10: one optimizer step sums 10 gradients of 128 steps each, 1280 steps, more than the run's",
+        ),
         ("a2c", {"arch": "grad_parallel", "optimizer": "adagrad"}, "unknown optimizer"),
         # the algorithm's own is `algo`, not its name: the line lists every choice
         *[("a2c", {"arch": arch, "optimizer": "adam"}, UNKNOWN_ADAM) for arch in ("async_grad", "param_server")],
