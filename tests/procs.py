@@ -59,6 +59,19 @@ def kill_session(sid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def session_of(proc: subprocess.Popen) -> Iterator[int]:
+    """The session of `proc` (started with `start_new_session`: its pid is the session's id), ended however the
+    block ends: `proc` killed with its process group if it still runs, then whatever is left in its session."""
+    try:
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(proc.pid)
+
+
 def ray_processes() -> dict[int, str]:
     """{pid: command line} of this machine's Ray processes (servers, raylets, workers and actors)."""
     found = {}

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import grpc
 import pytest
-from procs import RLFLEET, assert_nothing_left, kill_session, own_cluster_token, ray_processes, session_processes
+from procs import (
+    RLFLEET,
+    assert_nothing_left,
+    kill_session,
+    own_cluster_token,
+    ray_processes,
+    session_of,
+    session_processes,
+)
 
 from rlfleet.backends import ray_instance
 from rlfleet.fields import ConfigError
@@ -54,8 +62,7 @@ def test_ctrl_c_while_the_private_instance_starts_stops_the_run(tmp_path: Path, 
     to the driver alone does the same (it reaches the handler `ray.init` installs, which used to exit 15 without a
     word)."""
     proc = start_cli([*LONG_RUN, "--logdir", tmp_path, "--name", "r"], tmp_path)
-    sid = proc.pid
-    try:
+    with session_of(proc) as sid:
         wait_for_process(proc, "gcs_server")
         started = set(ray_processes()) & set(session_processes(sid))
         if how == "ctrl-c":
@@ -68,11 +75,6 @@ def test_ctrl_c_while_the_private_instance_starts_stops_the_run(tmp_path: Path, 
         assert "Traceback" not in err, err[-3000:]
         assert not (tmp_path / "r" / "workers.json").exists()  # no role started
         assert_nothing_left(sid, started)
-    finally:
-        if proc.poll() is None:
-            os.killpg(sid, signal.SIGKILL)
-            proc.communicate()
-        kill_session(sid)
 
 
 def test_a_ctrl_c_during_the_start_is_deferred_to_its_end_and_kept_from_the_processes_started():
@@ -324,8 +326,7 @@ def test_ctrl_c_while_the_roles_wait_to_start_stops_the_run(tmp_path: Path):
     run = tmp_path / "r"
     args = [*SHORT_RUN, "--gpus-per-role", "1000", "--logdir", tmp_path, "--name", "r"]
     proc = start_cli(args, tmp_path, command=[sys.executable, "-c", UNCHECKED_GPUS])
-    sid = proc.pid
-    try:
+    with session_of(proc) as sid:
         deadline = time.monotonic() + 120
         while not (run / "config.json").exists():  # written once the run is set up: the roles start next
             assert proc.poll() is None, f"the run ended early ({proc.returncode}):\n{proc.stderr.read()}"
@@ -337,11 +338,6 @@ def test_ctrl_c_while_the_roles_wait_to_start_stops_the_run(tmp_path: Path):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"exit {proc.returncode}:\n{err[-3000:]}"
         assert_nothing_left(sid, started)
-    finally:
-        if proc.poll() is None:
-            os.killpg(sid, signal.SIGKILL)
-            proc.communicate()
-        kill_session(sid)
     result = json.loads((run / "result.json").read_text())
     assert result["stopped_by"] == "interrupted" and result["env_steps"] == 0, result
     assert (
