@@ -18,6 +18,8 @@ This module sits below every other (algorithms, envs and run services import it;
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -27,7 +29,7 @@ import reprlib
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -316,20 +318,38 @@ effect: `bounded(10.0, gt=0, needs="obs_norm")`; or `FIELD=VALUE` where it needs
 (`needs="action_noise=ou"`)."""
 
 
+_SEARCHED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("searched", default=frozenset())
+
+
+@contextlib.contextmanager
+def searched_fields(names: Iterable[str]) -> Iterator[None]:
+    """While the block runs, `names` are fields a sweep searches (`rlfleet tune --search`): one idle in a trial
+    because its switch, searched too, is off there is no error (`idle_setting`); the trials where it is on use it."""
+    token = _SEARCHED.set(frozenset(names))
+    try:
+        yield
+    finally:
+        _SEARCHED.reset(token)
+
+
 def idle_setting(obj: Any, given: dict[str, Any], label: str, on: Sequence[str] = ()) -> None:
     """A setting the user gave (`given`: field name to value, as `--set` gives them) for a field of the dataclass
     `obj` whose switch (`NEEDS`) is off in `obj`: one `ConfigError` that says so, since the value would do nothing.
     `on`: switches the caller turns on whatever `obj` says (the `apex` architecture's replay is always
-    prioritized)."""
+    prioritized). A sweep's field whose switch the sweep searches too is no error (`searched_fields`)."""
+    searched = _SEARCHED.get()
     for f in dataclasses.fields(obj):
         needs = f.metadata.get(NEEDS)
         if needs is None or f.name not in given or needs in on:
             continue
         switch, _, wanted = needs.partition("=")
+        if f.name in searched and switch in searched:
+            continue
         value = getattr(obj, switch)
         if (str(value) != wanted) if wanted else not value:
+            how = "--search" if f.name in searched else label
             raise ConfigError(
-                f"{label} {f.name}={given[f.name]} has no effect while {switch}={value!r}: set "
+                f"{how} {f.name}={given[f.name]} has no effect while {switch}={value!r}: set "
                 f"{needs if wanted else switch} too, or leave {f.name} out"
             )
 

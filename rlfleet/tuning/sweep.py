@@ -47,7 +47,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rlfleet.arch.parallel import RAY_OPTIONS
-from rlfleet.fields import ConfigError, check_fields, single_folder_name
+from rlfleet.fields import ConfigError, check_fields, searched_fields, single_folder_name
 from rlfleet.run.config import RunConfig, notes_at
 from rlfleet.run.paths import check_output_folder, name_part
 from rlfleet.run.runner import ResolvedConfig
@@ -193,10 +193,24 @@ def _check_space(algo: str, env: str, params: list[Param], options: dict[str, An
     options with the searched names set as `_configurations` lists (their notes, such as the preset picked, said
     once). With PBT, a trial's learner must load into a network built with any other trial's values. Returns each
     configuration, resolved (the sweep's horizon and CPUs are its longest and largest trial's)."""
+    first, *others = _configurations(params)
+    with searched_fields(p.name for p in params if p.kind == "algo"):
+        return _check_configurations(algo, env, params, options, pbt, first, others)
+
+
+def _check_configurations(
+    algo: str,
+    env: str,
+    params: list[Param],
+    options: dict[str, Any],
+    pbt: bool,
+    first: dict[str, Any],
+    others: list[dict[str, Any]],
+) -> list[ResolvedConfig]:
+    """`_check_space`'s checks of the configurations `first` and `others`."""
     from rlfleet.launch import check_run
     from rlfleet.run.checkpoint import CheckpointError, load_algo_state
 
-    first, *others = _configurations(params)
     resolved, base = check_run(algo, env, **apply(params, first, options))
     checked = [resolved]
     with notes_at(logging.WARNING):
@@ -326,19 +340,20 @@ def run_trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
             meta = json.loads((Path(folder) / "trial.json").read_text())
             if meta["trial"] != trial_id:
                 donor = (meta, load_checkpoint(Path(folder) / "learner.pt"))
-    if donor is not None:
-        meta, payload = donor
-        run_dir.mkdir(parents=True, exist_ok=True)
-        record = {"trial": meta["trial"], "env_steps": meta["env_steps"], "config": config}
-        with open(run_dir / EXPLOITS, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
-        train_from(payload, run_dir, spec.algo, spec.env, callbacks=[reporter], **options)
-    elif (run_dir / "checkpoints" / "latest.pt").is_file():
-        saved = load_checkpoint(run_dir, mmap=True)  # mapped: its replay is never read here
-        if finished(saved, saved["run_config"].get("steps")) is None:  # else it ended before Tune heard: done
-            train(resume=run_dir, callbacks=[reporter], progress=False)
-    else:
-        train(spec.algo, spec.env, logdir=str(spec.trials_dir), name=trial_id, callbacks=[reporter], **options)
+    with searched_fields(p.name for p in spec.params if p.kind == "algo"):
+        if donor is not None:
+            meta, payload = donor
+            run_dir.mkdir(parents=True, exist_ok=True)
+            record = {"trial": meta["trial"], "env_steps": meta["env_steps"], "config": config}
+            with open(run_dir / EXPLOITS, "a") as f:
+                f.write(json.dumps(record, default=str) + "\n")
+            train_from(payload, run_dir, spec.algo, spec.env, callbacks=[reporter], **options)
+        elif (run_dir / "checkpoints" / "latest.pt").is_file():
+            saved = load_checkpoint(run_dir, mmap=True)  # mapped: its replay is never read here
+            if finished(saved, saved["run_config"].get("steps")) is None:  # else it ended before Tune heard: done
+                train(resume=run_dir, callbacks=[reporter], progress=False)
+        else:
+            train(spec.algo, spec.env, logdir=str(spec.trials_dir), name=trial_id, callbacks=[reporter], **options)
     reporter.final()
 
 

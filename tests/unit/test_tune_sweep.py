@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("ray.tune", reason="the tune extra is not installed")
 
 from rlfleet.cli import main
+from rlfleet.fields import ConfigError
 from rlfleet.launch import check_run
 from rlfleet.tuning import sweep
 from rlfleet.tuning.report import ProgressCallback
@@ -165,3 +166,20 @@ def test_where_no_trial_ended_the_best_is_the_best_of_the_rest_and_says_so(tmp_p
     assert "best trial t_00001: eval/return_mean 95 (unfinished; no trial ended)\n" in capsys.readouterr().out
     summary = (tmp_path / "s" / "summary.md").read_text()
     assert "Best trial: t_00001 (eval/return_mean 95, unfinished; no trial ended); train it with:" in summary
+
+
+def test_a_setting_searched_with_its_switch_is_idle_only_in_the_trials_where_the_switch_is_off(
+    monkeypatch, tmp_path: Path
+):
+    """prioritized=choice(true,false) with alpha=uniform(...): alpha does nothing in the uniform-replay trials, which
+    is no reason to refuse the sweep (nor a trial). Searched alone beside a switch fixed off, it is refused, named as
+    searched."""
+    search = ["prioritized=choice(true,false)", "alpha=uniform(0.4,0.8)"]
+    spec = checked_sweep(monkeypatch, tmp_path, "dqn", search, steps=4000)
+    options = spec.trial_options({"prioritized": False, "alpha": 0.5}, "t_00001")
+    with sweep.searched_fields(["prioritized", "alpha"]):
+        check_run("dqn", "CartPole-v1", **options)  # as run_trial runs it
+    with pytest.raises(ConfigError, match="alpha=0.5 has no effect while prioritized=False"):
+        check_run("dqn", "CartPole-v1", **options)  # what a run given both by hand is told
+    with pytest.raises(ConfigError, match=r"^--search alpha=0.4 has no effect while prioritized=False"):
+        checked_sweep(monkeypatch, tmp_path / "fixed", "dqn", search[1:], overrides={"prioritized": "false"})
