@@ -222,6 +222,11 @@ its roles from the learner's saved state; how long a process waits for another: 
 `--group-timeout-s`, `--gossip-timeout-s`). Anything else given with a resume must equal the saved value."""
 
 
+SAVED_RESOLVED = frozenset({"gossip_order"})
+"""Options whose `auto` a run saves as what it stood for when the run started (gossip's order, which depends on the
+backend, which a resume may change): `auto` given with a resume is the run's own value."""
+
+
 def resumed_config(
     run: dict[str, Any], algo_config: dict[str, Any], algo: str | None, env: str | None, given: dict[str, Any]
 ) -> RunConfig:
@@ -253,7 +258,7 @@ def resumed_config(
             saved = getattr(cfg, key) if key in RUN_FIELDS else cfg.options.get(key, _default_option(cfg.arch, key))
             if saved is None and key in algo_config:  # not given: the algorithm's, as the run resolved it (n_envs)
                 saved = algo_config[key]
-            if value != saved:
+            if value != saved and not (key in SAVED_RESOLVED and value == "auto"):
                 shown = "not given: its default" if saved is None else saved
                 differ.append(f"--{key.replace('_', '-')} {value} (the run's: {shown})")
     backend = cfg.options.get("backend")

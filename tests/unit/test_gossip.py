@@ -461,7 +461,7 @@ def test_a_run_keeps_the_order_auto_gave_it_when_resumed_on_another_backend(run_
                   eval_every=10**9, eval_episodes=1, stop_return=1e9, **run_opts)  # fmt: skip
     saved = load_checkpoint(first.run_dir)["run_config"]
     assert saved["options"]["gossip_order"] == "gala"
-    cfg = resumed_config(saved, {}, None, None, {"backend": "ray"})
+    cfg = resumed_config(saved, {}, None, None, {"backend": "ray", "gossip_order": "auto"})  # the run's own command
     run = GossipRunner.__new__(GossipRunner)
     run._prepare(cfg, resuming=True)
     assert run.order == "gala" and run.opts.max_staleness == 3
