@@ -61,6 +61,16 @@ class WatchedAsyncVectorEnv(AsyncVectorEnv):
             self.call_async(name, *args, **kwargs)
             return self.call_wait(self.timeout_s)
 
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Gymnasium's close, which asks each process to close over its pipe; where a process has died meanwhile (a
+        SIGTERM to the whole process group: a scheduler's preemption), its pipe is gone, and the close ends the rest
+        instead of raising BrokenPipeError past the run's own end."""
+        try:
+            super().close_extras(timeout=timeout, terminate=terminate)
+        except (ConnectionError, EOFError):
+            self._state = AsyncState.DEFAULT
+            super().close_extras(terminate=True)
+
     @contextlib.contextmanager
     def _watched(self, what: str) -> Iterator[None]:
         try:

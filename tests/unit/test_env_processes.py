@@ -43,6 +43,20 @@ def test_a_dead_or_silent_env_process_is_one_error_naming_it(how, said):
                 process.kill()
 
 
+def test_closing_envs_whose_processes_died_between_steps_ends_them_without_an_error():
+    """A SIGTERM to the whole process group (a scheduler's preemption) kills the env processes while the trainer
+    stops politely: its close met their dead pipes and raised BrokenPipeError past the run's end (no result.json)."""
+    envs = make_vector_env("CartPole-v1", 3, seed=0, mode="async", timeout_s=5.0)
+    watched = envs.unwrapped
+    envs.reset(seed=0)
+    for process in watched.processes:
+        os.kill(process.pid, signal.SIGTERM)
+    for process in watched.processes:
+        process.join(timeout=30)
+    envs.close()
+    assert watched.closed and not any(p.is_alive() for p in watched.processes)
+
+
 def test_a_reset_that_does_not_come_back_is_named_too():
     envs = make_vector_env("CartPole-v1", 2, seed=0, mode="async", training=False, timeout_s=1.0)
     watched = envs.unwrapped
