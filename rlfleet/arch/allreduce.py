@@ -408,6 +408,7 @@ class AllReduceRunner(ParallelRunner):
         self.generation: int | None = None
         self.final_taken = False  # learner 0's state after the budget's last update
         self.budget_taken_at: float | None = None
+        self.heard_from_0 = 0.0  # when learner 0's latest item came (time.monotonic)
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_envs = self.make_eval_envs()
@@ -446,6 +447,8 @@ class AllReduceRunner(ParallelRunner):
         """Count a learner's item; learner 0's state becomes the coordinator's (and the published weights)."""
         self.counter.add(item.steps)
         self.count_returns(item.returns)
+        if item.worker == 0:
+            self.heard_from_0 = time.monotonic()
         for news in (item.trouble, item.note):
             if news is not None:
                 self._report(f"learner {item.worker}: {news}")
@@ -473,13 +476,16 @@ class AllReduceRunner(ParallelRunner):
 
     def budget_spent(self) -> bool:
         """The budget's env steps are taken, and so is learner 0's state after the budget's last update: another
-        learner's item of that update may take the count past the budget first (or learner 0 has not sent it
-        within --heartbeat-s of that: the run ends with the latest state it sent)."""
+        learner's item of that update may take the count past the budget first. Where it does not come (a group
+        that broke near the end counts steps no update took, and learner 0 then stops without knowing its update
+        was the last), the wait ends once learner 0 has sent nothing for --group-timeout-s, which bounds any
+        update's collectives, and the run ends with the latest state it sent."""
         if not super().budget_spent():
             return False
         now = time.monotonic()
         self.budget_taken_at = self.budget_taken_at or now
-        return self.final_taken or now - self.budget_taken_at > self.opts.heartbeat_s
+        quiet = now - max(self.budget_taken_at, self.heard_from_0)
+        return self.final_taken or quiet > self.opts.group_timeout_s
 
     def coordinate(self, pool: RoleGroup) -> Taken | None:
         """The next item of any learner, taken in (`take`); then the learner may send the next. Past the budget,

@@ -404,7 +404,8 @@ def sigint_deferred() -> Iterator[None]:
             raise
         raise KeyboardInterrupt from None
     finally:
-        signal.signal(signal.SIGTERM, previous_term)
+        if previous_term is not None:  # None: a handler installed from C, which Python cannot put back
+            signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending in this thread reaches `previous` here
         if came and signal.SIGINT not in mask:

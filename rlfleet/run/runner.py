@@ -67,7 +67,8 @@ LOG_EVERY = 1_000  # env steps between training-metric log lines
 
 @dataclass
 class RunResult(Mapping[str, Any]):
-    """What `train` returns; the same fields are in `<run_dir>/result.json`, and it reads as that dict does
+    """What `train` returns; the same fields are in `<run_dir>/result.json` (where a value that is not finite is the
+    text "inf", "-inf" or "nan": strict JSON), and it reads as that dict does
     (`result["solved"]`, `"solved" in result`, `dict(result)`). `updates` counts the learner's updates: one per
     rollout of an on-policy algorithm, one per gradient step of a replay algorithm (`gradient_steps` per pass), on
     every architecture."""

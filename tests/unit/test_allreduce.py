@@ -207,7 +207,7 @@ def test_the_final_state_is_learner_zeros_after_the_last_update_when_another_lea
     r = train("a2c", "CartPole-v1", arch="allreduce", workers=2, backend="local", state_every=1_000, steps=6_000,
               eval_every=10**9, eval_episodes=2, stop_return=1e9, **run_opts)  # fmt: skip
     segment = 2 * 8 * 16  # two learners' rollouts of 8 envs × 16 steps (a2c's)
-    assert r["updates"] == -(-6_000 // segment) and r["env_steps"] == r["updates"] * segment
+    assert r["updates"] == -(-6_000 // segment) and r["env_steps"] >= 6_000  # learner 1's last segment may come later
     saved = torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert {int(s["step"]) for s in saved["algo"]["optimizer"]["state"].values()} == {r["updates"]}
 
