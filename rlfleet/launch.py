@@ -56,8 +56,8 @@ def train(
     options = user_net_as_overrides(options)
     if resume is not None:
         payload = load_checkpoint(resume)
-        check_resumable(payload, resume)
         run_dir = run_folder_of(resume)
+        check_resumable(payload, resume)
         with notes_held():  # said once every check has passed
             cfg = resumed_config(saved_run_config(payload, resume), payload["algo_config"], algo, env, options)
             check_resumed_steps(options.get("steps"), payload["env_steps"])

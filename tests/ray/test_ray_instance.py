@@ -284,8 +284,8 @@ def test_ray_s_own_lines_go_to_the_run_s_log_not_to_the_terminal(tmp_path: Path,
     here: the run stops after 60 s) in the terminal, coloured, among rlfleet's lines: they go to `<run>/ray.log`."""
     run = tmp_path / "r"
     command = RLFLEET
-    if source == "raylet":
-        args = [*SHORT_RUN[:-3], "--workers", "2", "--steps", "40000", "--stop-return", "1e9", "--no-progress"]
+    if source == "raylet":  # a run that lasts well past the kill (40,000 steps took under 4 s once)
+        args = [*SHORT_RUN[:-3], "--workers", "2", "--steps", "150000", "--stop-return", "1e9", "--no-progress"]
     else:  # GPUs for roles that act on the CPU are refused before Ray starts: this run goes past that check
         args = [*SHORT_RUN, "--gpus-per-role", "1000"]
         command = [sys.executable, "-c", UNCHECKED_GPUS]

@@ -293,7 +293,7 @@ REPLAY_SIZES = {
 # run options: type, range and finiteness, declared with RunConfig's fields; eval's and collect's options
 RUN_OPTIONS = {
     "time-limit-negative": ((*TRAIN, "--time-limit", "-1"), ["--time-limit=-1.0 is negative", "must be > 0"]),
-    "time-limit-nan": ((*TRAIN, "--time-limit", "nan"), ["--time-limit=nan is not a finite number"]),
+    "time-limit-nan": ((*TRAIN, "--time-limit", "nan"), ["--time-limit=nan is not a number"]),
     "stop-return-nan": ((*TRAIN, "--stop-return", "nan"), ["--stop-return=nan is not a number"]),
     "steps-zero": ((*TRAIN[:4], "--steps", "0"), ["--steps=0", "must be >= 1"]),
     "seed-negative": ((*TRAIN, "--seed", "-1"), ["--seed=-1 is negative", "in [0, 2147483647]"]),
