@@ -35,8 +35,10 @@ def metric(run: Path, key: str, after: int = 0) -> list[float]:
 
 
 def assert_variant_returns(returns: list[float]) -> None:
+    """Returns (or means of them) of the variant: -1 for an episode that fell, 0 for one that stood to its end;
+    CartPole's own rewards make every return at least 8."""
     assert returns, "no episode finished"
-    assert all(r in (-1.0, 0.0) for r in returns), f"not the sutton_barto_reward variant: {returns}"
+    assert all(-1.0 <= r <= 0.0 for r in returns), f"not the sutton_barto_reward variant: {returns}"
 
 
 def test_the_variant_is_trained_evaluated_collected_and_resumed(tmp_path: Path, capsys):
