@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import re
 import select
 import signal
 import sys
@@ -217,8 +218,18 @@ def _spaces(args: argparse.Namespace) -> int:
     return 0
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^-inf$")
+"""What `_Parser` takes for a negative number, not an option: `--stop-return -1e3` too (argparse's own pattern, before
+Python 3.13, has no exponent)."""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (exit 2) like every other error of the command."""
+    """argparse, but a usage error is one line (exit 2) like every other error of the command, and a negative
+    number in any notation is a value (`NEGATIVE_NUMBER`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"rlfleet: error: {message} (see {self.prog} --help)\n")

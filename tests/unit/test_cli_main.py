@@ -51,3 +51,17 @@ def test_another_runtime_error_is_not_taken_for_one(monkeypatch):
     monkeypatch.setattr(cli, "_list", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["list"])
+
+
+@pytest.mark.parametrize(("text", "value"), [("-1e3", -1000.0), ("-2.5E+2", -250.0), ("-150", -150.0), ("-.5", -0.5)])
+def test_a_negative_number_in_any_notation_is_a_value_not_an_option(text, value):
+    """`--stop-return -1e3` was "expected one argument": before Python 3.13, argparse's negative numbers have no
+    exponent."""
+    args = cli.build_parser().parse_args(["train", "ppo", "--env", "CartPole-v1", "--stop-return", text])
+    assert args.stop_return == value
+
+
+def test_an_unknown_option_is_still_one(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["train", "ppo", "--env", "CartPole-v1", "--stop-return", "-x"])
+    assert exited.value.code == 2 and "expected one argument" in capsys.readouterr().err
