@@ -206,13 +206,20 @@ GAUSSIAN_ONLY = ("log_std", "init_std")
 """The fields of a Gaussian policy's σ (pg, a2c, a3c, ppo), which only Box actions have."""
 
 
-def gaussian_setting(given: dict[str, Any], action_space: Any) -> None:
+def gaussian_setting(given: dict[str, Any], action_space: Any, preset: str | None = None) -> None:
     """`--set log_std=...` or `init_std=...` (`given`) where the actions are not Box ones: one `ConfigError`, since the
-    policy has no σ for them to set."""
+    policy has no σ for them to set. With `preset`: the settings of that preset, which the user named (`--preset
+    continuous` on a Discrete env)."""
     idle = [key for key in GAUSSIAN_ONLY if key in given]
     if idle and isinstance(action_space, gym.spaces.Space) and not isinstance(action_space, gym.spaces.Box):
+        setting = f"{idle[0]}={given[idle[0]]}"
+        if preset is not None:
+            raise ConfigError(
+                f"--preset {preset} sets {setting}, which has no effect on {action_space} actions: it is a preset for "
+                "Box actions; leave --preset out, or name another"
+            )
         raise ConfigError(
-            f"--set {idle[0]}={given[idle[0]]} has no effect on {action_space} actions: it sets a Gaussian policy's σ, "
+            f"--set {setting} has no effect on {action_space} actions: it sets a Gaussian policy's σ, "
             "which only Box actions have; leave it out"
         )
 
@@ -419,6 +426,8 @@ class RunBase(abc.ABC):
         if not resuming:
             idle_setting(algo_cfg, cfg.overrides, "--set", on=cls.switched_on)
             gaussian_setting(cfg.overrides, info.get("action_space"))
+            if cfg.preset is not None and preset in resolve(cfg.algo)[2]:  # a family preset the user named
+                gaussian_setting(resolve(cfg.algo)[2][preset], info.get("action_space"), preset=preset)
             cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)

@@ -656,6 +656,10 @@ IDLE_SETTINGS = {
     "n-envs-twice": ((*TRAIN, "--n-envs", "4", "--set", "n_envs=2"), ["--n-envs 4 and --set n_envs=2 disagree"]),
     "steps-twice": ((*TRAIN, "--set", "total_steps=100"), ["--steps 600 and --set total_steps=100 disagree"]),
     "set-twice": ((*TRAIN, "--set", "lr=1e-3", "--set", "lr=5e-2"), ["--set lr=1e-3 and --set lr=5e-2 disagree"]),
+    "box-preset-on-discrete-actions": (
+        (*TRAIN, "--preset", "continuous"),
+        ["--preset continuous sets log_std=state_independent, which has no effect on Discrete(2) actions"],
+    ),
     "ou-noise-setting-with-gaussian-noise": (
         ("train", "td3", "--env", "Pendulum-v1", "--set", "ou_theta=0.5", "--logdir", "runs"),
         ["--set ou_theta=0.5 has no effect while action_noise='gaussian'", "set action_noise=ou too"],
