@@ -294,21 +294,17 @@ def check_fields(obj: Any, label: Callable[[dataclasses.Field], str]) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         check_value(label(f), value, hints[f.name], f.metadata.get(BOUNDS), f.metadata.get(CHECK))
-        if _has_numpy_scalar(value):  # kept as the Python number it stands for: what the envs and JSON take
-            setattr(obj, f.name, _python_number(value))
-
-
-def _has_numpy_scalar(value: Any) -> bool:
-    """Whether `value` is a NumPy scalar (`np.int64(3)`, as `np.arange` gives) or a tuple or list holding one."""
-    if isinstance(value, tuple | list):
-        return any(map(_has_numpy_scalar, value))
-    return type(value).__module__ == "numpy" and hasattr(value, "item")
+        plain = _python_number(value)
+        if plain is not value:  # kept as the Python number it stands for: what the envs and JSON take
+            setattr(obj, f.name, plain)
 
 
 def _python_number(value: Any) -> Any:
-    """`value` with its NumPy scalars as Python numbers (tuples and lists entry by entry)."""
+    """`value` with its NumPy scalars (`np.int64(3)`, as `np.arange` gives) as Python numbers, tuples and lists entry
+    by entry; `value` itself where it holds none."""
     if isinstance(value, tuple | list):
-        return type(value)(map(_python_number, value))
+        plain = [_python_number(v) for v in value]
+        return value if all(p is v for p, v in zip(plain, value, strict=True)) else type(value)(plain)
     return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
 
 

@@ -183,7 +183,7 @@ class GradParallelRunner(ParallelRunner):
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=True, uses_optimizer=True)
-        segment = getattr(self.algo_cfg, "rollout_len", 0) * self.algo_cfg.n_envs
+        segment = self.algo_cfg.rollout_len * self.algo_cfg.n_envs  # a rollout algorithm's (check_parallel)
         k = getattr(self.opts, "grad_sets", 0)  # given: one set of k is more than the run's budget
         if k and k * segment > self.total_steps:
             raise ConfigError(

@@ -92,16 +92,7 @@ from rlfleet.arch.parallel import (
     WorkerSpec,
 )
 from rlfleet.arch.shared import algo_modules, frozen_state, trainable_params
-from rlfleet.backends import (
-    BACKENDS,
-    Pending,
-    RoleGroup,
-    RunFailure,
-    ServiceError,
-    ServiceGroup,
-    ServiceHandle,
-    ServiceUnavailable,
-)
+from rlfleet.backends import BACKENDS, Pending, RoleGroup, ServiceGroup, ServiceHandle
 from rlfleet.backends.shared_memory import StopFlag
 from rlfleet.device import worker_device
 from rlfleet.fields import MAX_ROLES, bounded
@@ -109,7 +100,7 @@ from rlfleet.optim.shared import ALGO, OptimizerRecipe, build_optimizer
 from rlfleet.optim.step import set_lr
 from rlfleet.run.config import ConfigError, RunConfig
 from rlfleet.run.logger import RunLogger
-from rlfleet.run.runner import build_algorithm
+from rlfleet.run.runner import FAILURES, build_algorithm
 
 AHEAD = 1  # items a worker may have made beyond those the coordinator has taken in
 PULL_RETRY_S = 0.001  # a worker's pause before it pulls again, its shards having come at two versions
@@ -490,11 +481,7 @@ class ParamServerRunner(ParallelRunner):
             self._report(f"a server did not answer after the stop request: the run ends with the snapshot of step "
                          f"{self.pulled_at} (version {self.version})")  # fmt: skip
             return
-        except (
-            ServiceError,
-            ServiceUnavailable,
-            RunFailure,
-        ):  # a failure of the run: its checkpoint holds the last snapshot
+        except FAILURES:  # a failure of the run: its checkpoint holds the last snapshot
             self.unanswered = True
             self.version = self.servers.states[0].version
             raise

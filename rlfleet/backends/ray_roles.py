@@ -141,14 +141,12 @@ class Places:
         """Wait up to `timeout` for every answer outstanding (in slices, until `stop()` where given), record them;
         returns how many did not come."""
         deadline = time.monotonic() + timeout
-        while True:
-            refs = list(self.pending.values())
+        stopped = stop or (lambda: False)
+        while self.pending and time.monotonic() < deadline and not stopped():
             left = deadline - time.monotonic()
-            if refs and left > 0 and not (stop is not None and stop()):
-                self.ray.wait(refs, num_returns=len(refs), timeout=min(left, WAIT_SLICE_S))
+            self.ray.wait(list(self.pending.values()), num_returns=len(self.pending), timeout=min(left, WAIT_SLICE_S))
             self.poll()
-            if not self.pending or time.monotonic() >= deadline or (stop is not None and stop()):
-                return len(self.pending)
+        return len(self.pending)
 
     def poll(self) -> None:
         """Record the answers that have come (a dead actor's is dropped: the group reports it)."""

@@ -38,16 +38,17 @@ def _check_writable_folder(path: Path, what: str) -> None:
 def check_output_folder(path: str | Path, what: str) -> Path:
     """A folder the command writes into, made with its parents if missing: not a file, not below a file,
     writable. An empty name is refused: it would be the current folder, which was not asked for."""
-    _check_named(path, what, "a folder")
+    check_named(path, what, "give a folder to write into")
     path = Path(path)
     _check_writable_folder(path, what)
     return path
 
 
-def _check_named(path: str | Path, what: str, kind: str) -> None:
+def check_named(path: str | Path, what: str, hint: str) -> None:
+    """An output path the user gave empty is one `ConfigError` (`hint`: what to give instead): `Path("")` would be the
+    current folder, which was not asked for."""
     if isinstance(path, str) and not path.strip():
-        raise ConfigError(f"{what} is empty: give {kind} to write into" if kind == "a folder" else
-                          f"{what} is empty: give the name of {kind} to write")  # fmt: skip
+        raise ConfigError(f"{what} is empty: {hint}")
 
 
 def check_output_file(
@@ -56,7 +57,7 @@ def check_output_file(
     """A file the command writes (its missing parent folders are made): not a folder, not below a file, in a
     writable folder; an existing file is replaced only if `ours(path)` says the command wrote it (`kind`
     names such a file in the message)."""
-    _check_named(path, what, "a file")
+    check_named(path, what, "give the name of a file to write")
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a folder; give the name of a file to write")

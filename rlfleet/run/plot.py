@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rlfleet.fields import ConfigError
-from rlfleet.run.paths import check_output_file
+from rlfleet.run.paths import check_named, check_output_file
 
 CURVES = ("charts/episodic_return", "eval/return_mean")
 COLUMNS = ("step", "key", "value")
@@ -70,8 +70,7 @@ def check_plot_output(out: str | Path) -> Path:
     folder (missing folders are made)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    if isinstance(out, str) and not out.strip():
-        raise ConfigError("-o is empty: give the name of an image file to write (.png)")
+    check_named(out, "-o", "give the name of an image file to write (.png)")
     out = Path(out)
     formats = FigureCanvasBase.get_supported_filetypes()
     if out.is_dir():

@@ -426,8 +426,9 @@ class RunBase(abc.ABC):
         if not resuming:
             idle_setting(algo_cfg, cfg.overrides, "--set", on=cls.switched_on)
             gaussian_setting(cfg.overrides, info.get("action_space"))
-            if cfg.preset is not None and preset in resolve(cfg.algo)[2]:  # a family preset the user named
-                gaussian_setting(resolve(cfg.algo)[2][preset], info.get("action_space"), preset=preset)
+            named = resolve(cfg.algo)[2].get(preset) if cfg.preset is not None and preset else None  # one given
+            if named is not None:
+                gaussian_setting(named, info.get("action_space"), preset=preset)
             cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
