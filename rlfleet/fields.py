@@ -311,7 +311,13 @@ def _python_number(value: Any) -> Any:
 NEEDS = "needs"
 """A field's metadata key naming the switch (a bool or count field of the same config) without which the field has no
 effect: `bounded(10.0, gt=0, needs="obs_norm")`; or `FIELD=VALUE` where it needs a field to have one value
-(`needs="action_noise=ou"`)."""
+(`needs="action_noise=ou"`); or a tuple of both kinds, every one needed (`needs=("prioritized", "lstm=0")`)."""
+
+
+NAMES_ALGORITHM = "names_algorithm"
+"""A field's metadata key: the field's values are the names of registered algorithms that share one module and
+config (`target` of `onestep_q`, `sarsa` and `nstep_q`). The name a run is trained under sets it: `--set` may not
+give it another, which would run one algorithm under another's name."""
 
 
 _SEARCHED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("searched", default=frozenset())
@@ -335,19 +341,20 @@ def idle_setting(obj: Any, given: dict[str, Any], label: str, on: Sequence[str] 
     prioritized). A sweep's field whose switch the sweep searches too is no error (`searched_fields`)."""
     searched = _SEARCHED.get()
     for f in dataclasses.fields(obj):
-        needs = f.metadata.get(NEEDS)
-        if needs is None or f.name not in given or needs in on:
+        conditions = f.metadata.get(NEEDS)
+        if conditions is None or f.name not in given:
             continue
-        switch, _, wanted = needs.partition("=")
-        if f.name in searched and switch in searched:
-            continue
-        value = getattr(obj, switch)
-        if (str(value) != wanted) if wanted else not value:
-            how = "--search" if f.name in searched else label
-            raise ConfigError(
-                f"{how} {f.name}={given[f.name]} has no effect while {switch}={value!r}: set "
-                f"{needs if wanted else switch} too, or leave {f.name} out"
-            )
+        for needs in (conditions,) if isinstance(conditions, str) else conditions:
+            switch, _, wanted = needs.partition("=")
+            if needs in on or (f.name in searched and switch in searched):
+                continue
+            value = getattr(obj, switch)
+            if (str(value) != wanted) if wanted else not value:
+                how = "--search" if f.name in searched else label
+                raise ConfigError(
+                    f"{how} {f.name}={given[f.name]} has no effect while {switch}={value!r}: set "
+                    f"{needs if wanted else switch} too, or leave {f.name} out"
+                )
 
 
 def field_docs(cls: type) -> dict[str, str]:

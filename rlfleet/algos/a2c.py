@@ -89,7 +89,7 @@ class Config(NetOptions, NormOptions, SDEOptions):
     """One encoder for policy and value also for vector observations (images and `lstm` always share)."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""
-    log_std: str = checked("state_independent", LOG_STD)
+    log_std: str = checked("state_independent", LOG_STD, needs="sde=False")
     """Box actions: the Gaussian's σ — state_independent (learned vector), state_dependent (linear in the
     features) or softplus (σ² = softplus(linear), the A3C paper's head)."""
     init_std: float = bounded(1.0, gt=0)
@@ -158,7 +158,7 @@ PRESETS["minatar"] = dict(PRESETS["atari"], encoder="minatar", total_steps=5_000
 # A3C (Mnih et al. 2016, Algorithm S3) is this loss run by asynchronous workers (`a3c`, default architecture
 # `hogwild`): the paper's settings — t_max = 5, one env per worker, forward-view n-step returns, entropy
 # β = 0.01, η = 3e-3 (inside the paper's LogUniform(1e-4, 1e-2)) annealed to 0 — and the gradient norm
-# clipped at 40, as the Atari preset (why: docs/architectures/hogwild.md#the-a3c-algorithm).
+# clipped at 40, as in a3c's Atari preset (why: docs/architectures/hogwild.md#the-a3c-algorithm).
 A3C_VARIANT: dict[str, Any] = dict(
     n_envs=1,
     rollout_len=5,

@@ -75,8 +75,12 @@ class Config(NetOptions, PriorityOptions, NormOptions):
     """Double Q-learning: the online net picks the next action, the target net evaluates it."""
     dueling: bool = True
     """Dueling value/advantage head."""
-    prioritized: bool = True
+    prioritized: bool = field(default=True, metadata={NEEDS: "lstm=0"})
     """Prioritized replay (proportional); feed-forward only: with `lstm` > 0 sequences are drawn uniformly."""
+    # as in `PriorityOptions`, and idle with an LSTM too
+    alpha: float = bounded(0.6, ge=0, needs=("prioritized", "lstm=0"))
+    beta: float = bounded(0.4, ge=0, le=1, needs=("prioritized", "lstm=0"))
+    beta_anneal: bool = field(default=True, metadata={NEEDS: ("prioritized", "lstm=0")})
     eps_start: float = bounded(1.0, ge=0, le=1)
     """Initial exploration rate."""
     eps_final: float = bounded(0.05, ge=0, le=1)

@@ -39,7 +39,7 @@ from rlfleet.data.returns import discounted_returns, td_targets
 from rlfleet.data.rollout import Segment
 from rlfleet.device import metric, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import MAX_ENVS, bounded, checked, one_of
+from rlfleet.fields import MAX_ENVS, NAMES_ALGORITHM, bounded, checked, one_of
 from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.optim.make import make_optimizer
@@ -52,7 +52,7 @@ TARGETS = ("onestep_q", "sarsa", "nstep_q")
 class Config(NetOptions, NormOptions):
     """Hyperparameters of the A3C paper's value-based methods; the defaults solve CartPole-v1."""
 
-    target: str = checked("nstep_q", one_of(TARGETS))
+    target: str = checked("nstep_q", one_of(TARGETS), **{NAMES_ALGORITHM: True})
     """onestep_q, sarsa or nstep_q."""
     n_envs: int = bounded(8, ge=1, le=MAX_ENVS)
     """Parallel envs (each with its own final ε)."""

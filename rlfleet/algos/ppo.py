@@ -101,7 +101,7 @@ class Config(NetOptions, NormOptions, SDEOptions):
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""
-    log_std: str = checked("state_independent", LOG_STD)
+    log_std: str = checked("state_independent", LOG_STD, needs="sde=False")
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""
     init_std: float = bounded(1.0, gt=0)
     """Box actions: σ at initialisation, in units of half the action range (with `sde`: σ of each entry of the

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import gymnasium as gym
@@ -42,7 +42,7 @@ from rlfleet.data.batch import Batch, obs_len
 from rlfleet.data.buffer import ReplayBuffer
 from rlfleet.device import acting, place
 from rlfleet.envs.normalize import NormOptions
-from rlfleet.fields import bounded, checked
+from rlfleet.fields import NEEDS, bounded, checked
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize
@@ -62,9 +62,9 @@ class Config(ActorCriticNetOptions, NormOptions, ReplayOptions):
     """Entropy temperature α: its initial value with `auto_alpha`, else the fixed value."""
     auto_alpha: bool = True
     """Tune α so that the policy's entropy tracks the target (False: keep `alpha` fixed)."""
-    alpha_lr: float = bounded(1e-3, ge=0)
+    alpha_lr: float = bounded(1e-3, ge=0, needs="auto_alpha")
     """Learning rate of log α (Adam)."""
-    target_entropy_scale: float = 1.0
+    target_entropy_scale: float = field(default=1.0, metadata={NEEDS: "auto_alpha"})
     """The target entropy is −target_entropy_scale · |A| nats (the paper's heuristic: −|A|)."""
     sde: bool = False
     """Explore with generalized state-dependent exploration (gSDE, Raffin et al. 2021): the noise before the

@@ -96,7 +96,8 @@ class Config(DPGOptions):
     """c: the smoothing noise is clipped to [−c, c]."""
 
 
-# MuJoCo locomotion (picked automatically for MuJoCo envs): the TD3 paper's and CleanRL's settings — replay of
+# MuJoCo locomotion (picked automatically for MuJoCo envs): CleanRL's settings and the TD3 author's later code's
+# (the paper itself has 400-300 networks, Adam 1e-3 and minibatches of 100) — replay of
 # 1M transitions, 25k random steps first, minibatches of 256, Adam 3e-4, γ = 0.99, τ = 0.005, exploration
 # noise 0.1, policy delay 2, target smoothing noise 0.2 clipped at 0.5, 256-256 ReLU MLPs
 PRESETS: dict[str, dict[str, Any]] = {

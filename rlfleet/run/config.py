@@ -24,6 +24,7 @@ from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.fields import (
     MAX_ENVS,
     MAX_ROLES,
+    NAMES_ALGORITHM,
     ConfigError,
     bounded,
     check_fields,
@@ -549,6 +550,12 @@ def build_algo_config(
         values[key] = parse_field(algo, key, value) if isinstance(value, str) else value
     cfg = config_cls(**values)
     check_fields(cfg, lambda f: f"{algo} config {f.name}")  # type, finiteness and range, as each field declares
+    for key in overrides:
+        if fields[key].metadata.get(NAMES_ALGORITHM) and values[key] != variant.get(key, fields[key].default):
+            raise ConfigError(
+                f"{algo} config {key}={values[key]!r} would run {values[key]} under the name {algo}: train "
+                f"{values[key]} instead, or leave {key} out"
+            )
     problem = replay_problem(cfg)
     if problem is not None:
         raise ConfigError(f"{algo} config {problem}")

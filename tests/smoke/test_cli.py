@@ -633,6 +633,7 @@ USER_NETS = {
 # a setting that would do nothing in the run it is given to: refused, not ignored
 APEX = ("train", "dqn", "--env", "CartPole-v1", "--arch", "apex", "--logdir", "runs", "--no-progress")
 MA = ("train", "ppo", "--env", "pettingzoo:mpe2.simple_spread_v3", "--preset", "default", "--logdir", "runs")
+FIXED_ALPHA = ("train", "sac", "--env", "Pendulum-v1", "--set", "auto_alpha=false", "--logdir", "runs")
 IDLE_SETTINGS = {
     "algo-optimizer-under-shared-rmsprop": (
         ("train", "a3c", "--env", "CartPole-v1", "--set", "optimizer=adam", "--logdir", "runs"),
@@ -689,6 +690,30 @@ IDLE_SETTINGS = {
     "pg-vf-coef-without-baseline": (
         ("train", "pg", "--env", "CartPole-v1", "--set", "vf_coef=3", "--logdir", "runs"),
         ["vf_coef=3 has no effect while baseline=False"],
+    ),
+    "sac-alpha-lr-with-a-fixed-alpha": (
+        (*FIXED_ALPHA, "--set", "alpha_lr=0.1"),
+        ["--set alpha_lr=0.1 has no effect while auto_alpha=False", "set auto_alpha too"],
+    ),
+    "sac-target-entropy-with-a-fixed-alpha": (
+        (*FIXED_ALPHA, "--set", "target_entropy_scale=0.5"),
+        ["target_entropy_scale=0.5 has no effect while auto_alpha=False"],
+    ),
+    "log-std-with-sde": (
+        ("train", "ppo", "--env", "Pendulum-v1", "--set", "sde=true", "--set", "log_std=softplus", "--logdir", "runs"),
+        ["--set log_std=softplus has no effect while sde=True", "set sde=False too"],
+    ),
+    "priority-setting-with-recurrent-dqn": (
+        ("train", "dqn", "--env", "CartPole-v1", "--preset", "lstm", "--set", "alpha=0.9", "--logdir", "runs"),
+        ["--set alpha=0.9 has no effect while lstm=64", "set lstm=0 too"],
+    ),
+    "prioritized-with-recurrent-dqn": (
+        ("train", "dqn", "--env", "CartPole-v1", "--set", "lstm=16", "--set", "prioritized=true", "--logdir", "runs"),
+        ["--set prioritized=true has no effect while lstm=16"],
+    ),
+    "another-algorithm-s-target": (
+        ("train", "sarsa", "--env", "CartPole-v1", "--set", "target=nstep_q", "--logdir", "runs"),
+        ["sarsa config target='nstep_q' would run nstep_q under the name sarsa", "train nstep_q instead"],
     ),
     "gossip-order-of-one-learner": (
         (*TRAIN, "--arch", "gossip", "--learners", "1", "--gossip-order", "pala"),
