@@ -145,7 +145,8 @@ def replay_problem(cfg: Any) -> str | None:
     """What keeps a replay algorithm's config from ever updating, or None: learning starts once the replay holds
     max(`batch_size`, `learning_starts`) transitions (`ReplayBuffer.ready`; where the replay holds sequences, the
     batch counts sequences and the replay their steps), and a replay holds at most `buffer_size` of them: a larger
-    batch or `learning_starts` and the run would step its envs to the end without one update."""
+    batch or `learning_starts` and the run would step its envs to the end without one update. (Its rows round
+    `buffer_size` down to a multiple of the env columns: where that falls below either, it learns once full.)"""
     size = getattr(cfg, "buffer_size", None)
     if size is None:
         return None

@@ -167,9 +167,10 @@ class ReplayBuffer:
 
     # ---- reading ------------------------------------------------------------------------------
     def ready(self, batch_size: int, learning_starts: int = 0) -> bool:
-        """Whether learning can start: at least ``learning_starts`` and ``batch_size`` transitions are stored
-        (and, for sequences, a whole sequence in every env column), so ``sample(batch_size)`` can draw."""
-        return len(self) >= max(batch_size, learning_starts, 1)
+        """Whether learning can start: at least ``learning_starts`` and ``batch_size`` transitions are stored, or
+        the replay is full (its capacity, `buffer_size` rounded down to whole rows of ``n_envs``, may fall below
+        both), and, for sequences, a whole sequence in every env column, so ``sample(batch_size)`` can draw."""
+        return len(self) >= min(max(batch_size, learning_starts, 1), self.capacity)
 
     def _all_indices(self) -> np.ndarray:
         """Flat indices of every stored transition, oldest row first, envs in order within a row."""

@@ -253,6 +253,16 @@ def test_ready_counts_transitions_against_learning_starts_and_the_batch_size():
     assert buf.ready(batch_size=4, learning_starts=12) and not buf.ready(batch_size=4, learning_starts=13)
 
 
+def test_a_full_replay_is_ready_where_rounding_to_rows_left_it_below_learning_starts():
+    """buffer_size 1,000 over 3 envs holds 999 transitions: with learning_starts 1,000 (a size the config check lets
+    through) the run never updated; it learns once the replay is full."""
+    buf = ReplayBuffer(1_000, n_envs=3, seed=0)
+    for t in range(333):
+        assert not buf.ready(batch_size=64, learning_starts=1_000)
+        add_step(buf, [[t]] * 3, [0] * 3, [0.0] * 3, [[t]] * 3, [0] * 3, [0] * 3)
+    assert len(buf) == buf.capacity == 999 and buf.ready(batch_size=64, learning_starts=1_000)
+
+
 # ---- frame stacking -----------------------------------------------------------------------------
 
 
