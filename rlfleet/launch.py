@@ -64,6 +64,7 @@ def train(
             check_unfinished(cfg, payload)
             note_replaced_progress(resume, run_dir, payload["env_steps"])
             runner = _runner(cfg)(cfg, resume_from=payload, run_dir=run_dir, callbacks=callbacks)
+        del payload  # restored: the replay a checkpoint holds would otherwise stay in memory twice for the whole run
         return runner.run()
     if algo is None or env is None:
         raise ConfigError("train needs an algorithm and an env (or resume=RUN_DIR)")

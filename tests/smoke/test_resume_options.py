@@ -4,13 +4,16 @@ a preset's normalisation on an architecture that cannot run it is switched off w
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
 
+import rlfleet.launch
 from rlfleet import train
 from rlfleet.cli import main
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
@@ -239,3 +242,27 @@ def test_a_checkpoint_without_a_runs_counters_is_one_line(saved_run: Path, tmp_p
     assert out == "" and len(err.strip().splitlines()) == 1, err
     assert f"rlfleet: error: checkpoint {run} cannot be resumed: it lacks the counters of a run" in err
     assert tree(run) == before
+
+
+def test_a_resumed_run_does_not_keep_the_loaded_checkpoint_while_it_trains(tmp_path: Path, monkeypatch):
+    """The replay a checkpoint holds is copied into the run's buffer; the loaded one stayed referenced for the whole
+    resumed run: twice the replay's memory (a preset's replay is sized to half the machine's)."""
+    train("dqn", "CartPole-v1", steps=1_200, eval_every=1_200, eval_episodes=1, logdir=str(tmp_path), name="r",
+          progress=False, overrides={"learning_starts": 500})  # fmt: skip
+    loaded = []
+    load = rlfleet.launch.load_checkpoint
+
+    def load_and_watch(path):
+        payload = load(path)
+        loaded.append(weakref.ref(payload["buffer"]["storage"]["obs"]))
+        return payload
+
+    monkeypatch.setattr(rlfleet.launch, "load_checkpoint", load_and_watch)
+    alive = []
+
+    def watch(info):
+        gc.collect()
+        alive.append(loaded[0]() is not None)
+
+    train(resume=tmp_path / "r", steps=2_400, progress=False, callbacks=[watch])
+    assert alive and not any(alive)
