@@ -428,10 +428,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         }
 
     def load_schedule_state(self, state: Mapping[str, Any]) -> None:
-        self._beta_start = float(state["beta_start"])
-        self._beta_final = float(state["beta_final"])
-        self._beta_anneal_steps = int(state["beta_anneal_steps"])
+        """How far β's annealing has gone (``sample`` calls); its start, end and length stay as this buffer was
+        built, from the resumed run's config and budget: a run resumed with more steps anneals β over them."""
         self._sample_calls = int(state["sample_calls"])
+
+    def anneal_beta_over(self, sample_calls: int) -> None:
+        """Anneal β from its start to its end over ``sample_calls`` calls of ``sample`` (0: β stays at its start)."""
+        if sample_calls < 0:
+            raise ValueError(f"sample_calls must be >= 0, got {sample_calls}")
+        self._beta_anneal_steps = int(sample_calls)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

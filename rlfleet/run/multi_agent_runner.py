@@ -162,10 +162,9 @@ class MultiAgentRunBase(RunBase):
             lanes = copies * len(self.algo.agents_of[name])
             if algo.data == "replay":
                 buffer = algo.make_buffer(lanes, self.total_steps, seed=self.cfg.seed)
-                schedule = buffer.schedule_state()
-                if schedule.get("beta_anneal_steps"):  # β over the run's update passes: one per train_freq steps of
-                    anneal = beta_anneal_steps(algo.cfg, copies, self.total_steps)  # the copies, not of the lanes
-                    buffer.load_schedule_state({**schedule, "beta_anneal_steps": anneal})
+                if buffer.schedule_state().get("beta_anneal_steps"):  # β over the run's update passes: one per
+                    # train_freq steps of the copies, not of the lanes
+                    buffer.anneal_beta_over(beta_anneal_steps(algo.cfg, copies, self.total_steps))
                 data[name] = PolicyData(algo, lanes, buffer=buffer)
             else:
                 data[name] = PolicyData(algo, lanes, rollout_len=self.algo_cfg.rollout_len)

@@ -466,17 +466,30 @@ def test_per_schedule_state_carries_the_beta_annealing_to_an_empty_buffer():
     buf = filled_per(4, beta=0.2, beta_final=1.0, beta_anneal_steps=4, seed=0)
     for _ in range(3):
         buf.sample(2)
-    fresh = PrioritizedReplayBuffer(4, beta=0.4, beta_anneal_steps=100)
+    fresh = PrioritizedReplayBuffer(4, beta=0.2, beta_anneal_steps=4)
     fresh.load_schedule_state(round_trip(buf.schedule_state()))
     assert fresh.beta == pytest.approx(0.8) and len(fresh) == 0
     assert ReplayBuffer(4).schedule_state() == {}
+
+
+def test_per_a_resumed_schedule_anneals_beta_over_the_new_budget():
+    """A run resumed with more steps builds its buffer to anneal β over them: 3 of 8 calls made, not 3 of 4 (the
+    resume warns that annealed settings follow the new budget)."""
+    buf = filled_per(4, beta=0.2, beta_final=1.0, beta_anneal_steps=4, seed=0)
+    for _ in range(3):
+        buf.sample(2)
+    longer = PrioritizedReplayBuffer(4, beta=0.2, beta_anneal_steps=8)
+    longer.load_state_dict(round_trip(buf.state_dict()))
+    assert longer.beta == pytest.approx(0.2 + 3 / 8 * 0.8)
+    longer.anneal_beta_over(0)
+    assert longer.beta == pytest.approx(0.2)
 
 
 def test_per_state_dict_round_trip():
     buf = filled_per(8, alpha=0.7, beta=0.4, beta_anneal_steps=10, n_step=2, seed=1)
     buf.update_priorities(np.arange(8), np.arange(1.0, 9.0))
     buf.sample(4)
-    loaded = PrioritizedReplayBuffer(8, alpha=0.7, n_step=2, seed=2)
+    loaded = PrioritizedReplayBuffer(8, alpha=0.7, beta=0.4, beta_anneal_steps=10, n_step=2, seed=2)
     loaded.load_state_dict(round_trip(buf.state_dict()))
     assert loaded.beta == pytest.approx(buf.beta)
     for _ in range(3):
