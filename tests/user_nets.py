@@ -3,6 +3,8 @@ each way a user's network can be."""
 
 from __future__ import annotations
 
+import threading
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -118,6 +120,77 @@ class Dropped(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float())
+
+
+class Frozen(nn.Module):
+    """A fixed random projection (a frozen "pretrained" layer) under a trainable one."""
+
+    def __init__(self, obs_space: gym.Space, width: int = 16):
+        super().__init__()
+        self.proj = nn.Linear(int(np.prod(obs_space.shape)), 32).requires_grad_(False)
+        self.linear = nn.Linear(32, width)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(torch.relu(self.proj(obs.float()))))
+
+
+class Double(nn.Module):
+    """float64 features: wrong (the heads are float32)."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.linear = nn.Linear(int(np.prod(obs_space.shape)), 16).double()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(obs.double())
+
+
+class Squeezy(nn.Module):
+    """`squeeze()`d features: right for batches of two or more, no batch at all for one: wrong."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.linear = nn.Linear(int(np.prod(obs_space.shape)), 16)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(obs.float()).unsqueeze(1).squeeze()
+
+
+class Locked(nn.Module):
+    """Holds a lock: cannot be copied (a target network) nor sent to another process."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.linear = nn.Linear(int(np.prod(obs_space.shape)), 16)
+        self.lock = threading.Lock()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(obs.float())
+
+
+class Lambda(nn.Module):
+    """Holds a lambda: copied fine, but not sent to another process (pickle refuses it)."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.linear = nn.Linear(int(np.prod(obs_space.shape)), 16)
+        self.activation = lambda x: torch.tanh(x)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(obs.float()))
+
+
+class PretrainedNorm(nn.Module):
+    """A "pretrained" part whose BatchNorm the factory holds in eval mode (its statistics fixed) under a layer that
+    learns: the fine-tuning recipe."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(int(np.prod(obs_space.shape)), 16), nn.BatchNorm1d(16)).eval()
+        self.head = nn.Linear(16, 16)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.head(self.backbone(obs.float())))
 
 
 class FixedBatch(nn.Module):

@@ -20,7 +20,6 @@ summed step (the final observation of a truncated episode included).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -43,6 +42,7 @@ from rlfleet.fields import MAX_ENVS, NEEDS, bounded, checked
 from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
 from rlfleet.nets.recurrent import LSTMCore, State
+from rlfleet.nets.user import target_copy
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize
 
@@ -222,7 +222,7 @@ class DQN:
             cfg.net,
             cfg.net_kwargs,
         )
-        self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.q_target = target_copy(self.q)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer("adam", self.q.parameters(), cfg.lr)
         self.params = list(self.q.parameters())

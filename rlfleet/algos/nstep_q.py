@@ -21,7 +21,6 @@ asynchronous methods.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,6 +41,7 @@ from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import MAX_ENVS, NAMES_ALGORITHM, bounded, checked, one_of
 from rlfleet.nets.heads import action_mask_of, masked_logits
 from rlfleet.nets.models import QNetwork
+from rlfleet.nets.user import target_copy
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize, set_lr
 
@@ -134,7 +134,7 @@ class NStepQ:
             net=cfg.net,
             net_kwargs=cfg.net_kwargs,
         )
-        self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.q_target = target_copy(self.q)
         self.target_clock = SyncClock(cfg.target_update_every)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         self.optimizer = make_optimizer(cfg.optimizer, self.q.parameters(), cfg.lr)

@@ -21,7 +21,6 @@ only the network that has gradients. a' ~ π(·|s') for the target is sampled wi
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -44,6 +43,7 @@ from rlfleet.device import acting, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import NEEDS, bounded, checked
 from rlfleet.nets.continuous import QEnsemble, SquashedGaussianActor
+from rlfleet.nets.user import target_copy
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize
 
@@ -135,7 +135,7 @@ class SAC:
             obs_dim, self.act_dim, cfg.hidden, cfg.activation, cfg.sde, cfg.sde_init_std, user
         )
         self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, 2, user)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.critic_target = target_copy(self.critic)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.auto_alpha)
         self.target_entropy = -cfg.target_entropy_scale * self.act_dim
         self.device = place(self, device)  # networks on the learner's device before the optimizer

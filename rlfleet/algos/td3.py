@@ -19,7 +19,6 @@ both networks' parameter groups, and each step moves only the network that has g
 
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass
 from typing import Any, cast
@@ -42,6 +41,7 @@ from rlfleet.device import acting, host, place
 from rlfleet.envs.normalize import NormOptions
 from rlfleet.fields import bounded, checked, one_of
 from rlfleet.nets.continuous import DeterministicActor, QEnsemble
+from rlfleet.nets.user import target_copy
 from rlfleet.optim.make import make_optimizer
 from rlfleet.optim.step import optimize
 
@@ -161,8 +161,8 @@ class TD3:
         user = cfg.user_nets()
         self.actor = DeterministicActor(obs_dim, self.act_dim, cfg.hidden, cfg.activation, user)
         self.critic = QEnsemble(obs_dim, self.act_dim, cfg.hidden, cfg.activation, self.critics, user)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor_target = target_copy(self.actor)
+        self.critic_target = target_copy(self.critic)
         self.device = place(self, device)  # networks on the learner's device before the optimizer
         groups: list[dict[str, Any]] = [
             {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},

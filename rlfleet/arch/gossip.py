@@ -628,6 +628,11 @@ class GossipRunner(ParallelRunner):
     """The coordinator of a `gossip` run (see the module docstring): no learning of its own."""
 
     arch = "gossip"
+    learns_running_stats = False  # the workers' forward passes move their own copies' statistics
+
+    def shares_frozen(self) -> bool:
+        return not self.opts.distinct_init  # else each learner starts from a network of its own seed
+
     Options = GossipOptions
     role_learning = "always"
     waiting_for = "completed round from the learners"

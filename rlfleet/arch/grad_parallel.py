@@ -178,6 +178,7 @@ class GradParallelRunner(ParallelRunner):
     """The centre of a `grad_parallel` run (see the module docstring)."""
 
     arch = "grad_parallel"
+    learns_running_stats = False  # the workers' forward passes move their own copies' statistics
     Options: type = GradParallelOptions  # async_grad's have no --grad-sets
     role_learning = "reserved"
 

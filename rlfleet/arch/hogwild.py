@@ -150,6 +150,7 @@ class HogwildRunner(ParallelRunner):
     """The monitor of a `hogwild` run (see the module docstring)."""
 
     arch = "hogwild"
+    learns_running_stats = False  # the workers' forward passes move their own copies' statistics
     Options = SharedOptimizerOptions
     spec: HogwildSpec
 

@@ -34,13 +34,14 @@ import numpy as np
 import torch
 
 from rlfleet.algos import resolve
-from rlfleet.arch.shared import LocalCopy, algo_modules
+from rlfleet.arch.shared import LocalCopy, algo_modules, untracked_state
 from rlfleet.backends import BACKENDS, Pending, RoleGroup, RunFailure, ServiceGroup, StoppedWhileStarting, make_backend
 from rlfleet.backends.shared_memory import StopFlag, WeightVersion
 from rlfleet.data.rollout import RolloutStorage
 from rlfleet.device import host_modules, sync_host, worker_device
 from rlfleet.envs import make_vector_env
 from rlfleet.fields import MAX_ROLES, bounded, checked, one_of
+from rlfleet.nets.user import untravelled
 from rlfleet.optim.shared import ALGO, OptimizerRecipe, is_shared
 from rlfleet.run.checkpoint import load_algo_state
 from rlfleet.run.collector import Collector
@@ -253,6 +254,14 @@ class ParallelRunner(RunBase):
     act there; hogwild's workers learn in CPU shared memory); `reserved`, on the GPU a Ray role reserved with
     `--gpus-per-role` and on the CPU otherwise (gradient workers); `always`, on the run's device (allreduce's and
     gossip's learners: on Ray, each on the GPU it reserved)."""
+    learns_running_stats = True
+    """The network the run evaluates and checkpoints runs forward in training mode, which moves its running statistics
+    (BatchNorm's); False where the workers learn on copies of it and send back only gradients or parameters."""
+
+    def shares_frozen(self) -> bool:
+        """Whether every role acts and learns with the coordinator's frozen parameters (`LocalCopy.pull` copies them;
+        roles that build their own network from their own seed have their own)."""
+        return True
 
     def role_device(self) -> str:
         """The device each role builds its own algorithm object on (`WorkerSpec.device`)."""
@@ -300,6 +309,29 @@ class ParallelRunner(RunBase):
                 "the CPU with --device cpu"
             )
 
+    def check_untracked_state(self) -> None:
+        """Refuse a network of the user's that cannot be sent to the roles' processes, or (the built-in ones have
+        neither) whose running statistics the architecture would never learn, or whose frozen parameters its roles
+        would not share: the run would act, evaluate and checkpoint with a network other than the one its workers
+        learn."""
+        if not BACKENDS[self.opts.backend].in_process:  # the roles get the networks pickled, as processes
+            problem = next(filter(None, map(untravelled, algo_modules(self.algo).values())), None)
+            if problem is not None:
+                raise ConfigError(f"{problem}: --arch {self.arch} runs its roles as processes")
+        running, frozen = untracked_state(algo_modules(self.algo))
+        keeping = "single, data_parallel, apex or allreduce"  # the architectures that run the learner's network
+        if running and not self.learns_running_stats:
+            raise ConfigError(
+                f"--arch {self.arch} would never learn the network's running statistics ({running[0]}): its workers "
+                f"run forward on copies of it and send back only gradients or parameters; use --arch {keeping}, or "
+                "track_running_stats=False"
+            )
+        if frozen and not self.shares_frozen():
+            raise ConfigError(
+                f"--arch {self.arch} builds a network in each role from its own seed, so the network's frozen "
+                f"parameters ({frozen[0]}) would differ between them; use another architecture"
+            )
+
     def check_parallel(self, on_policy_only: bool, uses_optimizer: bool) -> None:
         """Refuse what the architecture cannot run. `on_policy_only`: it applies one gradient of the algorithm's
         loss per segment (hogwild, grad_parallel), which only on-policy algorithms whose own update is that one
@@ -328,6 +360,7 @@ class ParallelRunner(RunBase):
             )
         self.check_machine_fits()
         self.check_role_gpus()
+        self.check_untracked_state()
         for option, state in (("obs_norm", self.obs_stats), ("reward_norm", self.reward_norm)):
             if state is not None:
                 raise ConfigError(

@@ -377,6 +377,11 @@ class ParamServerRunner(ParallelRunner):
     """The coordinator of a `param_server` run (see the module docstring)."""
 
     arch = "param_server"
+    learns_running_stats = False  # the workers' forward passes move their own copies' statistics
+
+    def shares_frozen(self) -> bool:
+        return False  # each worker builds its network from its own seed; the servers hold the trainable parameters
+
     Options = ParamServerOptions
 
     def build_algo(self, seed: int) -> Any:

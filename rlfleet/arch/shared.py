@@ -46,9 +46,26 @@ def frozen_state(modules: dict[str, nn.Module]) -> list[torch.Tensor]:
     return [t for module in modules.values() if _frozen(module) for t in module.state_dict().values()]
 
 
+def untracked_state(modules: dict[str, nn.Module]) -> tuple[list[str], list[str]]:
+    """What the networks with trainable parameters hold besides them, that no gradient carries from one process to
+    another: (the modules with running statistics — BatchNorm's, moved by every forward in training mode —, the
+    frozen parameters — a pretrained layer held fixed), each by its name in the network."""
+    running, frozen = [], []
+    for name, module in modules.items():
+        if _frozen(module):
+            continue
+        for sub, m in module.named_modules(prefix=name):
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+                running.append(sub)
+        frozen += [f"{name}.{key}" for key, p in module.named_parameters() if not p.requires_grad]
+    return running, frozen
+
+
 class LocalCopy:
-    """A worker's algorithm object tied to the shared networks: `pull()` copies the shared weights in,
-    `push_grads()` hands the local gradients to the shared parameters (for an optimizer over them).
+    """A worker's algorithm object tied to the shared networks: `pull()` copies the shared weights in (their whole
+    state: frozen parameters and buffers such as BatchNorm's statistics too, so that every process acts with the
+    learner's network), `push_grads()` hands the local gradients to the shared parameters (for an optimizer over
+    them).
 
     `share_frozen=True` (hogwild) puts the shared target networks themselves into the local algorithm, so
     its schedule syncs the one target all workers use; `share_frozen=False` (data- and gradient-parallel
@@ -74,6 +91,10 @@ class LocalCopy:
             for lp, sp in zip(local[name].parameters(), module.parameters(), strict=True):
                 if sp.requires_grad:
                     self.pairs.append((lp, sp))
+            local_state, shared_state = local[name].state_dict(keep_vars=True), module.state_dict(keep_vars=True)
+            self.frozen_pairs += [  # the rest of its state: copied, never given gradients
+                (local_state[k].detach(), t.detach()) for k, t in shared_state.items() if not t.requires_grad
+            ]
         self.local_params = [lp for lp, _ in self.pairs]
         self.shared_params = [sp for _, sp in self.pairs]
 

@@ -10,9 +10,12 @@ them for a `Dict` space) and returns one feature vector per observation, `[batch
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib
-from collections.abc import Callable
-from typing import Any, cast
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -64,6 +67,12 @@ def net_path(net: Any, field: str = "net") -> str:
     the top level of an importable module: the path is what runs keep and other processes import)."""
     if isinstance(net, str):
         return net
+    if isinstance(net, nn.Module):  # built already: each process and every resume must build its own
+        cls = type(net)
+        raise NetError(
+            f"{field}= a {cls.__name__} object: give the factory that builds it (the class, {cls.__module__}."
+            f"{cls.__qualname__}, or a function) or its path, package.module:factory"
+        )
     module, name = getattr(net, "__module__", None), getattr(net, "__qualname__", None)
     if not callable(net) or not isinstance(module, str) or not isinstance(name, str):
         raise NetError(f"{field}={net!r}: give a factory (a class or function that builds a torch module) or its path")
@@ -79,9 +88,10 @@ def net_path(net: Any, field: str = "net") -> str:
     return path
 
 
-PROBE_ROWS = (2, 3)
-"""The batch sizes a user module is tried on when it is built: two, so that one that only works for a batch size it
-assumed fails here, in one line, rather than in the run."""
+PROBE_ROWS = (1, 2, 3)
+"""The batch sizes a user module is tried on when it is built: one (a single env acts on a batch of one, which a
+`squeeze()` turns into no batch) and two more, so that one that only works for a batch size it assumed fails here, in
+one line, rather than in the run."""
 
 
 class UserModule(nn.Module):
@@ -106,32 +116,37 @@ class UserModule(nn.Module):
 
     def _call(self, *inputs: Any) -> torch.Tensor:
         """The module's output: in eval mode under inference mode (acting), else in its own mode (learning)."""
-        if not (torch.is_inference_mode_enabled() and self.net.training):
+        if not torch.is_inference_mode_enabled():
             return cast(torch.Tensor, self.net(*inputs))
+        with self._in_eval_mode():
+            return cast(torch.Tensor, self.net(*inputs))
+
+    @contextlib.contextmanager
+    def _in_eval_mode(self) -> Iterator[None]:
+        """The whole module in eval mode meanwhile, then each submodule back in the mode it was in: a part the user's
+        factory put in eval mode (a pretrained backbone's BatchNorm, held fixed while the rest fine-tunes) stays so."""
+        modes = [(m, m.training) for m in self.net.modules()]
         self.net.eval()
         try:
-            return cast(torch.Tensor, self.net(*inputs))
+            yield
         finally:
-            self.net.train()
+            for m, training in modes:
+                m.training = training
 
     def _probe(self, inputs: tuple[Any, ...], rows: int, shown: str) -> torch.Tensor:
         """The module's output for `rows` sample inputs (`shown` in messages), which must be one floating-point tensor
         with a row per sample. Taken in eval mode, as acting does: BatchNorm's statistics are not moved by it."""
-        training = self.net.training
         try:
-            with torch.no_grad():
-                self.net.eval()
+            with torch.no_grad(), self._in_eval_mode():
                 out = self.net(*inputs)
         except Exception as exc:  # the user's forward may raise anything
             raise NetError(f"{self.option} {self.path}: its module failed on {shown} ({_one_line(exc)})") from None
-        finally:
-            self.net.train(training)
         if isinstance(out, tuple):
             raise NetError(
                 f"{self.option} {self.path}: its module returned a tuple; a network here returns one tensor "
                 "(recurrence: --set lstm=N puts an LSTM core on top of a --net)"
             )
-        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() == 0 or len(out) != rows:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or out.dim() == 0 or len(out) != rows:
             raise NetError(f"{self.option} {self.path}: its module maps {shown} to {_shown(out)}; {self.wanted}")
         return out
 
@@ -157,7 +172,7 @@ class UserNet(UserModule):
         args = (obs_space,) if action_space is None else (obs_space, action_space)
         super().__init__(path, kwargs, args, option)
         self.wanted = (
-            "the heads need floating-point features [batch, features], at least one feature, as many for every batch"
+            "the heads need float32 features [batch, features], at least one feature, as many for every batch"
             if outputs is None
             else f"the actor must give [batch, {outputs}]"
         )
@@ -208,13 +223,47 @@ def sample_batch(space: gym.Space[Any], n: int) -> Any:
 
 
 def _shown(out: Any) -> str:
-    return str(list(out.shape)) if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+    return _shapes(out) if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
 
 
 def _shapes(batch: Any) -> str:
     if isinstance(batch, dict):
         return "{" + ", ".join(f"{k}: {_shapes(v)}" for k, v in batch.items()) + "}"
     return f"{list(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def target_copy(module: M) -> M:
+    """A target network: a copy of `module` without gradients. A network of the user's in it that cannot be copied
+    (it holds a lock, an open file) is one `NetError` naming it."""
+    try:
+        return copy.deepcopy(module).requires_grad_(False)
+    except Exception as exc:  # what the user's module holds may refuse to be copied in any way
+        user = next((m for m in module.modules() if isinstance(m, UserModule)), None)
+        if user is None:
+            raise
+        raise NetError(f"{user.option} {user.path}: its module cannot be copied for a target network "
+                       f"({_one_line(exc)})") from None  # fmt: skip
+
+
+def untravelled(module: nn.Module) -> str | None:
+    """What keeps the user's networks in `module` from being sent to another process (pickled, as worker processes
+    get them), in one line; None when nothing does."""
+    for user in (m for m in module.modules() if isinstance(m, UserModule)):
+        try:
+            pickle.dump(user.net, _Discard(), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # a lambda, a lock, an open file: whatever pickle refuses
+            return f"{user.option} {user.path}: its module cannot be sent to another process ({_one_line(exc)})"
+    return None
+
+
+class _Discard:
+    """A file that keeps nothing: what `untravelled` pickles into."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
 
 
 def _one_line(exc: BaseException) -> str:

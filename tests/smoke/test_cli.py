@@ -527,21 +527,34 @@ USER_NETS = {
     "net-not-a-module": ((*TRAIN, "--net", "user_nets:not_a_module"), ["returned a list, not a torch.nn.Module"]),
     "net-output-3d": (
         (*TRAIN, "--net", "user_nets:ThreeDimensional"),
-        ["maps observations [2, 4] float32 to [2, 2, 3]", "[batch, features]"],
+        ["maps observations [1, 4] float32 to [1, 2, 3] float32", "[batch, features]"],
     ),
     "net-returns-state": ((*TRAIN, "--net", "user_nets:WithState"), ["returned a tuple", "--set lstm=N"]),
     "net-fixed-batch": (
         (*TRAIN, "--net", "user_nets:FixedBatch"),
-        ["maps observations [3, 4] float32 to [2, 12]", "[batch, features]"],
+        ["maps observations [1, 4] float32 to [2, 4] float32", "[batch, features]"],
     ),
-    "net-no-features": ((*TRAIN, "--net", "user_nets:no_features"), ["to [2, 0]", "at least one feature"]),
+    "net-float64-features": (
+        (*TRAIN, "--net", "user_nets:Double"),
+        ["maps observations [1, 4] float32 to [1, 16] float64", "the heads need float32 features"],
+    ),
+    "net-squeezed-batch-of-one": ((*TRAIN, "--net", "user_nets:Squeezy"), ["to [16] float32", "[batch, features]"]),
+    "net-not-copyable": (
+        ("train", "dqn", "--env", "CartPole-v1", "--net", "user_nets:Locked", "--logdir", "runs"),
+        ["--net user_nets:Locked: its module cannot be copied for a target network", "cannot pickle"],
+    ),
+    "net-not-picklable-for-processes": (
+        (*DC, "--net", "user_nets:Lambda", "--workers", "2"),
+        ["--net user_nets:Lambda: its module cannot be sent to another process", "runs its roles as processes"],
+    ),
+    "net-no-features": ((*TRAIN, "--net", "user_nets:no_features"), ["to [1, 0] float32", "at least one feature"]),
     "actor-net-outputs": (
         ("train", "sac", "--env", "Pendulum-v1", "--logdir", "runs", "--actor-net", "user_nets:Actor"),
-        ["--actor-net user_nets:Actor", "maps observations [2, 3] float32 to [2, 1]", "[batch, 2]"],
+        ["--actor-net user_nets:Actor", "maps observations [1, 3] float32 to [1, 1] float32", "[batch, 2]"],
     ),
     "critic-net-two-values": (
         ("train", "td3", "--env", "Pendulum-v1", "--logdir", "runs", "--critic-net", "user_nets:PairCritic"),
-        ["--critic-net user_nets:PairCritic", "to [2, 2]", "[batch] or [batch, 1]"],
+        ["--critic-net user_nets:PairCritic", "to [1, 2] float32", "[batch] or [batch, 1]"],
     ),
     "actor-net-with-sde": (
         (

@@ -13,10 +13,12 @@ import user_nets
 
 from rlfleet import train
 from rlfleet.algos import algorithm_names, resolve
+from rlfleet.arch.shared import LocalCopy, algo_modules
 from rlfleet.launch import check_run
 from rlfleet.nets.models import ActorCritic, torch_default_init
 from rlfleet.nets.user import NetError, UserNet, net_path
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rlfleet.run.config import ConfigError
 from rlfleet.run.evaluate import evaluate_checkpoint
 
 CONTINUOUS = {"ddpg", "td3", "sac"}
@@ -71,8 +73,25 @@ def test_a_user_network_acts_in_eval_mode_and_learns_in_training_mode(algo):
     assert not torch.equal(features, users[0](torch.as_tensor(obs)))  # dropout draws: training mode outside acting
 
 
+def test_a_part_the_factory_put_in_eval_mode_stays_there_through_acting_and_learning():
+    """A pretrained backbone's BatchNorm held fixed (eval mode) while the rest fine-tunes: building the network and
+    acting switched the whole module back to training mode, and every update then moved the pretrained statistics."""
+    algo_cls, config_cls, _, _ = resolve("ppo")
+    env = gym.make("CartPole-v1")
+    agent = algo_cls(config_cls(net="user_nets:PretrainedNorm"), env.observation_space, env.action_space)
+    user = next(u for u in agent.model.modules() if isinstance(u, UserNet))
+    norm = user.net.backbone[1]
+    agent.act(np.zeros((4, 4), np.float32), explore=True)
+    assert not norm.training and user.net.head.training
+    before = norm.running_mean.clone()
+    user(torch.randn(8, 4))  # a learning pass
+    assert torch.equal(norm.running_mean, before) and int(norm.num_batches_tracked) == 0
+
+
 def test_net_given_as_an_object_is_kept_as_its_import_path():
     assert net_path(user_nets.mlp) == "user_nets:mlp" and net_path(user_nets.SmallCNN) == "user_nets:SmallCNN"
+    with pytest.raises(NetError, match=r"^net= a Scaled object: give the factory that builds it \(the class, user_"):
+        net_path(user_nets.Scaled(gym.spaces.Box(-1, 1, (4,))))
     with pytest.raises(NetError, match="a lambda or a local function, which other processes"):
         net_path(lambda space: torch.nn.Linear(4, 4))
 
@@ -179,3 +198,42 @@ def test_a_whole_actor_and_critics_of_the_user_take_the_built_in_ones_place(algo
                    eval_episodes=1, overrides={"learning_starts": 200, "random_steps": 200}, **run_opts)  # fmt: skip
     state = load_checkpoint(result.run_dir)["algo"]
     assert {key.split(".")[1] for key in state["critic"]} == {str(k) for k in range(agent.critic.n)}  # members.K.net
+
+
+def test_a_worker_s_copy_takes_the_learner_s_running_statistics_and_frozen_parameters():
+    """Samplers and actors pulled only the trainable parameters: they acted with BatchNorm's initial statistics while
+    the learner's moved, and with frozen layers drawn from their own seeds."""
+    env = gym.make("CartPole-v1")
+    algo_cls, config_cls, _, _ = resolve("ppo")
+    for net in ("user_nets:Dropped", "user_nets:Frozen"):
+        spaces = (env.observation_space, env.action_space)
+        learner, worker = (algo_cls(config_cls(net=net), *spaces, seed=seed) for seed in (0, 1))
+        with torch.no_grad():
+            for m in learner.model.modules():
+                if isinstance(m, torch.nn.BatchNorm1d):
+                    m.running_mean.fill_(5.0)
+                    m.num_batches_tracked.fill_(7)
+        LocalCopy(worker, algo_modules(learner), share_frozen=False).pull()
+        mine = worker.model.state_dict()
+        for name, theirs in learner.model.state_dict().items():
+            assert torch.equal(theirs, mine[name]), name
+
+
+@pytest.mark.parametrize(
+    "arch, net, options, message",
+    [
+        ("hogwild", "Dropped", {"workers": 2}, r"--arch hogwild would never learn the network's running statistics"),
+        ("grad_parallel", "Dropped", {"workers": 2}, "running statistics"),
+        ("param_server", "Dropped", {"workers": 2}, "running statistics"),
+        ("gossip", "Dropped", {"learners": 2}, "running statistics"),
+        ("param_server", "Frozen", {"workers": 2}, r"parameters \(model.actor_body.net.proj.weight\) would"),
+        ("gossip", "Frozen", {"learners": 2, "distinct_init": True}, "frozen parameters"),
+    ],
+)
+def test_an_architecture_that_would_lose_a_network_s_statistics_or_frozen_layers_refuses_it(arch, net, options, message,
+                                                                                            tmp_path):  # fmt: skip
+    """Their workers learn on copies and send back gradients or parameters: the checkpoint kept BatchNorm's initial
+    statistics, and each role drew its own frozen layer."""
+    with pytest.raises(ConfigError, match=message):
+        train("a2c", "CartPole-v1", arch=arch, net=f"user_nets:{net}", steps=500, logdir=str(tmp_path), **options)
+    assert not any(tmp_path.iterdir())
