@@ -729,15 +729,28 @@ class RunBase(abc.ABC):
         return result
 
     def _exploration_hint(self, result: dict[str, Any]) -> str | None:
-        """`exploration_hint` for an unsolved run with evaluations (the do-nothing policy on fresh eval envs)."""
+        """`exploration_hint` for an unsolved run with evaluations (the do-nothing policy on fresh eval envs); for a
+        run that made no update, what kept it from learning instead (exploration is not the problem there)."""
         if result["solved"] or result["best_eval_return"] is None:
             return None
+        if not result["updates"]:
+            starts = getattr(self.algo_cfg, "learning_starts", None)
+            return "hint: the run made no update" + (
+                f": its replay learns after learning_starts={starts} env steps; give it more --steps or a smaller "
+                "--set learning_starts"
+                if starts
+                else ""
+            )
         best, space = result["best_eval_return"], self.env_info["action_space"]
         seed = self.cfg.seed + 10_000
         n = self.cfg.eval_episodes
-        return exploration_hint(
-            self.cfg.algo, best, space, self.make_eval_envs, n, seed, self.algo_cfg, max_steps=self.eval_max_steps
-        )
+        try:
+            return exploration_hint(
+                self.cfg.algo, best, space, self.make_eval_envs, n, seed, self.algo_cfg, max_steps=self.eval_max_steps
+            )
+        except Exception as exc:  # a hint must never lose a finished run's result.json
+            log.warning(f"warning: could not weigh the run against doing nothing: {exc}")
+            return None
 
     def _result(self, stopped_by: str, wall: float) -> dict[str, Any]:
         last = self.state["last_eval"] or {"mean": None, "std": None, "cut": None}

@@ -13,6 +13,7 @@ from procs import RLFLEET
 
 from rlfleet import train
 from rlfleet.algos.env_presets import all_env_presets, env_preset
+from rlfleet.run import runner as runner_module
 
 ENTRIES = [(algo, env) for algo, envs in all_env_presets().items() for env in envs]
 
@@ -66,3 +67,27 @@ def test_cli_prints_the_picked_preset_and_the_hint_of_a_run_that_never_beat_doin
     assert solved.returncode == 0, solved.stderr
     assert json.loads((tmp_path / "solved" / "result.json").read_text())["exploration_hint"] is None
     assert "hint:" not in solved.stdout
+
+
+def test_a_run_that_made_no_update_is_told_so_not_to_explore_more(tmp_path):
+    """Ended before learning_starts, its evaluations are of the initial network: the exploration advice was wrong."""
+    result = train("td3", "Pendulum-v1", steps=600, eval_every=600, eval_episodes=1, logdir=str(tmp_path),
+                   progress=False)  # fmt: skip
+    assert result["updates"] == 0 and result["exploration_hint"] == (
+        "hint: the run made no update: its replay learns after learning_starts=1000 env steps; give it more --steps or "
+        "a smaller --set learning_starts"
+    )
+
+
+def test_a_hint_that_fails_loses_nothing_of_the_finished_run(tmp_path, monkeypatch):
+    """The do-nothing baseline plays the env once more at the end: an env that fails then cost the run its
+    result.json and curves.png."""
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the env broke")
+
+    monkeypatch.setattr(runner_module, "exploration_hint", failing)
+    result = train("td3", "Pendulum-v1", steps=1_200, eval_every=1_200, eval_episodes=1, logdir=str(tmp_path),
+                   name="r", progress=False)  # fmt: skip
+    assert result["updates"] > 0 and result["exploration_hint"] is None
+    assert (tmp_path / "r" / "result.json").exists() and (tmp_path / "r" / "curves.png").exists()
