@@ -116,9 +116,27 @@ class EmptyDict(_Unlearnable):
     observation_space = gym.spaces.Dict({})
 
 
+class NoRenderMode(gym.Env):
+    """An env whose constructor takes no `render_mode` (gym.make passes one only where it is given)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        pass
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, True, False, {}
+
+
 gym.register("DictCue-v0", entry_point="space_envs:DictCue", reward_threshold=0.99)
 gym.register("JointChoice-v0", entry_point="space_envs:JointChoice", reward_threshold=0.99)
 gym.register("BitMatch-v0", entry_point="space_envs:BitMatch", reward_threshold=0.99)
 gym.register("DictPendulum-v0", entry_point="space_envs:DictPendulum", max_episode_steps=200, reward_threshold=-250)
 gym.register("HugeDiscrete-v0", entry_point="space_envs:HugeDiscrete")
 gym.register("EmptyDict-v0", entry_point="space_envs:EmptyDict")
+gym.register("NoRenderMode-v0", entry_point="space_envs:NoRenderMode")

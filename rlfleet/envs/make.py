@@ -32,6 +32,7 @@ import functools
 import importlib
 import logging
 import multiprocessing
+import os
 import pickle
 import re
 from collections.abc import Callable
@@ -67,7 +68,7 @@ from rlfleet.envs.wrappers import (
     needs_flat_dict,
     sign_reward,
 )
-from rlfleet.fields import MissingExtraError
+from rlfleet.fields import ConfigError, MissingExtraError
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,12 @@ def route_mujoco_warnings() -> None:
         import mujoco
     except ImportError:
         raise MissingExtraError(f"MuJoCo envs need mujoco, which is not installed: {MUJOCO_INSTALL_HINT}") from None
+    except Exception as exc:  # the renderer MUJOCO_GL names does not load (osmesa without libOSMesa)
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"MuJoCo does not load with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} ({type(exc).__name__}: {text}): "
+            "leave MUJOCO_GL unset to train and evaluate without rendering, or install that renderer"
+        ) from None
 
     if mujoco.get_mju_user_warning() is not None:  # set already (by rlfleet, or by the user's own handler)
         return
@@ -368,7 +375,8 @@ def make_env(
             if is_minatar_spec(spec):
                 built = RecordEpisodeStatistics(make_minatar(spec, render_mode, env_kwargs))
             else:
-                built = RecordEpisodeStatistics(gym.make(spec.id, render_mode=render_mode, **env_kwargs))
+                rendering: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}  # or none
+                built = RecordEpisodeStatistics(gym.make(spec.id, **rendering, **env_kwargs))
     elif callable(env):
         if env_kwargs or render_mode is not None:
             given = sorted(env_kwargs) + (["render_mode"] if render_mode is not None else [])

@@ -9,6 +9,7 @@ counts with the return it had, and the evaluation says how many were cut (`Evalu
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,30 +140,78 @@ def agent_of(payload: dict[str, Any], checkpoint: str | Path, run: dict[str, Any
 
 
 GIF_MIN_SIDE = 240
-"""Pixels a GIF frame's shorter side has at least: smaller frames (MinAtar's 10×10 grid) are enlarged by a whole
-factor, each cell a block of pixels (nearest neighbour), so that the GIF can be watched."""
+"""Pixels a GIF frame's shorter side has at least where it is a grid (`GIF_GRID_SIDE`): smaller frames (MinAtar's
+10×10) are enlarged by a whole factor, each cell a block of pixels (nearest neighbour), so that the GIF can be
+watched."""
+GIF_GRID_SIDE = 100
+"""Frames whose shorter side has fewer pixels are grids to enlarge; larger ones (Atari's 210×160) stay as they are."""
 
 
-def gif_frame(frame: Any) -> np.ndarray:
-    """An env's `rgb_array` frame as a GIF frame: `uint8` (a float frame, MinAtar's, holds [0, 1] intensities) and
-    at least `GIF_MIN_SIDE` pixels on its shorter side."""
+def gif_pixels(frame: Any) -> np.ndarray:
+    """An env's `rgb_array` frame as `uint8` pixels (a float frame, MinAtar's, holds [0, 1] intensities)."""
     frame = np.asarray(frame)
     if frame.dtype.kind == "f":
         frame = np.rint(np.clip(np.nan_to_num(frame), 0.0, 1.0) * 255)
     if frame.dtype.kind == "b":
         frame = frame * 255
-    frame = frame.astype(np.uint8, copy=False)
-    scale = -(-GIF_MIN_SIDE // max(1, min(frame.shape[:2])))  # ceiling
-    if scale > 1:
-        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
-    return frame
+    return frame.astype(np.uint8, copy=False)
 
 
-def _save_gif(frames: list[np.ndarray], path: Path, fps: int = 30) -> None:
+def gif_scale(frame: np.ndarray) -> int:
+    """The whole factor a frame of this size is enlarged by in a GIF (1: not at all)."""
+    side = max(1, min(frame.shape[:2]))
+    return -(-GIF_MIN_SIDE // side) if side < GIF_GRID_SIDE else 1  # ceiling
+
+
+def gif_frame(frame: Any) -> np.ndarray:
+    """An env's `rgb_array` frame as a GIF shows it: `uint8`, a grid enlarged to `GIF_MIN_SIDE` pixels."""
+    pixels = gif_pixels(frame)
+    scale = gif_scale(pixels)
+    return pixels.repeat(scale, axis=0).repeat(scale, axis=1) if scale > 1 else pixels
+
+
+class GifFrames:
+    """An episode's frames for a GIF, kept small as they come: each a palette image (a byte a pixel, where the frame
+    has three) at the env's own size, and a frame equal to the one before only lengthens that one's time on screen.
+    An Atari agent that never starts its game keeps one frame for its 27,000 steps, where holding every frame
+    enlarged took about 17 GB. `len` counts the frames given."""
+
+    def __init__(self) -> None:
+        self.images: list[Any] = []
+        self.repeats: list[int] = []
+        self.count = 0
+        self._last: np.ndarray | None = None
+
+    def append(self, frame: Any) -> None:
+        from PIL import Image
+
+        self.count += 1
+        pixels = gif_pixels(frame)
+        if self._last is not None and pixels.shape == self._last.shape and np.array_equal(pixels, self._last):
+            self.repeats[-1] += 1
+            return
+        self._last = pixels
+        image = Image.fromarray(pixels)
+        self.images.append(image.convert("P", palette=Image.Palette.ADAPTIVE) if image.mode == "RGB" else image)
+        self.repeats.append(1)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def _save_gif(frames: GifFrames | list[Any], path: Path, fps: int = 30) -> None:
+    """Write `frames` (a `GifFrames`, or the env's frames themselves) as a looping GIF of `fps` frames a second."""
     from PIL import Image
 
-    images = [Image.fromarray(gif_frame(f)) for f in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    if not isinstance(frames, GifFrames):
+        kept = GifFrames()
+        for frame in frames:
+            kept.append(frame)
+        frames = kept
+    scale = gif_scale(np.asarray(frames._last))
+    images = [im.resize((im.width * scale, im.height * scale), Image.Resampling.NEAREST) for im in frames.images]
+    durations = [round(1000 * n / fps) for n in frames.repeats]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=durations, loop=0)
 
 
 def checkpoint_bound(run: dict[str, Any], max_steps: int | None) -> int:
@@ -247,9 +296,9 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rendering to arrays needs no display
     returns, cut = np.zeros(episodes), 0
     for i in range(episodes):
-        env = make_env(run["env"], seed=seed + i, training=False, render_mode="rgb_array", **run["env_kwargs"])
-        obs, _ = env.reset(seed=seed + i)
-        frames: list[Any] = [_first_frame(env, run["env"])]  # rgb_array frames
+        env, obs, first = _rendering_env(run, seed + i)
+        frames = GifFrames()
+        frames.append(first)
         done, state, steps = False, None, 0
         while not done and steps < bound:
             act, _, state = algo.act(stack_obs([obs]), state, explore=False)  # a batch of one
@@ -259,23 +308,45 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
             done, steps = terminated or truncated, steps + 1
         cut += not done
         env.close()
-        video_dir.mkdir(parents=True, exist_ok=True)  # not before: an env that cannot render leaves no empty folder
+        if i == 0:  # not before: an env that cannot render leaves no empty folder
+            _start_video_folder(video_dir)
         _save_gif(frames, video_dir / f"episode-{i}.gif")
     return Evaluation(returns, cut, bound)
 
 
-def _first_frame(env: Any, env_id: str) -> Any:
-    """An env's first `rgb_array` frame; a MuJoCo env that cannot render (no OpenGL for it: `MUJOCO_GL` unset on a
-    machine without a display) is a `ConfigError` that says how to give it one."""
+def _start_video_folder(video_dir: Path) -> None:
+    """Make `video_dir`, without the GIFs an earlier `--video` into it left (which this one's would seem to be)."""
+    video_dir.mkdir(parents=True, exist_ok=True)
+    for old in video_dir.glob("episode-*.gif"):
+        old.unlink()
+
+
+def _rendering_env(run: dict[str, Any], seed: int) -> tuple[Any, Any, Any]:
+    """A single env of the run that renders `rgb_array` frames, reset with `seed`: (env, first observation, first
+    frame). An env that cannot render so — made without the render mode, no frame, or (MuJoCo) no OpenGL: `MUJOCO_GL`
+    unset on a machine without a display — is one `ConfigError` (with how MuJoCo gets a renderer)."""
+    env_id, env = run["env"], None
     try:
-        return env.render()
-    except Exception as exc:
-        if not type(exc).__module__.startswith("mujoco"):
-            raise
-        env.close()
+        with warnings.catch_warnings():  # an env that declares no rgb_array mode: the frame it gives, or the line below
+            warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
+            env = make_env(env_id, seed=seed, training=False, render_mode="rgb_array", **run["env_kwargs"])
+        obs, _ = env.reset(seed=seed)
+        frame = env.render()
+        if not isinstance(frame, np.ndarray):
+            raise TypeError(f"render() gave {type(frame).__name__}, not an array")
+        return env, obs, frame
+    except Exception as exc:  # the env's own code may raise anything
+        if env is not None:
+            env.close()
+        text = (str(exc).strip().splitlines() or [""])[0]
+        advice = (
+            "; MuJoCo renders offscreen with MUJOCO_GL=egl (a GPU's) or MUJOCO_GL=osmesa (software)"
+            if "mujoco" in f"{type(exc).__module__} {text}".lower()
+            or env_info(env_id, run["env_kwargs"])["family"] == "mujoco"
+            else ""
+        )
         raise ConfigError(
-            f"--video: {env_id} cannot render ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            "MuJoCo renders offscreen with MUJOCO_GL=egl (a GPU's) or MUJOCO_GL=osmesa (software)"
+            f"--video: {env_id} cannot render rgb_array frames ({type(exc).__name__}: {text}){advice}"
         ) from None
 
 
@@ -288,13 +359,14 @@ def _evaluate_agents_on_video(
     parts = []
     for i in range(episodes):
         env = make_agent_env(run["env"], "rgb_array", **run["env_kwargs"])
-        frames: list[Any] = []  # rgb_array frames
+        frames = GifFrames()
         record = lambda _, env=env, frames=frames: frames.append(env.render())  # noqa: E731
         try:
             parts.append(evaluate_agents(policies, [env], seed + i, bound, record))
         finally:
             env.close()
-        video_dir.mkdir(parents=True, exist_ok=True)
+        if i == 0:
+            _start_video_folder(video_dir)
         _save_gif(frames, video_dir / f"episode-{i}.gif", fps=10)
     return AgentEvaluation(
         {agent: np.concatenate([p.agents[agent] for p in parts]) for agent in parts[0].agents},

@@ -77,6 +77,15 @@ def test_make_env_from_id_records_episode_statistics() -> None:
     env.close()
 
 
+def test_an_env_whose_constructor_takes_no_render_mode_is_made_as_gym_makes_it() -> None:
+    """gym.make("NoRenderMode-v0") works; rlfleet passed render_mode=None to every env, which such an env refuses."""
+    import space_envs  # noqa: F401  # registers it
+
+    env = make_env("NoRenderMode-v0", seed=0)
+    assert env.reset(seed=0)[0].shape == (2,)
+    env.close()
+
+
 def test_make_env_from_callable() -> None:
     env = make_env(lambda: gym.make("CartPole-v1"), seed=1)
     obs, _ = env.reset()

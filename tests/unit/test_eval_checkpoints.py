@@ -6,12 +6,16 @@ line."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from procs import RLFLEET
 
 import rlfleet
 from rlfleet.envs import make_vector_env
@@ -19,7 +23,15 @@ from rlfleet.fields import MAX_ENVS, ConfigError
 from rlfleet.run import checkpoint as checkpoint_module
 from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rlfleet.run.config import MAX_SEED, RunConfig
-from rlfleet.run.evaluate import GIF_MIN_SIDE, _evaluate_on_video, _save_gif, evaluate_checkpoint, gif_frame, load_agent
+from rlfleet.run.evaluate import (
+    GIF_MIN_SIDE,
+    GifFrames,
+    _evaluate_on_video,
+    _save_gif,
+    evaluate_checkpoint,
+    gif_frame,
+    load_agent,
+)
 from rlfleet.run.recording import collect_demonstrations
 
 
@@ -90,6 +102,44 @@ def test_a_tiny_float_frame_becomes_a_viewable_gif_frame():
     assert frame.sum() == (255 + 128) * scale * scale
     big = np.full((400, 300, 3), 7, np.uint8)
     assert gif_frame(big).shape == big.shape and (gif_frame(big) == big).all()  # an Atari-sized frame stays as it is
+
+
+def test_a_gif_keeps_each_frame_small_and_a_repeated_frame_once():
+    """Every raw frame of an episode was held, enlarged, until its GIF was written: about 17 GB for an Atari agent
+    that never starts its game in 27,000 steps. A frame equal to the one before only lengthens it."""
+    atari = np.zeros((210, 160, 3), np.uint8)
+    frames = GifFrames()
+    for k in (0, 0, 0, 1, 1, 0):
+        frames.append(atari + k)
+    assert len(frames) == 6 and frames.repeats == [3, 2, 1] and len(frames.images) == 3
+    assert all(im.mode == "P" and im.size == (160, 210) for im in frames.images)  # a byte a pixel, not enlarged
+    assert gif_frame(atari).shape == atari.shape  # an Atari frame is not a grid to enlarge
+
+
+def test_a_gif_shows_repeated_frames_for_as_long(tmp_path):
+    frames = [np.full((10, 10, 3), v) for v in (0.0, 0.0, 0.0, 1.0)]
+    _save_gif(frames, tmp_path / "g.gif", fps=10)
+    with Image.open(tmp_path / "g.gif") as gif:
+        durations = []
+        for k in range(gif.n_frames):
+            gif.seek(k)
+            durations.append(gif.info["duration"])
+    assert durations == [300, 100]
+
+
+def test_a_video_folder_keeps_only_this_evaluation_s_gifs(tmp_path):
+    (tmp_path / "episode-5.gif").write_bytes(b"an earlier evaluation's")
+    (tmp_path / "notes.txt").write_text("the user's")
+    _evaluate_on_video(Still(), {"env": "Blackjack-v1", "env_kwargs": {}}, 2, 0, 100, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episode-0.gif", "episode-1.gif", "notes.txt"]
+
+
+def test_an_env_that_cannot_render_frames_is_one_error_line(tmp_path):
+    import space_envs  # noqa: F401  # registers DictCue-v0, which has no render modes
+
+    with pytest.raises(ConfigError, match=r"^--video: DictCue-v0 cannot render rgb_array frames \(AssertionError"):
+        _evaluate_on_video(Still(), {"env": "DictCue-v0", "env_kwargs": {}}, 1, 0, 10, tmp_path / "v")
+    assert not (tmp_path / "v").exists()
 
 
 def test_a_gif_of_float_frames(tmp_path):
@@ -182,13 +232,16 @@ def test_the_time_to_solve_includes_the_evaluation_that_solved(monkeypatch, tmp_
     assert result["solved_at_step"] == 512 and result["solved_at_s"] >= 0.5, result
 
 
-def test_a_mujoco_env_that_cannot_render_is_one_line_saying_how_to_give_it_opengl():
-    from rlfleet.run.evaluate import _first_frame
+def test_a_mujoco_env_that_cannot_render_is_one_line_saying_how_to_give_it_opengl(monkeypatch, tmp_path):
+    from rlfleet.run import evaluate
 
     FatalError = type("FatalError", (Exception,), {"__module__": "mujoco"})  # what MuJoCo raises without OpenGL
 
     class NoOpenGL:
         closed = False
+
+        def reset(self, seed=None):
+            return np.zeros(4, np.float32), {}
 
         def render(self):
             raise FatalError("an OpenGL platform library has not been loaded into this process")
@@ -197,12 +250,14 @@ def test_a_mujoco_env_that_cannot_render_is_one_line_saying_how_to_give_it_openg
             self.closed = True
 
     env = NoOpenGL()
-    with pytest.raises(ConfigError, match=r"^--video: Hopper-v5 cannot render \(FatalError: an OpenGL .*MUJOCO_GL=egl"):
-        _first_frame(env, "Hopper-v5")
+    monkeypatch.setattr(evaluate, "make_env", lambda *args, **kwargs: env)
+    with pytest.raises(ConfigError, match=r"^--video: Hopper-v5 cannot render rgb_array frames \(FatalError: an Open"
+                       r".*MUJOCO_GL=egl"):  # fmt: skip
+        _evaluate_on_video(Still(), {"env": "Hopper-v5", "env_kwargs": {}}, 1, 0, 10, tmp_path)
     assert env.closed
     env.render = lambda: (_ for _ in ()).throw(ValueError("a bug of the env's own"))
-    with pytest.raises(ValueError, match="own"):  # any other error is the env's, as it is
-        _first_frame(env, "Hopper-v5")
+    with pytest.raises(ConfigError, match=r"cannot render rgb_array frames \(ValueError: a bug of the env's own\);"):
+        _evaluate_on_video(Still(), {"env": "Hopper-v5", "env_kwargs": {}}, 1, 0, 10, tmp_path)  # a MuJoCo env's
 
 
 def test_a_video_that_cannot_render_leaves_no_folder(monkeypatch, tmp_path):
@@ -223,3 +278,18 @@ def test_a_video_that_cannot_render_leaves_no_folder(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="cannot render"):
         _evaluate_on_video(Still(), {"env": "Hopper-v5", "env_kwargs": {}}, 1, 0, 10, tmp_path / "videos")
     assert not (tmp_path / "videos").exists()
+
+
+def test_a_mujoco_renderer_that_does_not_load_is_one_line_without_a_video(tmp_path):
+    """MUJOCO_GL=osmesa on a machine without libOSMesa (what the --video error line suggests trying) failed inside
+    `import mujoco` with an AttributeError traceback, for training and evaluation alike."""
+    pytest.importorskip("mujoco")
+    env = {**os.environ, "MUJOCO_GL": "osmesa"}
+    if subprocess.run([sys.executable, "-c", "import mujoco"], env=env, capture_output=True).returncode == 0:
+        pytest.skip("this machine has the osmesa renderer")
+    proc = subprocess.run([*RLFLEET, "train", "td3", "--env", "InvertedPendulum-v5", "--steps", "300", "--logdir",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MuJoCo does not load with MUJOCO_GL='osmesa'" in lines[0]
+    assert not any(tmp_path.iterdir())
