@@ -7,6 +7,7 @@ import io
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from rlfleet.fields import ConfigError
 from rlfleet.run.paths import check_named, check_output_file
@@ -81,6 +82,14 @@ def check_plot_output(out: str | Path) -> Path:
     return check_output_file(out, "-o")
 
 
+def run_colors(plt: Any, n: int) -> list[Any]:
+    """A colour for each of `n` runs, all different: matplotlib's ten, then tab20's twenty, then a colour map."""
+    if n <= 10:
+        return [f"C{k}" for k in range(n)]
+    cmap = plt.get_cmap("tab20" if n <= 20 else "turbo")
+    return [cmap(k if n <= 20 else k / (n - 1)) for k in range(n)]
+
+
 def plot_runs(run_dirs: list[Path], out: str | Path, title: str | None = None) -> Path:
     """One panel per curve (training episodic return, evaluation return), one line per run, named after its folder;
     the x axis says what the runs' steps count (`step_unit`). A curve of one point is drawn as a marker.
@@ -96,13 +105,15 @@ def plot_runs(run_dirs: list[Path], out: str | Path, title: str | None = None) -
     all_series = [(run_dir, read_metrics(run_dir)) for run_dir in run_dirs]
     units = sorted({step_unit(run_dir) for run_dir in run_dirs})  # env steps, gradient steps
     fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4), squeeze=False)
-    for run_dir, series in all_series:
+    colors = run_colors(plt, len(all_series))
+    for (run_dir, series), color in zip(all_series, colors, strict=True):
         for ax, key in zip(axes[0], CURVES, strict=True):
             if key in series:
                 steps, values = series[key]
                 ax.plot(
                     steps,
                     values,
+                    color=color,  # the run's in both panels, also where it has no curve in one
                     label=Path(run_dir).resolve().name,  # `rlfleet plot .` too
                     marker="o" if key.startswith("eval") or len(steps) == 1 else None,
                     markersize=3,

@@ -72,3 +72,16 @@ def test_the_x_axis_counts_gradient_steps_for_a_bc_run(tmp_path, figure):
     assert {ax.get_xlabel() for ax in figure["axes"]} == {"env steps"}
     plot_runs([ppo, bc], tmp_path / "c.png")
     assert {ax.get_xlabel() for ax in figure["axes"]} == {"env steps / gradient steps"}
+
+
+def test_a_run_has_one_colour_in_both_panels_and_every_run_its_own(tmp_path, figure):
+    """A run without a training curve (bc) shifted every later run's colour in that panel; past ten runs (a sweep's
+    trials) colours repeated."""
+    both = [(100, "charts/episodic_return", 1.0), (100, "eval/return_mean", 2.0)]
+    runs = [run_folder(tmp_path / "bc", [(100, "eval/return_mean", 2.0)], arch="offline")]
+    runs += [run_folder(tmp_path / f"r{k}", both) for k in range(12)]
+    plot_runs(runs, tmp_path / "c.png")
+    train, evaluation = ({line.get_label(): matplotlib.colors.to_hex(line.get_color()) for line in ax.lines}
+                         for ax in figure["axes"])  # fmt: skip
+    assert all(evaluation[name] == color for name, color in train.items())
+    assert len(set(evaluation.values())) == len(runs)
