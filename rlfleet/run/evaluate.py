@@ -255,7 +255,9 @@ def evaluate_checkpoint(
     algo, run = agent_of(payload, checkpoint, run)
     bound = checkpoint_bound(run, max_steps)
     if video_dir is None:
-        envs = make_vector_env(run["env"], episodes, seed=seed, mode="sync", training=False, **run["env_kwargs"])
+        envs = make_vector_env(
+            run["env"], episodes, seed=seed, mode=_eval_mode(run), training=False, **run["env_kwargs"]
+        )
         try:
             result = evaluate(algo, envs, episodes, seed, max_steps=bound)
         finally:
@@ -263,6 +265,13 @@ def evaluate_checkpoint(
     else:
         result = _evaluate_on_video(algo, run, episodes, seed, bound, Path(video_dir))
     return _record(checkpoint, run, result.returns, result.cut, result.max_steps, video_dir)
+
+
+def _eval_mode(run: dict[str, Any]) -> str:
+    """The vector envs `eval` plays a run's episodes on: EnvPool's for an Atari run that evaluated on them (EnvPool's
+    Atari games differ from Gymnasium's in their details: the same seed plays other episodes), Gymnasium's otherwise."""
+    envpool = run.get("vector_mode") == "envpool" and env_info(run["env"], run["env_kwargs"])["is_atari"]
+    return "envpool" if envpool else "sync"
 
 
 def _record(

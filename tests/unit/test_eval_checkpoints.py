@@ -6,6 +6,7 @@ line."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
@@ -293,3 +294,16 @@ def test_a_mujoco_renderer_that_does_not_load_is_one_line_without_a_video(tmp_pa
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "MuJoCo does not load with MUJOCO_GL='osmesa'" in lines[0]
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is None, reason="needs envpool")
+def test_eval_plays_an_envpool_atari_run_s_episodes_on_envpool(tmp_path):
+    """An Atari run evaluates on its own vector envs; EnvPool's games differ from Gymnasium's in their details, so
+    `eval` on Gymnasium's played other episodes than the run's evaluation with the same seed (here 3.33 against the
+    run's 1.67)."""
+    result = rlfleet.train("dqn", "ALE/SpaceInvaders-v5", vector_mode="envpool", n_envs=1, steps=600, eval_every=600,
+                           eval_episodes=3, eval_max_steps=300, logdir=str(tmp_path), name="r", progress=False,
+                           overrides={"learning_starts": 1_000, "buffer_size": 1_000})  # fmt: skip
+    seed = (0 + 10_000 * (1 + result["env_steps"])) % 2**31  # the run's evaluation seed at that step (`eval_seed`)
+    again = evaluate_checkpoint(tmp_path / "r", episodes=3, seed=seed, max_steps=300)
+    assert again["return_mean"] == pytest.approx(result["eval_return_mean"])
