@@ -282,6 +282,12 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
     if str(arrays.get("format", "")) != FORMAT or required - set(arrays) or ("obs" not in arrays and not entries):
         raise DatasetError(f"{path} is not an rlfleet dataset (write one with rlfleet collect)")
     kind = str(arrays["action_kind"])
+    if kind not in ("discrete", "box"):
+        raise DatasetError(f"{path} is not a valid rlfleet dataset: action_kind is {kind!r}, not 'discrete' or 'box'")
+    for name in ("act", "rew", "starts"):
+        if np.ndim(arrays[name]) < 1 or (name != "act" and np.ndim(arrays[name]) != 1):
+            shape = list(np.shape(arrays[name]))
+            raise DatasetError(f"{path} is not a valid rlfleet dataset: {name} has shape {shape}, not one entry a step")
     try:
         if kind == "discrete":
             space: gym.spaces.Discrete | gym.spaces.Box = gym.spaces.Discrete(int(arrays["action_n"]))
@@ -298,7 +304,8 @@ def load_demonstrations(path: str | Path) -> Demonstrations:
             env_kwargs=_env_kwargs(arrays),
         )
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: an entry of the wrong kind (a 0-d act)
-        raise DatasetError(f"{path} is not a valid rlfleet dataset: {exc}") from None
+        text = f"{exc.args[0]!r} is missing" if isinstance(exc, KeyError) else str(exc)  # a KeyError's text is the key
+        raise DatasetError(f"{path} is not a valid rlfleet dataset: {text}") from None
 
 
 def _env_kwargs(arrays: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -113,6 +113,24 @@ def test_dataset_records_env_kwargs_and_reads_files_without_them(tmp_path: Path)
         load_demonstrations(tmp_path / "bad.npz")
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"starts": np.ones((12, 2), bool)}, r"starts has shape \[12, 2\], not one entry a step"),
+        ({"act": np.array(1)}, r"act has shape \[\], not one entry a step"),
+        ({"action_kind": np.array("multi")}, "action_kind is 'multi', not 'discrete' or 'box'"),
+        ({"action_kind": np.array("box")}, "'action_low' is missing"),  # a Discrete dataset called box
+    ],
+)
+def test_a_malformed_dataset_names_what_is_wrong(tmp_path: Path, change, message):
+    """These said "the truth value of an array ... is ambiguous" or only "'action_low'"."""
+    with np.load(demos().save(tmp_path / "d.npz")) as data:
+        arrays = {**{k: data[k] for k in data.files}, **change}
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DatasetError, match=f"bad.npz is not a valid rlfleet dataset: {message}"):
+        load_demonstrations(tmp_path / "bad.npz")
+
+
 def test_a_save_cut_short_leaves_the_earlier_dataset_whole(tmp_path: Path, monkeypatch):
     """`rlfleet collect -o` over an earlier dataset writes a temp file beside it and renames it over the old one
     once whole: a write stopped half-way (Ctrl-C here, a full disk, a crash) loses nothing and leaves no temp file."""
