@@ -389,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     tu.set_defaults(func=_tune)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint greedily")
-    e.add_argument("checkpoint", help="checkpoint file or run folder")
+    e.add_argument(
+        "checkpoint", help="checkpoint file, or run folder (its checkpoints/latest.pt; checkpoints/best.pt: the best)"
+    )
     e.add_argument("--episodes", type=_count, default=10)
     e.add_argument("--seed", type=_count, default=12345)
     e.add_argument("--video", metavar="DIR", help="record videos of the episodes into DIR")
@@ -397,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("collect", help="record a checkpoint's greedy episodes as demonstrations for bc")
-    c.add_argument("checkpoint", help="checkpoint file or run folder")
+    c.add_argument("checkpoint", help="checkpoint file, or run folder (its checkpoints/latest.pt)")
     c.add_argument("--episodes", type=_count, default=20)
     c.add_argument("--seed", type=_count, default=0)
     c.add_argument("-o", "--output", required=True, metavar="FILE", help="the .npz to write")
