@@ -311,7 +311,8 @@ def _python_number(value: Any) -> Any:
 NEEDS = "needs"
 """A field's metadata key naming the switch (a bool or count field of the same config) without which the field has no
 effect: `bounded(10.0, gt=0, needs="obs_norm")`; or `FIELD=VALUE` where it needs a field to have one value
-(`needs="action_noise=ou"`); or a tuple of both kinds, every one needed (`needs=("prioritized", "lstm=0")`)."""
+(`needs="action_noise=ou"`), `FIELD=` for an empty one (`needs="net="`: the built-in networks' sizes, idle beside a
+network of the user's); or a tuple of these, every one needed (`needs=("prioritized", "lstm=0")`)."""
 
 
 NAMES_ALGORITHM = "names_algorithm"
@@ -345,16 +346,18 @@ def idle_setting(obj: Any, given: dict[str, Any], label: str, on: Sequence[str] 
         if conditions is None or f.name not in given:
             continue
         for needs in (conditions,) if isinstance(conditions, str) else conditions:
-            switch, _, wanted = needs.partition("=")
+            switch, valued, wanted = needs.partition("=")
             if needs in on or (f.name in searched and switch in searched):
                 continue
             value = getattr(obj, switch)
-            if (str(value) != wanted) if wanted else not value:
+            if (str(value) != wanted) if valued else not value:
                 how = "--search" if f.name in searched else label
-                raise ConfigError(
-                    f"{how} {f.name}={given[f.name]} has no effect while {switch}={value!r}: set "
-                    f"{needs if wanted else switch} too, or leave {f.name} out"
+                advice = (
+                    f"leave {f.name} out, or {switch}"
+                    if valued and not wanted
+                    else (f"set {needs if wanted else switch} too, or leave {f.name} out")
                 )
+                raise ConfigError(f"{how} {f.name}={given[f.name]} has no effect while {switch}={value!r}: {advice}")
 
 
 def field_docs(cls: type) -> dict[str, str]:

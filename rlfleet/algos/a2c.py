@@ -79,11 +79,11 @@ class Config(NetOptions, NormOptions, SDEOptions):
     """Global gradient-norm clip; 0 disables it."""
     normalize_advantage: bool = True
     """Standardise advantages per segment."""
-    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1, needs="net=")
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = checked("tanh", ACTIVATION)
+    activation: str = checked("tanh", ACTIVATION, needs="net=")
     """MLP activation: tanh, relu or elu."""
-    encoder: str = checked("auto", ENCODER)
+    encoder: str = checked("auto", ENCODER, needs="net=")
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     shared: bool = False
     """One encoder for policy and value also for vector observations (images and `lstm` always share)."""

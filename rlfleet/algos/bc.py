@@ -46,11 +46,11 @@ class Config(NetOptions):
     """Adam's L2 weight decay."""
     max_grad_norm: float = bounded(1.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1, needs="net=")
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = checked("tanh", ACTIVATION)
+    activation: str = checked("tanh", ACTIVATION, needs="net=")
     """MLP activation: tanh, relu or elu."""
-    encoder: str = checked("auto", ENCODER)
+    encoder: str = checked("auto", ENCODER, needs="net=")
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     total_steps: int = bounded(5_000, ge=1)
     """Default budget in gradient steps (the offline runner counts gradient steps, not env steps)."""

@@ -89,11 +89,11 @@ class Config(NetOptions, PriorityOptions, NormOptions):
     """Env steps over which ε decays linearly."""
     max_grad_norm: float = bounded(10.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = bounded((128, 128), ge=1)
+    hidden: tuple[int, ...] = bounded((128, 128), ge=1, needs="net=")
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = checked("relu", ACTIVATION)
+    activation: str = checked("relu", ACTIVATION, needs="net=")
     """MLP activation."""
-    encoder: str = checked("auto", ENCODER)
+    encoder: str = checked("auto", ENCODER, needs="net=")
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells between encoder and head, trained on replayed sequences."""

@@ -78,13 +78,13 @@ class Config(NetOptions, NormOptions):
     """Env steps over which ε decays from eps_start to each env's final ε (paper: 4M frames)."""
     max_grad_norm: float = bounded(10.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = bounded((128, 128), ge=1)
+    hidden: tuple[int, ...] = bounded((128, 128), ge=1, needs="net=")
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = checked("relu", ACTIVATION)
+    activation: str = checked("relu", ACTIVATION, needs="net=")
     """MLP activation."""
     dueling: bool = False
     """Dueling value/advantage head."""
-    encoder: str = checked("auto", ENCODER)
+    encoder: str = checked("auto", ENCODER, needs="net=")
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     total_steps: int = bounded(200_000, ge=1)
     """Default training budget in env steps."""

@@ -65,11 +65,11 @@ class Config(NetOptions, NormOptions):
     """Weight of the baseline's value loss."""
     max_grad_norm: float = bounded(0.0, ge=0)
     """Global gradient-norm clip; 0 disables it."""
-    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1, needs="net=")
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = checked("tanh", ACTIVATION)
+    activation: str = checked("tanh", ACTIVATION, needs="net=")
     """MLP activation: tanh, relu or elu."""
-    encoder: str = checked("auto", ENCODER)
+    encoder: str = checked("auto", ENCODER, needs="net=")
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     log_std: str = checked("state_independent", LOG_STD)
     """Box actions: the Gaussian's σ — state_independent, state_dependent or softplus (see `GaussianHead`)."""

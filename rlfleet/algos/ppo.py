@@ -93,11 +93,11 @@ class Config(NetOptions, NormOptions, SDEOptions):
     target_kl, before its step (SB3's rule; CleanRL checks once an epoch)."""
     normalize_advantage: bool = True
     """Standardise advantages per minibatch."""
-    hidden: tuple[int, ...] = bounded((64, 64), ge=1)
+    hidden: tuple[int, ...] = bounded((64, 64), ge=1, needs="net=")
     """Hidden layer sizes of the MLP encoder."""
-    activation: str = checked("tanh", ACTIVATION)
+    activation: str = checked("tanh", ACTIVATION, needs="net=")
     """MLP activation: tanh, relu or elu."""
-    encoder: str = checked("auto", ENCODER)
+    encoder: str = checked("auto", ENCODER, needs="net=")
     """auto (MLP for vectors, Nature CNN for images, MinAtar's under 36×36), mlp, mnih2013, nature or minatar."""
     lstm: int = bounded(0, ge=0)
     """0: feed-forward; N: an LSTM core of N cells after the encoder, shared by policy and value."""

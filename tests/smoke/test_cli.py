@@ -620,6 +620,14 @@ USER_NETS = {
         (*TRAIN, "--net", "user_nets:mlp", "--set", "activation=foo"),
         ["ppo config activation='foo' must be one of: relu, tanh, elu"],
     ),
+    "hidden-under-a-user-net": (
+        (*TRAIN, "--net", "user_nets:mlp", "--set", "hidden=32,32"),
+        ["--set hidden=32,32 has no effect while net='user_nets:mlp'", "leave hidden out, or net"],
+    ),
+    "valid-activation-under-a-user-net": (
+        ("train", "dqn", "--env", "CartPole-v1", "--net", "user_nets:mlp", "--set", "activation=tanh"),
+        ["--set activation=tanh has no effect while net='user_nets:mlp'"],
+    ),
     "encoder-under-a-user-net": (
         (*TRAIN, "--net", "user_nets:mlp", "--set", "encoder=foo"),
         ["ppo config encoder='foo' must be one of: auto, minatar, mlp, mnih2013, nature"],
