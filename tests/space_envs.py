@@ -133,6 +133,16 @@ class NoRenderMode(gym.Env):
         return np.zeros(2, np.float32), 1.0, True, False, {}
 
 
+class TextObservation(NoRenderMode):
+    """Observes text: a space no network here takes."""
+
+    observation_space = gym.spaces.Text(5)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "abc", {}
+
+
 gym.register("DictCue-v0", entry_point="space_envs:DictCue", reward_threshold=0.99)
 gym.register("JointChoice-v0", entry_point="space_envs:JointChoice", reward_threshold=0.99)
 gym.register("BitMatch-v0", entry_point="space_envs:BitMatch", reward_threshold=0.99)
@@ -140,3 +150,4 @@ gym.register("DictPendulum-v0", entry_point="space_envs:DictPendulum", max_episo
 gym.register("HugeDiscrete-v0", entry_point="space_envs:HugeDiscrete")
 gym.register("EmptyDict-v0", entry_point="space_envs:EmptyDict")
 gym.register("NoRenderMode-v0", entry_point="space_envs:NoRenderMode")
+gym.register("TextObservation-v0", entry_point="space_envs:TextObservation")

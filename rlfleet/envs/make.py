@@ -132,7 +132,10 @@ class AtariOptions:
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "clip_rewards" and value is None):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
-        if self.repeat_action_probability is not None and not 0.0 <= self.repeat_action_probability <= 1.0:
+        probability = self.repeat_action_probability  # a number, not a bool (`true` would be 1: every action sticks)
+        if probability is not None and (
+            isinstance(probability, bool) or not isinstance(probability, int | float) or not 0.0 <= probability <= 1.0
+        ):
             raise ValueError(
                 f"repeat_action_probability must be in [0, 1] (or None for the id's default), "
                 f"got {self.repeat_action_probability!r}"

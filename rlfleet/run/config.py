@@ -455,6 +455,21 @@ def _fit_to_memory(algo_cfg: Any, overrides: dict[str, Any], obs_space: Any, pre
     )
 
 
+OBSERVATION_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary")
+"""The observation spaces rlfleet's networks take (and Dict and Tuple spaces of them)."""
+
+
+def check_observation_space(obs_space: Any) -> None:
+    """An observation space (or a part of a Dict one) that no network here takes — Text, Graph, Sequence — is one
+    `ConfigError`, before anything reads its shape."""
+    for leaf in _leaf_spaces(obs_space):
+        if type(leaf).__name__ not in OBSERVATION_SPACES or getattr(leaf, "shape", None) is None:
+            raise ConfigError(
+                f"observation space {leaf} is not one rlfleet's networks take: {', '.join(OBSERVATION_SPACES)}, and "
+                "Dict and Tuple spaces of them (wrap the env in a gymnasium.ObservationWrapper that gives one)"
+            )
+
+
 def check_upfront_memory(algo_cfg: Any, obs_space: Any) -> None:
     """What a run allocates before its first step, against this machine's memory: an on-policy rollout
     (`rollout_len` steps of `n_envs` envs) and a prioritized replay's two segment trees (16 bytes a leaf each, leaves

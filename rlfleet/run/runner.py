@@ -47,6 +47,7 @@ from rlfleet.run.config import (
     RunConfig,
     build_algo_config,
     build_options,
+    check_observation_space,
     check_run_config,
     check_upfront_memory,
     drop_preset_normalisation,
@@ -432,6 +433,7 @@ class RunBase(abc.ABC):
             cls.check_env_options(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
+        check_observation_space(info["observation_space"])
         fit_preset_replay(algo_cfg, cfg.overrides, info["observation_space"], preset)
         check_upfront_memory(algo_cfg, info["observation_space"])
         total_steps = cfg.steps if cfg.steps is not None else algo_cfg.total_steps

@@ -132,6 +132,8 @@ def test_invalid_options_are_rejected_early() -> None:
         ("terminal_on_life_loss", 0),
         ("frame_stack", True),
         ("noop_max", False),
+        ("repeat_action_probability", True),  # 1: every action repeats the last one, and the agent learns nothing
+        ("repeat_action_probability", "0.25"),
     ],
 )
 def test_atari_switches_take_true_or_false_and_counts_take_whole_numbers(option, value) -> None:

@@ -410,3 +410,16 @@ def test_rlfleet_spaces_shows_what_each_algorithm_takes(capsys):
     assert "Box, Discrete, MultiDiscrete, MultiBinary, and Dict or Tuple of these" in out
     assert main(["spaces", "nope"]) == 2
     assert "unknown algorithm 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_an_observation_space_no_network_takes_is_one_line_before_anything_is_written(algo, tmp_path):
+    """A Text observation failed with a TypeError traceback inside the memory check (its shape is None)."""
+    import space_envs  # noqa: F401  # registers TextObservation-v0
+
+    from rlfleet import train
+    from rlfleet.fields import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^observation space Text\(1, 5, .* is not one rlfleet's networks take: Box"):
+        train(algo, "TextObservation-v0", steps=100, logdir=str(tmp_path), progress=False)
+    assert not any(tmp_path.iterdir())
