@@ -98,7 +98,7 @@ def policy_mapping(
     """The mapping of a run's options (`RunConfig.policies`, `policy_map`, `freeze`, `load_policy`); every problem is
     one `ConfigError` line: a pattern that matches no agent, an agent without a policy, a frozen or loaded policy the
     mapping does not have, a frozen policy without weights, nothing left to train, a pattern or a loaded policy
-    given twice."""
+    given twice, a pattern whose every agent an earlier one took for another policy."""
     load = _pairs(load_policy, "--load-policy", "red=runs/old/checkpoints/best.pt") if load_policy else {}
     freeze_names = [n.strip() for n in (freeze or "").split(",") if n.strip()]
     if policy_map and policies != SHARED:
@@ -112,6 +112,13 @@ def policy_mapping(
             if not matched:
                 raise ConfigError(
                     f"--policy-map: {pattern!r} matches no agent of this env (its agents: {', '.join(agents)})"
+                )
+            taken = {a: of_agent[a] for a in matched if a in of_agent}
+            if len(taken) == len(matched) and any(policy != name for policy in taken.values()):
+                held = ", ".join(f"{a} -> {policy}" for a, policy in taken.items())
+                raise ConfigError(
+                    f"--policy-map: {pattern}={name} maps no agent: an earlier pattern took every agent it matches "
+                    f"({held}; the first match wins): put the more specific pattern first"
                 )
             for agent in matched:
                 of_agent.setdefault(agent, name)

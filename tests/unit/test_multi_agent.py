@@ -51,6 +51,7 @@ def test_shared_separate_and_mapped_policies():
     assert mapping.trained == ["red", "blue"]
     mapping = policy_mapping(AGENTS, policy_map="adversary_*=random,*=blue")
     assert mapping.frozen == {RANDOM} and mapping.trained == ["blue"]
+    assert policy_mapping(AGENTS, policy_map="agent_*=blue,*=red,agent_0=blue").of_agent["agent_0"] == "blue"
     frozen = policy_mapping(AGENTS, policy_map="adversary_*=red,*=blue", freeze="red", load_policy="red=x.pt#blue")
     assert frozen.trained == ["blue"] and frozen.loads == {"red": "x.pt#blue"}
 
@@ -67,6 +68,10 @@ def test_shared_separate_and_mapped_policies():
         ({"policies": "each"}, "must be shared or separate"),
         ({"load_policy": "random=x.pt", "policy_map": "*=random"}, "has no weights to load"),
         ({"policy_map": "agent_*=red,agent_*=blue,*=red"}, "--policy-map gives agent_* twice"),
+        (  # the catch-all first: the random opponent meant for adversary_0 silently became the learner
+            {"policy_map": "*=blue,adversary_0=random"},
+            "adversary_0=random maps no agent: an earlier pattern took every agent it matches (adversary_0 -> blue;",
+        ),
         ({"policy_map": "adversary_*=red,*=blue", "load_policy": "red=x.pt,red=y.pt"}, "--load-policy gives red twice"),
     ],
 )
