@@ -335,29 +335,46 @@ def searched_fields(names: Iterable[str]) -> Iterator[None]:
         _SEARCHED.reset(token)
 
 
+def needs_of(cls: type, name: str) -> tuple[str, ...]:
+    """The conditions (`NEEDS`) field `name` of the dataclass `cls` declares (none: an empty tuple)."""
+    f = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    conditions = None if f is None else f.metadata.get(NEEDS)
+    return () if conditions is None else (conditions,) if isinstance(conditions, str) else tuple(conditions)
+
+
+def unmet_need(cls: type, name: str, values: Callable[[str], Any], on: Sequence[str] = ()) -> str | None:
+    """The first condition (`NEEDS`) of field `name` of the dataclass `cls` that the config whose field values
+    `values` gives does not meet, e.g. "obs_norm" or "net="; None when the field acts (or declares none). `on`:
+    conditions taken as met."""
+    for needs in needs_of(cls, name):
+        switch, valued, wanted = needs.partition("=")
+        value = values(switch)
+        if needs not in on and ((str(value) != wanted) if valued else not value):
+            return needs
+    return None
+
+
 def idle_setting(obj: Any, given: dict[str, Any], label: str, on: Sequence[str] = ()) -> None:
     """A setting the user gave (`given`: field name to value, as `--set` gives them) for a field of the dataclass
     `obj` whose switch (`NEEDS`) is off in `obj`: one `ConfigError` that says so, since the value would do nothing.
     `on`: switches the caller turns on whatever `obj` says (the `apex` architecture's replay is always
-    prioritized). A sweep's field whose switch the sweep searches too is no error (`searched_fields`)."""
+    prioritized). A sweep's field whose switch the sweep searches too is no error here (`searched_fields`): the sweep
+    checks that some trial turns it on."""
     searched = _SEARCHED.get()
-    for f in dataclasses.fields(obj):
-        conditions = f.metadata.get(NEEDS)
-        if conditions is None or f.name not in given:
+    for name in given:
+        met = (*on, *(c for c in needs_of(type(obj), name) if name in searched and c.partition("=")[0] in searched))
+        needs = unmet_need(type(obj), name, lambda switch: getattr(obj, switch), met)
+        if needs is None:
             continue
-        for needs in (conditions,) if isinstance(conditions, str) else conditions:
-            switch, valued, wanted = needs.partition("=")
-            if needs in on or (f.name in searched and switch in searched):
-                continue
-            value = getattr(obj, switch)
-            if (str(value) != wanted) if valued else not value:
-                how = "--search" if f.name in searched else label
-                advice = (
-                    f"leave {f.name} out, or {switch}"
-                    if valued and not wanted
-                    else (f"set {needs if wanted else switch} too, or leave {f.name} out")
-                )
-                raise ConfigError(f"{how} {f.name}={given[f.name]} has no effect while {switch}={value!r}: {advice}")
+        switch, valued, wanted = needs.partition("=")
+        how = "--search" if name in searched else label
+        advice = (
+            f"leave {name} out, or {switch}"
+            if valued and not wanted
+            else f"set {needs if wanted else switch} too, or leave {name} out"
+        )
+        value = getattr(obj, switch)
+        raise ConfigError(f"{how} {name}={given[name]} has no effect while {switch}={value!r}: {advice}")
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -14,7 +14,9 @@ from typing import Any
 
 from ray.tune import Callback
 
+from rlfleet.algos import resolve
 from rlfleet.envs.kwargs import parse_env_value
+from rlfleet.fields import unmet_need
 from rlfleet.run.plot import MetricsError, read_metrics
 from rlfleet.tuning.space import Param
 from rlfleet.tuning.spec import EXPLOITS, TUNE_FOLDER, Sweep, SweepResult
@@ -127,6 +129,22 @@ def _word(value: Any) -> str:
     if isinstance(value, str) and parse_env_value(value) != value:  # text that would read as a number: quoted
         return repr(value)
     return repr(value) if isinstance(value, float) else str(value)
+
+
+def _acting(spec: Sweep, options: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A trial's `options` without the searched algorithm settings that did nothing in it, their switch (searched
+    too) off there, as its run folder's config.json says: `rlfleet train` refuses them."""
+    try:
+        algo_config = json.loads((spec.trials_dir / row["trial"] / "config.json").read_text())["algo"]
+    except (OSError, ValueError, KeyError, TypeError):  # a trial that never started: its options as they are
+        return options
+    config_cls, searched = resolve(spec.algo)[1], {p.name for p in spec.params if p.kind == "algo"}
+    overrides = {
+        name: value
+        for name, value in options.get("overrides", {}).items()
+        if name not in searched or unmet_need(config_cls, name, algo_config.get) is None
+    }
+    return {**options, "overrides": overrides}
 
 
 def train_command(algo: str, env: str, options: dict[str, Any]) -> str:
@@ -281,7 +299,7 @@ def summarize(spec: Sweep, grid: Any, interrupted: bool) -> SweepResult:
     command = None
     if best is not None:
         config = {n: best[n] for n in names}
-        command = train_command(spec.algo, spec.env, spec.trial_options(config, best["trial"]))
+        command = train_command(spec.algo, spec.env, _acting(spec, spec.trial_options(config, best["trial"]), best))
     table = _table(rows, names, metric)
     solved = sum(r["solved"] for r in rows)
     lines = [

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import json
@@ -47,7 +48,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rlfleet.arch.parallel import RAY_OPTIONS
-from rlfleet.fields import ConfigError, check_fields, searched_fields, single_folder_name
+from rlfleet.fields import ConfigError, check_fields, searched_fields, single_folder_name, unmet_need
 from rlfleet.run.config import RunConfig, notes_at
 from rlfleet.run.paths import check_output_folder, name_part
 from rlfleet.run.runner import ResolvedConfig
@@ -228,6 +229,15 @@ def _check_configurations(
                     f"--scheduler pbt cannot search {names}: a trial's learner would not load into the network of a "
                     f"trial with another {names} ({detail}); search it with fifo, asha or hyperband"
                 ) from None
+    for p in params:  # a setting whose switch is off in every trial: searched, it would change nothing
+        if p.kind != "algo":
+            continue
+        unmet = [unmet_need(type(r.algo_cfg), p.name, functools.partial(getattr, r.algo_cfg)) for r in checked]
+        if all(unmet):
+            raise ConfigError(
+                f"--search {p.name} has no effect in any trial: it needs {unmet[0]}, which no trial's values give "
+                "(search that too, with a value that gives it, or set it)"
+            )
     return checked
 
 

@@ -5,6 +5,7 @@ summary ranks the trials that ended before those that failed or have not."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -183,3 +184,28 @@ def test_a_setting_searched_with_its_switch_is_idle_only_in_the_trials_where_the
         check_run("dqn", "CartPole-v1", **options)  # what a run given both by hand is told
     with pytest.raises(ConfigError, match=r"^--search alpha=0.4 has no effect while prioritized=False"):
         checked_sweep(monkeypatch, tmp_path / "fixed", "dqn", search[1:], overrides={"prioritized": "false"})
+
+
+def test_a_setting_whose_switch_no_trial_turns_on_is_refused(monkeypatch, tmp_path: Path):
+    """Searched beside its switch, a setting was let through whatever values the switch took: obs_norm=choice(false)
+    made obs_clip idle in every trial, and the sweep searched a value nothing reads."""
+    with pytest.raises(ConfigError, match=r"^--search obs_clip has no effect in any trial: it needs obs_norm"):
+        checked_sweep(monkeypatch, tmp_path, "ppo", ["obs_clip=uniform(5,10)", "obs_norm=choice(false)"])
+
+
+def test_the_best_trial_s_command_leaves_out_a_setting_idle_in_it(monkeypatch, tmp_path: Path):
+    """The best trial had obs_norm off: its command gave obs_clip too, which `rlfleet train` refuses."""
+    from rlfleet.tuning import report
+
+    search = ["obs_clip=uniform(5,10)", "obs_norm=choice(true,false)"]
+    spec = checked_sweep(monkeypatch, tmp_path, "ppo", search, steps=4000)
+    trial = spec.trials_dir / "t_00001"
+    trial.mkdir(parents=True)
+    (trial / "config.json").write_text(json.dumps({"algo": {"obs_norm": False, "obs_clip": 6.0}}))
+    options = spec.trial_options({"obs_clip": 6.0, "obs_norm": False}, "t_00001")
+    command = report.train_command("ppo", "CartPole-v1", report._acting(spec, options, {"trial": "t_00001"}))
+    assert "obs_norm=false" in command and "obs_clip" not in command
+    (trial / "config.json").write_text(json.dumps({"algo": {"obs_norm": True, "obs_clip": 6.0}}))
+    on = spec.trial_options({"obs_clip": 6.0, "obs_norm": True}, "t_00001")
+    kept = report.train_command("ppo", "CartPole-v1", report._acting(spec, on, {"trial": "t_00001"}))
+    assert "--set obs_clip=6.0" in kept
