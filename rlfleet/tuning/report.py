@@ -181,10 +181,12 @@ def _trial_rows(spec: Sweep, grid: Any, interrupted: bool) -> tuple[list[dict[st
         result_file = run_dir / "result.json"
         result = _read_json(result_file)
         at_end = max(result.get("env_steps", 0), last.get("env_steps", 0)) >= _total_steps(run_dir)
+        # a trial whose run ended as the sweep was interrupted may still be RUNNING in Tune's last saved state
+        ended = at_end or result.get("stopped_by") in ENDED
         if status == "ERROR":
             error = _first_error_line(trial)
             how = f"error: {error}" if error else "error"
-        elif status in ("PENDING", "RUNNING") or (status == "PAUSED" and interrupted and not at_end):
+        elif (status in ("PENDING", "RUNNING") or (status == "PAUSED" and interrupted)) and not ended:
             how, unfinished = "unfinished", True  # --resume goes on with it (a sweep's end leaves HyperBand's
             # losers PAUSED: stopped by the scheduler, below)
         elif result.get("stopped_by") in ENDED:

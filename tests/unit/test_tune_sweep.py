@@ -130,7 +130,7 @@ def summary_of(folder: Path, statuses: list[tuple[float, str]]) -> SweepResult:
     failed one with its traceback)."""
     from rlfleet.tuning.report import summarize
 
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     (folder / "error.txt").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     trials = [
         SimpleNamespace(
@@ -209,3 +209,20 @@ def test_the_best_trial_s_command_leaves_out_a_setting_idle_in_it(monkeypatch, t
     on = spec.trial_options({"obs_clip": 6.0, "obs_norm": True}, "t_00001")
     kept = report.train_command("ppo", "CartPole-v1", report._acting(spec, on, {"trial": "t_00001"}))
     assert "--set obs_clip=6.0" in kept
+
+
+def test_a_trial_whose_run_ended_as_the_sweep_was_interrupted_is_finished_not_unfinished(tmp_path: Path, capsys):
+    """Tune's last saved state may still say RUNNING for a trial whose run has just written its result.json: a
+    Ctrl-C at that moment called it unfinished, and the summary said no trial ended."""
+    for trial, stopped_by, steps in (("t_00000", "steps", 4096), ("t_00001", "solved", 2048)):
+        run = tmp_path / "s" / "trials" / trial
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"total_steps": 4096}))
+        (run / "result.json").write_text(json.dumps({"stopped_by": stopped_by, "env_steps": steps}))
+    result = summary_of(tmp_path / "s", [(500, "RUNNING"), (475, "RUNNING"), (30, "RUNNING")])
+    assert [(r["trial"], r["status"]) for r in result.trials] == [
+        ("t_00000", "finished"),
+        ("t_00001", "solved"),
+        ("t_00002", "unfinished"),
+    ]
+    assert "best trial t_00000: eval/return_mean 500\n" in capsys.readouterr().out
