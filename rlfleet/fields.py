@@ -49,6 +49,12 @@ class ConfigError(ValueError):
     """A bad hyperparameter, preset or run option."""
 
 
+def error_line(exc: BaseException) -> str:
+    """An error in one line, for a message of ours: its type and its message's first line ("ValueError: bad")."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class MissingExtraError(ImportError):
     """An optional package that an env or a way of running envs needs (an extra: ale-py, minatar, mujoco, envpool)
     is not installed; the message names the env and the `pip install` line."""

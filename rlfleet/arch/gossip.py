@@ -629,10 +629,6 @@ class GossipRunner(ParallelRunner):
 
     arch = "gossip"
     learns_running_stats = False  # the workers' forward passes move their own copies' statistics
-
-    def shares_frozen(self) -> bool:
-        return not self.opts.distinct_init  # else each learner starts from a network of its own seed
-
     Options = GossipOptions
     role_learning = "always"
     waiting_for = "completed round from the learners"
@@ -640,6 +636,9 @@ class GossipRunner(ParallelRunner):
     spec: GossipSpec
     ALONE_IDLE = ("topology", "peers", "gossip_order", "max_staleness", "gossip_timeout_s", "distinct_init")
     """The options of the gossip between learners, which one learner alone has no use for."""
+
+    def shares_frozen(self) -> bool:
+        return not self.opts.distinct_init  # else each learner starts from a network of its own seed
 
     def check_config(self) -> None:
         self.check_parallel(on_policy_only=False, uses_optimizer=False)

@@ -378,11 +378,10 @@ class ParamServerRunner(ParallelRunner):
 
     arch = "param_server"
     learns_running_stats = False  # the workers' forward passes move their own copies' statistics
+    Options = ParamServerOptions
 
     def shares_frozen(self) -> bool:
         return False  # each worker builds its network from its own seed; the servers hold the trainable parameters
-
-    Options = ParamServerOptions
 
     def build_algo(self, seed: int) -> Any:
         """The coordinator's algorithm object, on the CPU whatever `--device` says: it learns nothing (its networks

@@ -68,7 +68,7 @@ from rlfleet.envs.wrappers import (
     needs_flat_dict,
     sign_reward,
 )
-from rlfleet.fields import ConfigError, MissingExtraError
+from rlfleet.fields import ConfigError, MissingExtraError, error_line
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +292,8 @@ def route_mujoco_warnings() -> None:
     except ImportError:
         raise MissingExtraError(f"MuJoCo envs need mujoco, which is not installed: {MUJOCO_INSTALL_HINT}") from None
     except Exception as exc:  # the renderer MUJOCO_GL names does not load (osmesa without libOSMesa)
-        text = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(
-            f"MuJoCo does not load with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} ({type(exc).__name__}: {text}): "
+            f"MuJoCo does not load with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} ({error_line(exc)}): "
             "leave MUJOCO_GL unset to train and evaluate without rendering, or install that renderer"
         ) from None
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from rlfleet.data.batch import map_obs, stack_obs
+from rlfleet.fields import error_line
 
 
 class NetError(ValueError):
@@ -52,7 +53,7 @@ def _resolve(path: str) -> tuple[Callable[..., Any] | None, str | None]:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may fail in any way while it imports
-        return None, f"does not import: module {module_name!r} raised {_one_line(exc)}"
+        return None, f"does not import: module {module_name!r} raised {error_line(exc)}"
     for name in attr.split("."):
         if not hasattr(obj, name):
             return None, f"does not import: module {module_name!r} has no {attr!r}"
@@ -109,7 +110,7 @@ class UserModule(nn.Module):
         try:
             module = factory(*args, **(kwargs or {}))
         except Exception as exc:  # the user's factory may raise anything
-            raise NetError(f"{option} {path}: the factory raised {_one_line(exc)}") from None
+            raise NetError(f"{option} {path}: the factory raised {error_line(exc)}") from None
         if not isinstance(module, nn.Module):
             raise NetError(f"{option} {path}: the factory returned a {type(module).__name__}, not a torch.nn.Module")
         self.path, self.option, self.net = path, option, module
@@ -140,7 +141,7 @@ class UserModule(nn.Module):
             with torch.no_grad(), self._in_eval_mode():
                 out = self.net(*inputs)
         except Exception as exc:  # the user's forward may raise anything
-            raise NetError(f"{self.option} {self.path}: its module failed on {shown} ({_one_line(exc)})") from None
+            raise NetError(f"{self.option} {self.path}: its module failed on {shown} ({error_line(exc)})") from None
         if isinstance(out, tuple):
             raise NetError(
                 f"{self.option} {self.path}: its module returned a tuple; a network here returns one tensor "
@@ -245,7 +246,7 @@ def target_copy(module: M) -> M:
         if user is None:
             raise
         raise NetError(f"{user.option} {user.path}: its module cannot be copied for a target network "
-                       f"({_one_line(exc)})") from None  # fmt: skip
+                       f"({error_line(exc)})") from None  # fmt: skip
 
 
 def untravelled(module: nn.Module) -> str | None:
@@ -255,7 +256,7 @@ def untravelled(module: nn.Module) -> str | None:
         try:
             pickle.dump(user.net, _Discard(), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # a lambda, a lock, an open file: whatever pickle refuses
-            return f"{user.option} {user.path}: its module cannot be sent to another process ({_one_line(exc)})"
+            return f"{user.option} {user.path}: its module cannot be sent to another process ({error_line(exc)})"
     return None
 
 
@@ -264,8 +265,3 @@ class _Discard:
 
     def write(self, data: bytes) -> int:
         return len(data)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -24,7 +24,7 @@ from rlfleet.envs import make_env, make_vector_env
 from rlfleet.envs.kwargs import env_info
 from rlfleet.envs.normalize import ObsNormalizedAgent
 from rlfleet.envs.pettingzoo import agent_spaces, is_pettingzoo_id, make_agent_env
-from rlfleet.fields import MAX_ENVS, Bounds, ConfigError, check_fields, check_value
+from rlfleet.fields import MAX_ENVS, Bounds, ConfigError, check_fields, check_value, error_line
 from rlfleet.run.checkpoint import MISFITS, CheckpointError, load_algo_state, load_checkpoint, misfit
 from rlfleet.run.config import EVAL_MAX_STEPS, MAX_SEED, saved_run_config
 from rlfleet.run.multi_agent import AgentEvaluation, Policies, checkpoint_policies, evaluate_agents
@@ -198,6 +198,11 @@ class GifFrames:
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def scale(self) -> int:
+        """The whole factor the GIF enlarges the frames by (`gif_scale`)."""
+        return gif_scale(self._last) if self._last is not None else 1
+
 
 def _save_gif(frames: GifFrames | list[Any], path: Path, fps: int = 30) -> None:
     """Write `frames` (a `GifFrames`, or the env's frames themselves) as a looping GIF of `fps` frames a second."""
@@ -208,7 +213,7 @@ def _save_gif(frames: GifFrames | list[Any], path: Path, fps: int = 30) -> None:
         for frame in frames:
             kept.append(frame)
         frames = kept
-    scale = gif_scale(np.asarray(frames._last))
+    scale = frames.scale
     images = [im.resize((im.width * scale, im.height * scale), Image.Resampling.NEAREST) for im in frames.images]
     durations = [round(1000 * n / fps) for n in frames.repeats]
     images[0].save(path, save_all=True, append_images=images[1:], duration=durations, loop=0)
@@ -347,16 +352,13 @@ def _rendering_env(run: dict[str, Any], seed: int) -> tuple[Any, Any, Any]:
     except Exception as exc:  # the env's own code may raise anything
         if env is not None:
             env.close()
-        text = (str(exc).strip().splitlines() or [""])[0]
         advice = (
             "; MuJoCo renders offscreen with MUJOCO_GL=egl (a GPU's) or MUJOCO_GL=osmesa (software)"
-            if "mujoco" in f"{type(exc).__module__} {text}".lower()
+            if "mujoco" in f"{type(exc).__module__} {error_line(exc)}".lower()
             or env_info(env_id, run["env_kwargs"])["family"] == "mujoco"
             else ""
         )
-        raise ConfigError(
-            f"--video: {env_id} cannot render rgb_array frames ({type(exc).__name__}: {text}){advice}"
-        ) from None
+        raise ConfigError(f"--video: {env_id} cannot render rgb_array frames ({error_line(exc)}){advice}") from None
 
 
 def _evaluate_agents_on_video(
