@@ -204,6 +204,19 @@ class GifFrames:
         return gif_scale(self._last) if self._last is not None else 1
 
 
+GIF_MAX_FPS = 50  # a GIF frame shorter than 20 ms is shown for 100 ms by most viewers
+
+
+def gif_fps(env: Any, default: int) -> int:
+    """The frames a second a GIF of `env` plays at: the env's own `render_fps` (its metadata's; at most
+    `GIF_MAX_FPS`), `default` where it names none."""
+    fps = getattr(env, "metadata", None) or {}
+    fps = fps.get("render_fps") if isinstance(fps, dict) else None
+    if isinstance(fps, (int, float)) and not isinstance(fps, bool) and fps > 0:
+        return max(1, round(min(GIF_MAX_FPS, fps)))
+    return default
+
+
 def _save_gif(frames: GifFrames | list[Any], path: Path, fps: int = 30) -> None:
     """Write `frames` (a `GifFrames`, or the env's frames themselves) as a looping GIF of `fps` frames a second."""
     from PIL import Image
@@ -321,10 +334,11 @@ def _evaluate_on_video(algo, run: dict[str, Any], episodes: int, seed: int, boun
             frames.append(env.render())
             done, steps = terminated or truncated, steps + 1
         cut += not done
+        fps = gif_fps(env, 30)
         env.close()
         if i == 0:  # not before: an env that cannot render leaves no empty folder
             _start_video_folder(video_dir)
-        _save_gif(frames, video_dir / f"episode-{i}.gif")
+        _save_gif(frames, video_dir / f"episode-{i}.gif", fps)
     return Evaluation(returns, cut, bound)
 
 
@@ -374,11 +388,12 @@ def _evaluate_agents_on_video(
         record = lambda _, env=env, frames=frames: frames.append(env.render())  # noqa: E731
         try:
             parts.append(evaluate_agents(policies, [env], seed + i, bound, record))
+            fps = gif_fps(env.env, 10)  # the PettingZoo env's own
         finally:
             env.close()
         if i == 0:
             _start_video_folder(video_dir)
-        _save_gif(frames, video_dir / f"episode-{i}.gif", fps=10)
+        _save_gif(frames, video_dir / f"episode-{i}.gif", fps)
     return AgentEvaluation(
         {agent: np.concatenate([p.agents[agent] for p in parts]) for agent in parts[0].agents},
         np.concatenate([p.returns for p in parts]),

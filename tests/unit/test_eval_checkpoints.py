@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -30,6 +31,7 @@ from rlfleet.run.evaluate import (
     _evaluate_on_video,
     _save_gif,
     evaluate_checkpoint,
+    gif_fps,
     gif_frame,
     load_agent,
 )
@@ -120,12 +122,34 @@ def test_a_gif_keeps_each_frame_small_and_a_repeated_frame_once():
 def test_a_gif_shows_repeated_frames_for_as_long(tmp_path):
     frames = [np.full((10, 10, 3), v) for v in (0.0, 0.0, 0.0, 1.0)]
     _save_gif(frames, tmp_path / "g.gif", fps=10)
-    with Image.open(tmp_path / "g.gif") as gif:
+    assert gif_durations(tmp_path / "g.gif") == [300, 100]
+
+
+def gif_durations(path) -> list[int]:
+    with Image.open(path) as gif:
         durations = []
         for k in range(gif.n_frames):
             gif.seek(k)
             durations.append(gif.info["duration"])
-    assert durations == [300, 100]
+    return durations
+
+
+def test_a_video_plays_at_the_env_s_own_frame_rate(tmp_path):
+    """Every GIF played at 30 frames a second: Blackjack's declares 4 (250 ms a frame), CartPole's 50."""
+    _evaluate_on_video(Still(), {"env": "Blackjack-v1", "env_kwargs": {}}, 1, 0, 100, tmp_path)
+    assert set(gif_durations(tmp_path / "episode-0.gif")) <= {250 * n for n in range(1, 4)}
+    assert gif_fps(gym.make("CartPole-v1"), 30) == 50 and gif_fps(gym.make("Acrobot-v1"), 30) == 15
+
+
+@pytest.mark.parametrize("declared", [None, 0, -5, "fast", True, float("nan")])
+def test_a_frame_rate_the_env_does_not_declare_is_the_default(declared):
+    env = type("Env", (), {"metadata": {"render_fps": declared}})()
+    assert gif_fps(env, 30) == 30
+
+
+@pytest.mark.parametrize("declared", [500, float("inf")])
+def test_a_frame_rate_past_what_gif_viewers_show_is_capped(declared):
+    assert gif_fps(type("Env", (), {"metadata": {"render_fps": declared}})(), 30) == 50
 
 
 def test_a_video_folder_keeps_only_this_evaluation_s_gifs(tmp_path):
