@@ -81,8 +81,9 @@ class ActorCritic(nn.Module):
     explores with gSDE, its σ entries starting at `init_std`) for a 1-D `Box`. Vector
     observations get separate actor and critic encoders unless `shared`; images share one CNN. With
     `lstm` > 0, one encoder and an `LSTMCore` of that many cells feed both heads: call `unroll` with the
-    recurrent state instead of `forward`. The layers are initialised orthogonally; `ortho_init=False` gives them
-    PyTorch's default initialisation (`torch_default_init`). With `net` (`package.module:factory`), the user's
+    recurrent state instead of `forward`. The layers are initialised orthogonally (the LSTM core keeps PyTorch's
+    default, as sb3-contrib's RecurrentPPO); `ortho_init=False` gives them PyTorch's default initialisation
+    (`torch_default_init`). With `net` (`package.module:factory`), the user's
     network is the encoder (`UserNet`, built with `net_kwargs`), left as its factory initialised it.
 
     Observations that carry their legal actions (`has_action_mask`; a categorical policy only) get the policy
