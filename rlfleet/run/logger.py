@@ -45,6 +45,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
+CSV_DIGITS = 9
+"""Significant digits of a value in `metrics.csv`: every float32 (a loss) and every count below 10⁹ (an env step,
+`charts/SPS`) reads back as it was."""
+
 CSV_FLUSH_S = 2.0
 """Longest time a row logged to `metrics.csv` waits in the file's buffer (the first row waits for nothing)."""
 
@@ -66,7 +70,8 @@ def keep_rows_up_to(path: Path, step: int) -> None:
 
 
 class RunLogger:
-    """Writes scalars to TensorBoard and `metrics.csv` (columns: step, wall_time, key, value).
+    """Writes scalars to TensorBoard and `metrics.csv` (columns: step, wall_time, key, value; a value of `CSV_DIGITS`
+    significant digits; a NaN value, which says "not measured", is left out).
 
     Where `metrics.csv` exists the run is resumed from a checkpoint at `initial_step`: what was logged after
     that step is dropped (see the module docstring).
@@ -105,10 +110,10 @@ class RunLogger:
         with self._csv_lock:
             for key, value in metrics.items():
                 value = float(value)
-                if math.isnan(value):
+                if math.isnan(value):  # not measured: `optimize`'s grad norm without clipping, a constant target's EV
                     continue
                 self.writer.add_scalar(key, value, step)
-                self._csv.writerow([step, f"{elapsed:.3f}", key, f"{value:.6g}"])
+                self._csv.writerow([step, f"{elapsed:.3f}", key, f"{value:.{CSV_DIGITS}g}"])
             waited = time.monotonic() - self._last_csv_flush
             if waited >= CSV_FLUSH_S:
                 self._flush_csv()

@@ -6,6 +6,8 @@ import csv
 import threading
 import time
 
+import numpy as np
+
 from rlfleet.run import logger as logger_module
 from rlfleet.run.logger import CSV_FLUSH_S, RunLogger
 from rlfleet.run.plot import read_metrics
@@ -21,7 +23,7 @@ def test_metrics_csv_is_current_for_a_watcher_while_the_run_goes_on(tmp_path, mo
     monkeypatch.setattr(logger_module.time, "monotonic", lambda: clock[0])
     log = RunLogger(tmp_path, total_steps=100, progress=False)
     try:
-        log.log(10, {"charts/SPS": 123.0, "losses/value": float("nan")}, elapsed=0.5)
+        log.log(10, {"charts/SPS": 123.0}, elapsed=0.5)
         assert rows_on_disk(tmp_path) == [["step", "wall_time", "key", "value"], ["10", "0.500", "charts/SPS", "123"]]
 
         log.log(20, {"charts/SPS": 456.0}, elapsed=1.0)  # within CSV_FLUSH_S of the last flush: may wait
@@ -36,6 +38,18 @@ def test_metrics_csv_is_current_for_a_watcher_while_the_run_goes_on(tmp_path, mo
     finally:
         log.close()
     assert len(rows_on_disk(tmp_path)) == 1 + 3 + 96  # close writes the rest
+
+
+def test_metrics_csv_keeps_every_digit_of_a_count_or_a_float32_and_leaves_out_what_was_not_measured(tmp_path):
+    """Values had 6 digits: 1234567 env steps read back as 1234570. NaN says "not measured" (`optimize`'s gradient
+    norm where nothing clips): no row."""
+    loss = float(np.float32(0.123456789))
+    log = RunLogger(tmp_path, total_steps=100, progress=False)
+    log.log(10, {"losses/grad_norm": float("nan"), "charts/env_steps": 1234567.0, "losses/policy": loss}, elapsed=0.5)
+    log.close()
+    values = {row[2]: float(row[3]) for row in rows_on_disk(tmp_path)[1:]}
+    assert values["charts/env_steps"] == 1234567 and np.float32(values["losses/policy"]) == np.float32(loss)
+    assert "losses/grad_norm" not in values
 
 
 def test_a_resumed_run_appends_to_metrics_csv_under_one_header(tmp_path):
