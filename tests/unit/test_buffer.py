@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlfleet.data import Batch, PrioritizedReplayBuffer, ReplayBuffer
+from rlfleet.envs.normalize import ReplayNormalizer, RewardNormalizer, RunningMeanStd
 
 
 def add_step(buf, obs, act, rew, next_obs, terminated, truncated, **kwargs):
@@ -150,6 +151,24 @@ def test_sample_keys_and_dtypes():
     assert b.rew.dtype == b.discount.dtype == b.weight.dtype == b.terminated.dtype == np.float32
     assert b.index.dtype == np.int64
     np.testing.assert_allclose(b.discount, 0.99)
+
+
+def test_float64_observations_are_stored_as_float32_unless_normalised_when_sampled():
+    """MuJoCo's float64 observations took twice the memory the networks' float32 needs; with obs_norm they are
+    normalised when sampled, and one far from zero keeps its small changes only in float64."""
+    obs = np.full((2, 3), 1.7e9) + np.arange(3)  # a timestamp-like observation: float32 rounds its changes away
+    for normalizer, dtype in ((None, np.float32), (ReplayNormalizer(RunningMeanStd((3,), 10.0)), np.float64)):
+        buf = ReplayBuffer(8, n_envs=2, seed=0)
+        buf.normalizer = normalizer
+        add_step(buf, obs, np.zeros((2, 1)), [0, 0], obs + 1, [0, 0], [0, 0])
+        stored = {k: v.numpy() for k, v in buf.state_dict()["storage"].items()}
+        assert stored["obs"].dtype == stored["next_obs"].dtype == dtype
+        assert stored["act"].dtype == np.float64  # actions keep their own dtype
+    np.testing.assert_array_equal(stored["obs"][0], obs)
+    reward_only = ReplayBuffer(8, n_envs=2, seed=0)
+    reward_only.normalizer = ReplayNormalizer(None, RewardNormalizer(2, gamma=0.99))
+    add_step(reward_only, obs, [0, 0], [0, 0], obs, [0, 0], [0, 0])
+    assert reward_only.state_dict()["storage"]["obs"].dtype == torch.float32
 
 
 # ---- n-step returns -----------------------------------------------------------------------------
