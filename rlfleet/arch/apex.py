@@ -523,7 +523,7 @@ class ApexRunner(ParallelRunner):
                 continue
             self.shard_states[sampled.shard] = sampled.state
             self.weigh(sampled)
-            for write in self.writes[sampled.shard]:  # answered before the sample: calls run in order
+            for write in self.writes[sampled.shard]:  # their answers (the prefetched batch was drawn without them)
                 self.wait(write)
             self.writes[sampled.shard] = []
             self.prefetch = self._ask()
@@ -628,8 +628,14 @@ class ApexRunner(ParallelRunner):
             return None
         return Taken(returns, metrics, updates)
 
+    def budget_spent(self) -> bool:
+        """The budget of env steps is taken in and, paced, the learner has made the updates it owes for them (the
+        last pass took in up to `actors × AHEAD` blocks but made at most `gradient_steps` updates), so the final
+        evaluation and checkpoint are of a learner at the replay ratio; or it cannot (no shard holds a batch)."""
+        return super().budget_spent() and (self.opts.unpaced or self.due() <= 0 or self.starved)
+
     def log_row(self) -> dict[str, float]:
-        """The policy lag, and the rates, replay size, exploration, returns and staleness since the last row."""
+        """The rates, replay size, exploration, returns and staleness since the last row."""
         now = time.perf_counter()
         last_time, last_steps, last_updates, last_added, last_sampled = self.last_rates
         elapsed = max(now - last_time, 1e-9)

@@ -33,7 +33,8 @@ its maximum since the last log line.
 Samplers may run only `AHEAD` items ahead of the learner (credits given back once the learner has learned
 from an item). For on-policy data that is one: a
 sampler's next segment starts once the learner has learned from its last one, with the weights that
-learned from it, so the lag stays about `workers − 1` updates (A2C with a lag of 5 collapsed on
+learned from it, so the lag is about `workers − 1` updates on average (more at times with samplers of uneven
+speed; A2C with a lag of 5 collapsed on
 CartPole-v1 in our runs); for replay it is two, so that samplers collect the next round while the
 learner trains. `env_steps` counts what the learner has consumed, so it is exact and
 resumable. Checkpoints hold the learner's algorithm state and the counters; the replay buffer is NOT

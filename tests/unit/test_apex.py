@@ -263,8 +263,18 @@ def final_weights(run_dir) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("seeds", [(3, 3, True), (3, 4, False)])
-def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_path):
+def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_path, monkeypatch):
+    """...and the paced learner ends the run at its replay ratio: the last pass took in up to actors × AHEAD blocks
+    and made at most gradient_steps updates, leaving 59 of 450 owed updates unmade at the final checkpoint."""
     a, b, same = seeds
+    ends = []
+    finish = ApexRunner.finish
+
+    def recorded_finish(self, *args):
+        ends.append((self.env_steps, self.ready_at, self.learned, self.ratio))
+        return finish(self, *args)
+
+    monkeypatch.setattr(ApexRunner, "finish", recorded_finish)
     runs = [
         train(
             "dqn",
@@ -286,6 +296,8 @@ def test_serial_runs_with_the_same_seed_end_with_the_same_weights(seeds, tmp_pat
         for k, seed in enumerate((a, b))
     ]
     assert runs[0]["updates"] > 100
+    for (env_steps, ready_at, learned, ratio), run in zip(ends, runs, strict=True):
+        assert learned == run["updates"] == int((env_steps - ready_at) * ratio)
     w0, w1 = (final_weights(r.run_dir) for r in runs)
     equal = all(torch.equal(w0[k], w1[k]) for k in w0)
     assert equal == same
