@@ -19,7 +19,8 @@ frame skip where given: a run stops at whichever comes first):
 Frames are env steps times the frame skip (4 for ALE ids, 1 for MinAtar); frames/s is the steady rate, the median
 of a run's `charts/SPS` rows after the first, leaving out those whose interval holds an evaluation (start-up and
 evaluations left out; the other rates likewise). Writes OUT/runs/<run> (the run folders), OUT/summary.json (every
-run: options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables) and OUT/curves_<experiment>.png.
+run: options, frames, seconds, rates, the evaluations), OUT/summary.md (the tables), both after each run, and
+OUT/curves_<experiment>.png.
 Experiments run one at a time into one OUT add to its summary (with the same --env, --minutes, --frames and
 --reference; an experiment run again replaces its entry); a run folder already in OUT/runs is an error before any
 run (remove it to run that experiment again).
@@ -40,6 +41,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -140,24 +142,29 @@ def one_run(name: str, algo: str, args: argparse.Namespace, out: Path, **options
     }
 
 
-def run_ppo(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    return [one_run("ppo", "ppo", args, out, n_envs=args.envs, device=args.device)]
+# Each experiment yields its runs one at a time, so that the summary is written after each (a run cut short by a
+# timeout loses only itself).
+def run_ppo(args: argparse.Namespace, out: Path) -> Iterator[dict[str, Any]]:
+    yield one_run("ppo", "ppo", args, out, n_envs=args.envs, device=args.device)
 
 
-def run_a3c(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    return [one_run(f"a3c-{n}", "a3c", args, out, arch="hogwild", workers=n) for n in args.workers]
+def run_a3c(args: argparse.Namespace, out: Path) -> Iterator[dict[str, Any]]:
+    for n in args.workers:
+        yield one_run(f"a3c-{n}", "a3c", args, out, arch="hogwild", workers=n)
 
 
-def run_apex(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+def run_apex(args: argparse.Namespace, out: Path) -> Iterator[dict[str, Any]]:
     options = dict(arch="apex", actors=args.actors, unpaced=True, device=args.device)
-    return [one_run(f"apex-{args.actors}", "dqn", args, out, **options)]
+    yield one_run(f"apex-{args.actors}", "dqn", args, out, **options)
 
 
-def run_gala(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    runs = [one_run(f"gala-{k}", "a2c", args, out, arch="gossip", learners=k) for k in args.learners]
-    frames = max(run["frames"] for run in runs)
-    a2c = one_run("a2c", "a2c", args, out, steps=max(1, frames // args.frame_skip), time_limit=args.minutes * 60 * 2)
-    return runs + [a2c]
+def run_gala(args: argparse.Namespace, out: Path) -> Iterator[dict[str, Any]]:
+    frames = 0
+    for k in args.learners:
+        run = one_run(f"gala-{k}", "a2c", args, out, arch="gossip", learners=k)
+        frames = max(frames, run["frames"])
+        yield run
+    yield one_run("a2c", "a2c", args, out, steps=max(1, frames // args.frame_skip), time_limit=args.minutes * 60 * 2)
 
 
 RUNNERS = {"ppo": run_ppo, "a3c": run_a3c, "apex": run_apex, "gala": run_gala}
@@ -343,18 +350,27 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     document: dict[str, Any] = {"machine": machine(), "env": args.env, "minutes": args.minutes, "frames": args.frames,
                                 "reference": args.reference, "experiments": {}}  # fmt: skip
+    text = ""
     for experiment in args.experiments:
-        runs = RUNNERS[experiment](args, out)
-        done = {**earlier, **document["experiments"], experiment: runs}
-        document["experiments"] = {e: done[e] for e in EXPERIMENTS if e in done}  # in the order of `all`
+        runs: list[dict[str, Any]] = []
+        for run in RUNNERS[experiment](args, out):
+            runs.append(run)
+            done = {**earlier, **document["experiments"], experiment: runs}
+            document["experiments"] = {e: done[e] for e in EXPERIMENTS if e in done}  # in the order of `all`
+            text = write_summary(document, args, out)  # after each run: a crash or a timeout loses little
         plot(experiment, runs, args, out / f"curves_{experiment}.png")
-        (out / "summary.json").write_text(json.dumps(document, indent=1) + "\n")  # after each: a crash loses little
+    print(text)
+    print(f"[atari_scale] wrote {out}/summary.json, summary.md and curves_*.png", file=sys.stderr)
+
+
+def write_summary(document: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
+    """Write OUT/summary.json and OUT/summary.md (the tables) of the runs so far; the tables' text."""
+    (out / "summary.json").write_text(json.dumps(document, indent=1) + "\n")
     markdown = [table(experiment, runs, args) for experiment, runs in document["experiments"].items()]
     m = document["machine"]
     header = f"Machine: {m['cpu']}, {m['cores']} cores, GPU {m['gpu'] or 'none'}; torch {m['torch']}.\n\n"
     (out / "summary.md").write_text(header + "\n".join(markdown))
-    print(header + "\n".join(markdown))
-    print(f"[atari_scale] wrote {out}/summary.json, summary.md and curves_*.png", file=sys.stderr)
+    return header + "\n".join(markdown)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,8 @@ from harness import RESULTS, cpu_model
 
 RLFLEET = [sys.executable, "-m", "rlfleet.cli"]
 SHARES = ("compute", "wait", "average")
+CONFIG = re.compile(r"a2c|a3c|(gala|local-pala|pala)-[0-9]+")
+"""The runs `--configs` names: a2c, a3c, and gossip with K learners (on one machine, or pala-K on two nodes)."""
 EXTRA = ("skip_share", "staleness")
 
 
@@ -109,7 +112,8 @@ def summarize(runs: list[dict[str, Any]], configs: list[str], limit: float) -> s
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, with `config_list` (the runs, in order) and `ks` (their learner counts) added."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--learners", default="2,4,8", help="K of GALA and PALA, comma-separated")
     parser.add_argument("--seeds", type=int, default=5)
@@ -120,13 +124,30 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true", help="exactly --steps per run: frames/s, no solving")
     parser.add_argument("--configs", default=None, help="only these runs, comma-separated (e.g. gala-4,local-pala-4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gossip.json")
-    args = parser.parse_args()
-    ks = [int(k) for k in args.learners.split(",")]
+    args = parser.parse_args(argv)
+    try:
+        ks = [int(k) for k in args.learners.split(",")]
+    except ValueError:
+        parser.error(f"--learners takes comma-separated counts, got {args.learners!r}")
+    if any(k < 2 for k in ks):
+        parser.error(f"--learners takes counts >= 2 (a gossip needs peers), got {args.learners!r}")
     configs = ["a2c", "a3c", *(f"gala-{k}" for k in ks), *(f"local-pala-{k}" for k in ks),
                *([] if args.no_pala else [f"pala-{k}" for k in ks])]  # fmt: skip
     if args.configs:
         configs = args.configs.split(",")
+        unknown = [c for c in configs if not CONFIG.fullmatch(c) or (c[0] != "a" and int(c.split("-")[-1]) < 2)]
+        if unknown:
+            parser.error(f"--configs: unknown {', '.join(map(repr, unknown))}; runs are a2c, a3c, gala-K, "
+                         "local-pala-K and pala-K (K >= 2 learners)")  # fmt: skip
         args.no_pala = not any(c.startswith("pala-") for c in configs)
+    args.config_list = configs
+    args.ks = [int(c.split("-")[-1]) for c in configs if c[0] != "a"] or [2]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    configs = args.config_list
     cluster = None
     if not args.no_pala:
         os.environ.update(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # before ray's import
@@ -134,7 +155,7 @@ def main() -> None:
 
         from rlfleet.backends.ray_instance import SYSTEM_CONFIG
 
-        cpus = max(ks) // 2 + 1  # learners reserve a CPU each: half of the largest K per node (oversubscribed)
+        cpus = max(args.ks) // 2 + 1  # learners reserve a CPU each: half of the largest K per node (oversubscribed)
         cluster = Cluster(
             initialize_head=True,
             head_node_args={"num_cpus": cpus, "resources": {"node0": 8}, "_system_config": SYSTEM_CONFIG},

@@ -106,3 +106,25 @@ def test_experiments_run_one_at_a_time_add_to_one_summary(tmp_path):
     other = run("apex", *options[:-2], "--out", str(out), "--minutes", "1", "--actors", "1", cwd=tmp_path)
     assert other.returncode == 2 and "holds runs with --minutes 0.5" in other.stderr, other.stderr
     assert not (out / "runs" / "apex-1").exists()
+
+
+def test_the_summary_is_written_after_each_run_so_a_timeout_loses_only_the_run_it_cut(tmp_path, monkeypatch):
+    """On the GPU machine the A3C runs at five worker counts share one timeout: the tables were written only once
+    every count had run, so a timeout in the 16-worker run left none."""
+    scale = script_module()
+
+    def one_run(name, algo, args, out, **options):
+        if options["workers"] == 4:
+            raise KeyboardInterrupt  # the timeout's signal, in the third run
+        return {"name": name, "options": options, "frames_per_s": 100.0 * options["workers"], "frames": 2000,
+                "score": 1.0, "reference_at_s": None, "segment_ms": None, "evals": []}  # fmt: skip
+
+    monkeypatch.setattr(scale, "one_run", one_run)
+    out = tmp_path / "scale"
+    argv = ["atari_scale.py", "a3c", "--env", "CartPole-v1", "--reference", "100", "--workers", "1,2,4", "--out"]
+    monkeypatch.setattr(sys, "argv", [*argv, str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        scale.main()
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary["experiments"]["a3c"]] == ["a3c-1", "a3c-2"]
+    assert "| 2 | 200 |" in (out / "summary.md").read_text()

@@ -83,10 +83,21 @@ def test_time_to_solve_refuses_no_seeds_and_no_time(bench, capsys, tmp_path, arg
         ("collect_throughput", ["--repeats", "0"], "--repeats must be at least 1, got 0"),
         ("weight_publish", ["--trials", "0"], "--trials must be at least 1, got 0"),
         ("weight_publish", ["--backends", "foo"], "--backends: expected a comma-separated subset of serial"),
+        ("gossip", ["--configs", "gala4"], "--configs: unknown 'gala4'; runs are a2c, a3c, gala-K"),  # not a2c
+        ("gossip", ["--configs", "a2c,local-pala-1"], "--configs: unknown 'local-pala-1'"),
+        ("gossip", ["--learners", "2,x"], "--learners takes comma-separated counts, got '2,x'"),
+        ("gossip", ["--learners", "1"], "--learners takes counts >= 2"),
     ],
 )
 def test_bad_options_are_one_line_errors(bench, capsys, script, argv, says):
     assert says in usage_error(bench(script).parse_args, argv, capsys)
+
+
+def test_gossip_runs_the_configs_it_is_given(bench):
+    args = bench("gossip").parse_args(["--configs", "a2c,gala-4,pala-8", "--learners", "2"])
+    assert args.config_list == ["a2c", "gala-4", "pala-8"] and args.ks == [4, 8] and not args.no_pala
+    args = bench("gossip").parse_args(["--learners", "2,4", "--no-pala"])
+    assert args.config_list == ["a2c", "a3c", "gala-2", "gala-4", "local-pala-2", "local-pala-4"]
 
 
 @pytest.mark.parametrize(
