@@ -98,7 +98,7 @@ if wanted a3c_numa; then
     nodes=$(lscpu -p=NODE | grep -v '^#' | sort -u | wc -l)
     echo "node 0 cpus: $node0 ($nodes NUMA nodes)"
     if [ "$nodes" -gt 1 ]; then
-        check timeout 240 taskset -c "$node0" python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.67 \
+        check timeout 240 taskset -c "$node0" python3 benchmarks/atari_scale.py a3c --env ALE/Pong-v5 --minutes 1.3 \
             --workers 16 --eval-every 1000000 --eval-episodes 1 --out "$OUT/a3c_numa"
     else
         echo "one NUMA node: its cores are all the cores, and a3c_pong's 16-worker row is this run"
