@@ -72,6 +72,12 @@ parameters as they step the whole (`param_server`; torch's fused CPU Adam rounds
 do not fill a vector differently, so with it a shard's last elements may differ from the whole's by an ulp)."""
 
 
+OPTIONS_NOT_TAKEN: dict[str, Any] = {"centered": False, "momentum": 0, "nesterov": False, "dampening": 0,
+                                     "amsgrad": False, "maximize": False, "decoupled_weight_decay": False}  # fmt: skip
+"""Options of torch's optimizers that the shared ones do not take (unless among their own defaults), each with the
+value at which it changes nothing: a state saved with another value is refused."""
+
+
 class _SharedStateOptimizer(Optimizer, metaclass=ABCMeta):
     """Base of the Hogwild optimisers: eager per-parameter state in shared memory, loaded by copying in place,
     and one `step` (closure, weight decay, sparse check) around each optimiser's own `_update` rule. A
@@ -120,7 +126,19 @@ class _SharedStateOptimizer(Optimizer, metaclass=ABCMeta):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as torch does (checks, hyperparameters), then copy the values into the existing shared tensors."""
+        """Load as torch does (checks, hyperparameters), then copy the values into the existing shared tensors. A
+        torch optimizer's state loads where its options step as this one does (`torch.optim.Adam`'s into
+        `SharedAdam`); one saved with an option this class does not take (`centered`, `momentum`, `amsgrad`, ...),
+        or `torch.optim.RMSprop`'s (its ε is added outside the square root), is a `ValueError`."""
+        name = type(self).__name__
+        for group in state_dict.get("param_groups", ()):
+            for key, neutral in OPTIONS_NOT_TAKEN.items():
+                if key not in self.defaults and group.get(key, neutral) != neutral:
+                    raise ValueError(f"{name}.load_state_dict: the state was saved with {key}={group[key]!r}, "
+                                     f"which {name} does not take")  # fmt: skip
+            if isinstance(self, SharedRMSprop) and "centered" in group:
+                raise ValueError(f"{name}.load_state_dict: the state is torch.optim.RMSprop's, whose eps is added "
+                                 "outside the square root (here: inside)")  # fmt: skip
         live = {param: dict(state) for param, state in self.state.items()}
         super().load_state_dict(state_dict)
         for param, tensors in live.items():

@@ -419,3 +419,28 @@ def test_the_old_sgd_name_is_refused_with_a_pointer_to_momentum_sgd():
     for call in (lambda: build_optimizer("sgd", params, lr=1e-3), lambda: is_shared("sgd")):
         with pytest.raises(ValueError, match=r"optimizer 'sgd' is now 'momentum_sgd'.*10x the learning rate"):
             call()
+
+
+@pytest.mark.parametrize(
+    ("make_torch", "make_shared", "says"),
+    [
+        (lambda p: torch.optim.RMSprop(p, centered=True), SharedRMSprop, "saved with centered=True"),
+        (lambda p: torch.optim.RMSprop(p, momentum=0.9), SharedRMSprop, "saved with momentum=0.9"),
+        (lambda p: torch.optim.RMSprop(p), SharedRMSprop, "torch.optim.RMSprop's, whose eps is added outside"),
+        (lambda p: torch.optim.Adam(p, amsgrad=True), SharedAdam, "saved with amsgrad=True"),
+        (lambda p: torch.optim.Adam(p, maximize=True), SharedAdam, "saved with maximize=True"),
+    ],
+)
+def test_a_torch_optimizer_state_with_options_the_shared_one_lacks_is_refused(make_torch, make_shared, says):
+    """They loaded without a word and then stepped without the option (uncentred, no momentum, no AMSGrad), or with
+    torch's ε read as one inside the root: a step floor √1e-8 = 1e-4, ten times the intended one."""
+    model = shared_linear()
+    ref_opt = make_torch(model.parameters())
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    ref_opt.step()
+    opt = make_shared(model.parameters())
+    before = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match=says):
+        opt.load_state_dict(ref_opt.state_dict())
+    assert opt.param_groups[0]["lr"] == before["param_groups"][0]["lr"] and "amsgrad" not in opt.param_groups[0]
