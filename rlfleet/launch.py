@@ -223,6 +223,9 @@ its roles from the learner's saved state; how long a process waits for another: 
 `--group-timeout-s`, `--gossip-timeout-s`). Anything else given with a resume must equal the saved value."""
 
 
+ZERO_IS_DEFAULT = frozenset({"eval_every", "checkpoint_every"})
+"""Options whose 0 means their default, as not giving them does."""
+
 SAVED_RESOLVED = frozenset({"gossip_order"})
 """Options whose `auto` a run saves as what it stood for when the run started (gossip's order, which depends on the
 backend, which a resume may change): `auto` given with a resume is the run's own value."""
@@ -243,9 +246,10 @@ def resumed_config(
         if key == "overrides":
             differ += _overrides_that_differ(cfg.algo, value, algo_config)
         elif key in RESUME_MAY_CHANGE:
-            if key == "steps" and isinstance(value, int) and isinstance(cfg.steps, int) and value > cfg.steps:
+            budget = cfg.steps if isinstance(cfg.steps, int) else algo_config.get("total_steps")  # --set total_steps
+            if key == "steps" and isinstance(value, int) and isinstance(budget, int) and value != budget:
                 notes.warning(
-                    f"--steps {value} (the run's: {cfg.steps}): what the run schedules over its budget (a learning "
+                    f"--steps {value} (the run's: {budget}): what the run schedules over its budget (a learning "
                     "rate annealed to 0, ε, β) and its default evaluation and checkpoint intervals follow the new one"
                 )
             if key in RUN_FIELDS:
@@ -259,6 +263,8 @@ def resumed_config(
             saved = getattr(cfg, key) if key in RUN_FIELDS else cfg.options.get(key, _default_option(cfg.arch, key))
             if saved is None and key in algo_config:  # not given: the algorithm's, as the run resolved it (n_envs)
                 saved = algo_config[key]
+            if key in ZERO_IS_DEFAULT and not value and not saved:  # 0 and not given: the default alike
+                continue
             if value != saved and not (key in SAVED_RESOLVED and value == "auto"):
                 shown = "not given: its default" if saved is None else saved
                 differ.append(f"--{key.replace('_', '-')} {value} (the run's: {shown})")

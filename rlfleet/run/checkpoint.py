@@ -91,11 +91,11 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint written by `save_checkpoint`; clear `CheckpointError` for anything else. `mmap`: its tensors
     mapped rather than read (to look at its counters: a latest.pt may hold a replay of gigabytes)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "checkpoints" / "latest.pt"
+    path = checkpoint_file(path)
     if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}")
+        best = path.with_name("best.pt")
+        other = f" (the folder holds {best}: give that file)" if path.name == "latest.pt" and best.is_file() else ""
+        raise CheckpointError(f"no checkpoint at {path}{other}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} is a folder, not a file (a run folder holds checkpoints/latest.pt)")
     try:
@@ -117,14 +117,28 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     return from_safe(payload)
 
 
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint file `path` means: a run folder's `checkpoints/latest.pt`, the `latest.pt` of a run's
+    `checkpoints/` folder, or `path` itself."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    return path / "latest.pt" if _is_checkpoints_folder(path) else path / "checkpoints" / "latest.pt"
+
+
+def _is_checkpoints_folder(path: Path) -> bool:
+    return path.name == "checkpoints" and (path / "latest.pt").is_file()
+
+
 def run_folder_of(path: str | Path) -> Path:
-    """The run folder of a checkpoint: a folder itself, or `RUN` for a file `RUN/checkpoints/NAME.pt`.
+    """The run folder of a checkpoint: a folder itself (of its `checkpoints/` folder, the folder above), or `RUN`
+    for a file `RUN/checkpoints/NAME.pt`.
 
     A checkpoint file anywhere else belongs to no run folder, and a resumed run must not write its files
     into whatever folder lies two levels above it."""
     path = Path(path)
     if path.is_dir():
-        return path
+        return path.parent if _is_checkpoints_folder(path) else path
     if path.parent.name != "checkpoints":
         raise CheckpointError(
             f"{path} lies outside a run folder: --resume takes a run folder or a checkpoint in its checkpoints/ "

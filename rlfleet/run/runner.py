@@ -40,7 +40,7 @@ from rlfleet.envs.normalize import (
 )
 from rlfleet.fields import idle_setting
 from rlfleet.nets.encoders import UnsupportedObservationError, has_image
-from rlfleet.run.checkpoint import save_checkpoint
+from rlfleet.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rlfleet.run.config import (
     ConfigError,
     NoOptions,
@@ -431,6 +431,8 @@ class RunBase(abc.ABC):
             if named is not None:
                 gaussian_setting(named, info.get("action_space"), preset=preset)
             cls.check_env_options(cfg, info, algo_cfg)
+        else:  # a resume may give --env-timeout-s anew
+            cls.check_env_timeout(cfg, info, algo_cfg)
         if not cls.runs_normalisation:
             drop_preset_normalisation(algo_cfg, cfg.overrides, cfg.arch, preset)
         check_observation_space(info["observation_space"])
@@ -459,6 +461,11 @@ class RunBase(abc.ABC):
                 make_vector_env(cfg.env, 1, seed=0, mode="envpool", training=True, **cfg.env_kwargs).close()
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"--vector-mode envpool cannot run {cfg.env}: {str(exc).splitlines()[0]}") from None
+        cls.check_env_timeout(cfg, info, algo_cfg)
+
+    @classmethod
+    def check_env_timeout(cls, cfg: RunConfig, info: dict[str, Any], algo_cfg: Any) -> None:
+        """`--env-timeout-s` where the run has env processes (`check_env_options`); elsewhere one `ConfigError`."""
         if cfg.env_timeout_s != ENV_TIMEOUT_S:
             mode = cfg.vector_mode
             training = cls.takes_vector_mode and resolve_vector_mode(cfg.env, algo_cfg.n_envs, mode) == "async"
@@ -691,12 +698,31 @@ class RunBase(abc.ABC):
         """The run's logger and its start time (earlier by the time already spent when resuming: elapsed times
         are the run's totals). The time limit counts from now: it is a budget for this invocation."""
         logger = RunLogger(self.run_dir, self.total_steps, self.env_steps, self.cfg.progress)
+        if self.resuming:
+            self._keep_a_later_best()
         self.evals_at_start = self.state["evals"]
         now = time.perf_counter()
         self._last_log = (now, self.env_steps)
         self._invocation_start = now
         logger.start = now - self.state["elapsed"]  # rows logged without their elapsed time: the run's totals too
         return logger, logger.start
+
+    def _keep_a_later_best(self) -> None:
+        """A resumed run whose `best.pt` is better than the checkpoint it goes on from knows (a run killed without
+        its last `latest.pt`, which is saved every `--checkpoint-every` steps, `best.pt` at every new best): it
+        keeps that best, so that only an evaluation beating it replaces `best.pt`, which one beating the
+        checkpoint's older best did, losing the better network."""
+        path = self.run_dir / "checkpoints" / "best.pt"
+        try:
+            saved = load_checkpoint(path, mmap=True) if path.is_file() else {}
+        except CheckpointError:  # a cut-short file: the run's first new best replaces it
+            return
+        best, step = (saved.get("state") or {}).get("best_eval"), saved.get("env_steps")
+        if isinstance(best, float | int) and best > self.state["best_eval"]:
+            notes.info(f"{path} (return {best:g} at step {step}) stays the run's best network unless an evaluation "
+                       f"beats it: the checkpoint resumed from, at step {self.env_steps}, knew only "
+                       f"{self.state['best_eval']:g}")  # fmt: skip
+            self.state["best_eval"] = float(best)
 
     def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
         """A final evaluation if the last one is not at this step (none when interrupted, and none once solved:

@@ -350,7 +350,7 @@ FILE_ARGUMENTS = {
     "eval-folder-without-checkpoint": (("eval", "adir"), ["adir", "no checkpoint"]),
     "eval-incomplete-checkpoint": (("eval", "loose.pt"), ["loose.pt", "written by another version", "lacks arch"]),
     "eval-a-dataset": (("eval", "demos.npz"), ["demos.npz", "checkpoint"]),
-    "eval-checkpoints-folder": (("eval", "runs/old/checkpoints"), ["runs/old/checkpoints", "no checkpoint"]),
+    "eval-checkpoints-folder": (("eval", "runs/old/checkpoints"), ["checkpoints/latest.pt", "cannot read checkpoint"]),
     "expert-garbage": (
         ("train", "bc", "--env", "CartPole-v1", "--dataset", "demos.npz", "--expert", "garbage.pt"),
         ["garbage.pt", "cannot read checkpoint"],

@@ -4,6 +4,7 @@ a preset's normalisation on an architecture that cannot run it is switched off w
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -16,8 +17,9 @@ import pytest
 import rlfleet.launch
 from rlfleet import train
 from rlfleet.cli import main
+from rlfleet.launch import resumed_config
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
-from rlfleet.run.config import ConfigError
+from rlfleet.run.config import ConfigError, RunConfig
 
 
 def run_main(args) -> int:
@@ -91,6 +93,54 @@ def test_a_resume_applies_what_it_may_change_and_accepts_equal_values(saved_run:
     assert json.loads((run / "config.json").read_text())["torch_threads"] == 2
 
 
+def test_a_resume_refuses_an_env_timeout_its_run_has_no_env_processes_for(saved_run: Path, capsys):
+    """A new run refuses --env-timeout-s where no env process would wait; a resume, which may change it, took it."""
+    before = tree(saved_run)
+    assert run_main(("train", "--resume", saved_run, "--steps", "512", "--env-timeout-s", "5", "--no-progress")) == 2
+    assert "rlfleet: error: --env-timeout-s 5 has no effect: this run has no env processes" in capsys.readouterr().err
+    assert tree(saved_run) == before
+
+
+@pytest.mark.parametrize("option", ["--eval-every", "--checkpoint-every"])
+def test_a_resume_takes_0_for_an_interval_the_run_left_at_its_default(tmp_path: Path, option: str):
+    """0 means the default, as not giving the option does: a resume refused it as a change from the run's."""
+    args = ("train", "a2c", "--env", "CartPole-v1", "--steps", "256", "--eval-episodes", "1", "--no-progress")
+    assert run_main((*args, "--logdir", tmp_path, "--name", "run")) == 0
+    assert run_main(("train", "--resume", tmp_path / "run", "--steps", "512", option, "0", "--no-progress")) == 0
+
+
+def test_a_run_folder_without_latest_pt_points_at_its_best_pt(saved_run: Path, tmp_path: Path, capsys):
+    """A run killed before its first latest.pt (saved every --checkpoint-every steps) still has a best.pt; and its
+    checkpoints/ folder is taken as the run folder is."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    assert run_main(("train", "--resume", run / "checkpoints", "--steps", "512", "--no-progress")) == 0
+    assert load_checkpoint(run)["env_steps"] >= 512 and not (run / "checkpoints" / "checkpoints").exists()
+    (run / "checkpoints" / "latest.pt").unlink()
+    assert run_main(("train", "--resume", run, "--steps", "768", "--no-progress")) == 2
+    said = f"no checkpoint at {run / 'checkpoints' / 'latest.pt'} (the folder holds {run / 'checkpoints' / 'best.pt'}"
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("steps", "total_steps", "given", "said"),
+    [
+        (None, 2_000, 4_000, "--steps 4000 (the run's: 2000)"),  # the run's budget was --set total_steps=2000
+        (6_000, 6_000, 5_000, "--steps 5000 (the run's: 6000)"),  # a smaller budget squeezes the schedules as much
+        (6_000, 6_000, 6_000, None),
+    ],
+)
+def test_a_resume_says_when_its_budget_is_not_the_run_s(steps, total_steps, given, said, caplog):
+    """The line came only with a larger --steps than a --steps the run was given: not where the run's budget was
+    --set total_steps (or the algorithm's default), nor for a smaller --steps, which moves the schedules as much."""
+    run = dataclasses.asdict(RunConfig(algo="dqn", env="CartPole-v1", steps=steps))
+    with caplog.at_level(logging.WARNING, logger="rlfleet"):
+        cfg = resumed_config(run, {"total_steps": total_steps}, None, None, {"steps": given})
+    assert cfg.steps == given
+    lines = [r.getMessage() for r in caplog.records if "what the run schedules over its budget" in r.getMessage()]
+    assert lines == ([] if said is None else [lines[0]]) and (said is None or lines[0].startswith(said)), lines
+
+
 def test_a_run_keeps_a_setting_that_a_new_run_would_refuse_for_doing_nothing(saved_run: Path, tmp_path: Path):
     """A run started by a version that accepted a setting which does nothing (here obs_clip without obs_norm, and
     --heartbeat-s on the serial backend) resumes with it: refusals of such settings are for new runs."""
@@ -146,6 +196,22 @@ def test_a_resume_from_an_earlier_checkpoint_says_what_it_replaces(saved_run: Pa
     assert load_checkpoint(run)["env_steps"] >= 512
     assert run_main(("train", "--resume", checkpoints / "latest.pt", "--steps", "768", "--no-progress")) == 0
     assert "replaces" not in capsys.readouterr().out
+
+
+def test_a_resume_keeps_a_best_pt_better_than_its_checkpoint_knew(saved_run: Path, tmp_path: Path, capsys):
+    """A run killed without its last latest.pt (saved every --checkpoint-every steps) can leave a later, better
+    best.pt. Its resume knew only the older best, and its first evaluation above that replaced the better network."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    best = load_checkpoint(run / "checkpoints" / "best.pt")
+    best["state"]["best_eval"], best["env_steps"] = 1e6, 400  # as if saved after latest.pt's step 256, and better
+    save_checkpoint(run / "checkpoints" / "best.pt", best)
+    before = (run / "checkpoints" / "best.pt").read_bytes()
+    assert run_main(("train", "--resume", run, "--steps", "768", "--no-progress")) == 0
+    out = capsys.readouterr().out
+    assert f"{run / 'checkpoints' / 'best.pt'} (return 1e+06 at step 400) stays the run's best network" in out, out
+    assert (run / "checkpoints" / "best.pt").read_bytes() == before
+    assert json.loads((run / "result.json").read_text())["best_eval_return"] == 1e6
 
 
 @pytest.mark.parametrize("given", [("--heartbeat-s", "30"), ("--backend", "serial", "--max-restarts", "2")])
