@@ -66,21 +66,25 @@ def _train(args: argparse.Namespace) -> int:
         if not args.algo or "env" not in given:
             raise ConfigError("train needs ALGO and --env ID (or --resume RUN_DIR)")
         result = train(args.algo, overrides=parse_overrides(args.set or []), **given)
-    r = result.result
-    if r["eval_return_mean"] is None:
-        print(
-            f"{r['algo']} on {r['env']}: stopped by {r['stopped_by']} after {r['env_steps']} steps before any "
-            f"evaluation\nrun folder: {result.run_dir}"
-        )
-        return 0
-    status = f"solved at step {r['solved_at_step']} ({r['solved_at_s']:.1f} s)" if r["solved"] else "not solved"
-    print(
-        f"{r['algo']} on {r['env']}: eval return {r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} "
-        f"after {r['env_steps']} steps, {status}; stopped by {r['stopped_by']}\nrun folder: {result.run_dir}"
-    )
-    if r.get("exploration_hint"):  # a continuous-control run that never beat doing nothing
-        print(r["exploration_hint"])
+    print(outcome(result.result))
+    print(f"run folder: {result.run_dir}")
+    if result.result.get("exploration_hint"):  # a continuous-control run that never beat doing nothing
+        print(result.result["exploration_hint"])
     return 0
+
+
+def outcome(r: dict[str, typing.Any]) -> str:
+    """The line `rlfleet train` ends with, from the run's `result.json` fields `r`."""
+    if r["eval_return_mean"] is None:
+        steps = f"after {r['env_steps']} steps"
+        return f"{r['algo']} on {r['env']}: stopped by {r['stopped_by']} {steps} before any evaluation"
+    status = f"solved at step {r['solved_at_step']} ({r['solved_at_s']:.1f} s)" if r["solved"] else "not solved"
+    at = r.get("eval_at_step")  # parallel workers may step on after the evaluation that ended the run
+    steps = f"after {r['env_steps']} steps" if at in (None, r["env_steps"]) else f"at step {at} of {r['env_steps']}"
+    return (
+        f"{r['algo']} on {r['env']}: eval return {r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} {steps}, "
+        f"{status}; stopped by {r['stopped_by']}"
+    )
 
 
 def _tune(args: argparse.Namespace) -> int:

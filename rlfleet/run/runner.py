@@ -795,6 +795,7 @@ class RunBase(abc.ABC):
             "eval_return_mean": last["mean"],
             "eval_return_std": last["std"],
             "eval_episodes_cut": last.get("cut"),
+            "eval_at_step": last.get("step"),
             "eval_max_steps": self.eval_max_steps,
             "best_eval_return": self.state["best_eval"] if self.state["evals"] else None,
             "env_steps": self.env_steps,

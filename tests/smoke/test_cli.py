@@ -17,6 +17,7 @@ import torch
 from procs import RLFLEET
 
 from rlfleet.algos import REGISTRY
+from rlfleet.cli import outcome
 from rlfleet.data.demos import Demonstrations
 from rlfleet.run.checkpoint import load_checkpoint, save_checkpoint
 
@@ -1022,3 +1023,17 @@ def test_plot_writes_a_png(trained_run: Path, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(out) in proc.stdout
+
+
+def test_the_last_line_says_the_step_of_an_evaluation_the_workers_stepped_past():
+    """A hogwild run solved at step 2295 and stopped with 2765 steps taken; its line read "eval return 500.0 after
+    2765 steps", as if the evaluation had been there."""
+    r = {"algo": "a3c", "env": "CartPole-v1", "eval_return_mean": 500.0, "eval_return_std": 0.0, "solved": True,
+         "solved_at_step": 2295, "solved_at_s": 10.4, "stopped_by": "solved", "env_steps": 2765,
+         "eval_at_step": 2295}  # fmt: skip
+    assert outcome(r) == (
+        "a3c on CartPole-v1: eval return 500.0 ± 0.0 at step 2295 of 2765, solved at step 2295 (10.4 s); stopped by "
+        "solved"
+    )
+    assert "after 2765 steps, solved" in outcome({**r, "eval_at_step": 2765})
+    assert "before any evaluation" in outcome({**r, "eval_return_mean": None})
