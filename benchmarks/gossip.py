@@ -153,12 +153,12 @@ def main() -> None:
         os.environ.update(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # before ray's import
         from ray.cluster_utils import Cluster
 
-        from rlfleet.backends.ray_instance import SYSTEM_CONFIG
+        from rlfleet.backends.ray_instance import system_config
 
         cpus = max(args.ks) // 2 + 1  # learners reserve a CPU each: half of the largest K per node (oversubscribed)
         cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": cpus, "resources": {"node0": 8}, "_system_config": SYSTEM_CONFIG},
+            head_node_args={"num_cpus": cpus, "resources": {"node0": 8}, "_system_config": system_config()},
         )
         cluster.add_node(num_cpus=cpus, resources={"node1": 8})
         cluster.wait_for_nodes()

@@ -20,10 +20,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from rlfleet.fields import ConfigError
@@ -38,10 +38,18 @@ PRIVATE_PREFIX = "rlfleet-ray-"  # of a private instance's folder, in the system
 PRIVATE_RESOURCE = "rlfleet_private_instance"
 """A resource that every private instance (and only one) offers: it marks it as a run's own, which no other run
 may join. It is on its raylet's command line (seen before joining) and among its resources (seen after)."""
-SYSTEM_CONFIG = {"worker_niceness": 0}
+SYSTEM_CONFIG: Mapping[str, Any] = MappingProxyType({"worker_niceness": 0})
 """Ray starts its workers at niceness 15 by default: beside a busy learner, or anything else busy at 0, an actor gets
 a sliver of a core (on a 2-core machine with three busy processes, four actors took 70-80 s instead of 4 s to import
-torch). The private instance, and the tests' and benchmarks' simulated clusters, run their actors as the run runs."""
+torch). The private instance, and the tests' and benchmarks' simulated clusters, run their actors as the run runs.
+Give Ray `system_config()`, a copy: it writes its session's settings into the dict it is given."""
+
+
+def system_config() -> dict[str, Any]:
+    """A new copy of `SYSTEM_CONFIG` for one Ray start. Ray adds its session's object spilling folder to the dict it
+    is given: a second instance started with the same dict in one process (a second `train` or `tune` in a notebook)
+    spilled into the first one's folder, removed when that instance stopped, and Ray warned of an unstable API."""
+    return dict(SYSTEM_CONFIG)
 
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
@@ -340,7 +348,7 @@ def start_private_instance(min_cpus: int = 1) -> ModuleType:
         with sigint_deferred():
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
                      logging_level="WARNING", _temp_dir=str(_private.temp_dir),
-                     resources={PRIVATE_RESOURCE: 1}, _system_config=SYSTEM_CONFIG)  # fmt: skip
+                     resources={PRIVATE_RESOURCE: 1}, _system_config=system_config())  # fmt: skip
     except BaseException:
         stop_private_instance()
         raise

@@ -18,7 +18,7 @@ import pytest
 from procs import RLFLEET, own_cluster_token
 from seeds import first_solving
 
-from rlfleet.backends.ray_instance import SYSTEM_CONFIG
+from rlfleet.backends.ray_instance import system_config
 from rlfleet.launch import train
 from rlfleet.run.checkpoint import load_checkpoint
 
@@ -34,7 +34,8 @@ def cluster(tmp_path_factory):
     assert os.environ["RAY_AUTH_MODE"] == "token"  # set before ray's import (conftest): a Cluster checks tokens then
     with own_cluster_token(tmp_path_factory.mktemp("cluster")):
         cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 2, "resources": NODES[0], "_system_config": SYSTEM_CONFIG}
+            initialize_head=True,
+            head_node_args={"num_cpus": 2, "resources": NODES[0], "_system_config": system_config()},
         )
         try:
             cluster.add_node(num_cpus=2, resources=NODES[1])

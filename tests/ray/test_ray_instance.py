@@ -394,7 +394,7 @@ def test_auto_joins_a_cluster_on_loopback(tmp_path: Path, ray_tmpdir: Path, monk
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))  # where the cluster records its address, and auto reads it
     with own_cluster_token(tmp_path):  # a Cluster makes no token of its own
         cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": ray_instance.SYSTEM_CONFIG}
+            initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": ray_instance.system_config()}
         )
         try:
             assert (ray_tmpdir / "ray" / "ray_current_cluster").read_text().startswith("127.0.0.1:")
@@ -439,3 +439,20 @@ def test_another_run_s_private_instance_is_refused_by_auto_and_by_its_address(tm
             assert not list(tmp_path.iterdir())  # refused before a run folder was written
     finally:
         proc.communicate("\n", timeout=60)
+
+
+def test_a_second_private_instance_in_one_process_spills_into_its_own_folder(caplog):
+    """Ray writes its session's object spilling folder into the system config it is given: a second `train` or
+    `tune` on Ray in one process (a notebook) gave the second instance the first one's folder, removed with it."""
+    folders = []
+    for _ in range(2):
+        ray = ray_instance.start_private_instance()
+        try:
+            config = ray._private.worker._global_node._config
+            spill = json.loads(config["object_spilling_config"])["params"]["directory_path"]
+            folders.append((spill, str(ray_instance._private.temp_dir)))
+        finally:
+            ray_instance.stop_private_instance()
+    assert all(spill.startswith(temp) for spill, temp in folders), folders
+    assert dict(ray_instance.SYSTEM_CONFIG) == {"worker_niceness": 0}
+    assert "unstable API" not in caplog.text
