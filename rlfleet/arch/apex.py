@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from rlfleet.algos.contract import ApexActor
@@ -288,9 +289,12 @@ class Actor(Producer):
         self.next_shard = worker_id % len(shards)  # actors start on different shards
 
     def initial_priorities(self, block: dict[str, np.ndarray]) -> np.ndarray:
-        """|n-step TD error| of each transition under the actor's current weights (the algorithm's own TD)."""
+        """|n-step TD error| of each transition under the actor's current weights (the algorithm's own TD), computed
+        as acting is: under inference mode, so a network of the user's own is in eval mode (Dropout off, BatchNorm
+        with its running statistics, which it does not move) and no autograd graph is built."""
         batch = Batch({**block, "weight": np.ones(len(block["rew"]), np.float32)})
-        priorities: np.ndarray = self.algo.priorities(batch)
+        with torch.inference_mode():
+            priorities: np.ndarray = self.algo.priorities(batch)
         return priorities
 
     def produce(self, global_steps: int, stop: StopFlag | None = None) -> ActorReport | None:

@@ -110,8 +110,11 @@ def algo_and_cfg(**overrides):
     return resolve("dqn")[0](cfg, *SPACES, seed=0), cfg
 
 
-def test_initial_priorities_are_the_absolute_n_step_td_errors_under_the_actors_weights():
-    learner, cfg = algo_and_cfg(n_envs=2, n_step=3, gamma=0.9)
+@pytest.mark.parametrize("net", ["", "user_nets:Dropped"])
+def test_initial_priorities_are_the_absolute_n_step_td_errors_under_the_actors_weights(net):
+    """...as the actor acts: a network of the user's own in eval mode (Dropout off, BatchNorm's running statistics),
+    not in training mode, where Dropout made them random."""
+    learner, cfg = algo_and_cfg(n_envs=2, n_step=3, gamma=0.9, net=net)
     with torch.no_grad():
         for p in learner.q_target.parameters():
             p.mul_(-1.5)  # the target differs from the online network: double Q is visible
@@ -126,7 +129,7 @@ def test_initial_priorities_are_the_absolute_n_step_td_errors_under_the_actors_w
         actor.close()
     (block, priorities, version), = shard.calls  # fmt: skip
     assert version == 7 and len(block["rew"]) == 6 and priorities.shape == (6,)
-    with torch.no_grad():  # by hand, with the learner's networks (the actor pulled exactly these)
+    with torch.inference_mode():  # by hand, with the learner's networks (the actor pulled exactly these), as acting
         obs, nxt = torch.as_tensor(block["obs"]), torch.as_tensor(block["next_obs"])
         q = learner.q(obs)[torch.arange(6), torch.as_tensor(block["act"])]
         best = learner.q(nxt).argmax(1)
