@@ -485,7 +485,9 @@ class SequenceReplayBuffer(ReplayBuffer):
     marks the steps that begin an episode (a done step just before), where a recurrent network zeroes its
     state, as for on-policy segments; n-step sums must stop at done steps
     (`rlfleet.data.returns.sequence_nstep`), so no step has to be masked out and every step trains. The
-    first step of a sequence counts as a start when the step before it is done or no longer stored. A
+    first step of a sequence counts as a start when the step before it is done or is none (the run's first
+    step), or is no longer stored where the buffer keeps no states (with states, it goes on from the stored one:
+    fresh where an episode began). A
     boundary (`mark_boundary`: a column's env was replaced) is a truncation, so it starts the next step too.
 
     ``sample(B)`` returns a Batch with ``[B, seq_len, ...]`` leaves ``obs, act, rew, next_obs, terminated,
@@ -583,7 +585,11 @@ class SequenceReplayBuffer(ReplayBuffer):
         starts = np.empty(rows.shape, dtype=np.float32)
         starts[:, 1:] = terminated[:, :-1] | truncated[:, :-1]
         age = (first - (self._ptr - self._size)) % self.rows
-        starts[:, 0] = np.where(age > 0, self._done((first - 1) % self.rows, env), True)
+        # the oldest stored step: the run's first (a start), or one whose predecessor is overwritten, which may or
+        # may not have ended an episode; its stored state is the one the policy acted from (fresh where an episode
+        # began), so it goes on from that where the buffer keeps states
+        oldest_starts = self._states is None or self._size < self.rows
+        starts[:, 0] = np.where(age > 0, self._done((first - 1) % self.rows, env), oldest_starts)
         batch = Batch(
             obs=self._observations(map_obs(lambda a: a[rows, col], storage["obs"])),
             act=storage["act"][rows, col],

@@ -86,9 +86,10 @@ def test_ring_wrap_around_keeps_sequences_in_order_and_behind_the_newest_row():
     assert sorted(set(t0)) == list(range(17, 27 - seq_len + 1))  # 7 valid starts, oldest first
     assert len(b.index) == 7 * n_envs
     np.testing.assert_array_equal(b.obs[:, :, 0], t0[:, None] + np.arange(seq_len))  # across the ring's end
-    # the oldest stored step's predecessor is overwritten: its sequences count it as a start
+    # the oldest stored step's predecessor is overwritten: its sequences go on from its stored state, which was
+    # zeroed as a start (so the whole state of a sequence that began mid-episode was lost)
     oldest = t0 == 17
-    np.testing.assert_array_equal(b.starts[oldest, 0], 1.0)
+    np.testing.assert_array_equal(b.starts[oldest, 0], 0.0)
     later = t0 > 17
     env = b.obs[:, 0, 1].astype(int)
     np.testing.assert_array_equal(b.starts[later, 0], done[t0[later] - 1, env[later]].astype(np.float32))
