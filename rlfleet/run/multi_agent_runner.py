@@ -15,6 +15,7 @@ from rlfleet.algos.options import beta_anneal_steps
 from rlfleet.envs.pettingzoo import AgentEnv, AgentSpaces, make_agent_env
 from rlfleet.run.checkpoint import CheckpointError, load_algo_state, load_checkpoint
 from rlfleet.run.config import ConfigError, RunConfig
+from rlfleet.run.config import log as notes
 from rlfleet.run.logger import RunLogger
 from rlfleet.run.multi_agent import RANDOM, Policies, PolicyData, PolicyMapping, evaluate_agents, policy_mapping
 from rlfleet.run.runner import ResolvedConfig, RunBase, build_algorithm
@@ -42,14 +43,18 @@ def absolute_source(source: str) -> str:
     return str(Path(path).resolve()) + sep + saved
 
 
-def load_policy_weights(algo: Any, source: str, policy: str, algo_name: str) -> None:
+def load_policy_weights(
+    algo: Any, source: str, policy: str, algo_name: str, env: tuple[str, dict[str, Any]] | None = None
+) -> None:
     """Put the weights of `source` (`CHECKPOINT[#SAVED_POLICY]`) into policy `policy`'s algorithm: a multi-agent
     checkpoint's policy of that name (or `SAVED_POLICY`, or its only one with weights: `random` has none), a
     single-agent checkpoint's agent. A checkpoint of another algorithm, a policy it does not have (`random` among
-    them), or networks that do not fit: one line."""
+    them), or networks that do not fit: one line. One trained on another env than this run's `env` (its id and
+    keyword arguments), whose networks fit, loads with a line that says so."""
     path, _, saved = source.partition("#")
     payload = load_checkpoint(path)
     trained_with = payload["run_config"].get("algo")
+    trained_on = (payload["run_config"].get("env"), payload["run_config"].get("env_kwargs") or {})
     if trained_with != algo_name:
         raise CheckpointError(
             f"--load-policy {policy}={source}: that checkpoint is of {trained_with}, this run's policies are "
@@ -77,6 +82,10 @@ def load_policy_weights(algo: Any, source: str, policy: str, algo_name: str) -> 
             f"--load-policy {policy}={source}: that checkpoint is a single-agent run's, it has no policy {saved!r}"
         )
     load_algo_state(algo, {"algo": state}, path, f"{algo_name} (policy {policy})")
+    if env is not None and trained_on != env:
+        shown = [f"{e}{f' {kwargs}' if kwargs else ''}" for e, kwargs in (trained_on, env)]
+        notes.info(f"--load-policy {policy}={source}: trained on {shown[0]}, loaded into this run on {shown[1]} "
+                   "(its networks fit)")  # fmt: skip
 
 
 def zero_sum_agents(returns: dict[str, np.ndarray], policies: Policies) -> list[str] | None:
@@ -130,7 +139,8 @@ class MultiAgentRunBase(RunBase):
         policies = Policies(spaces, mapping, build, seed, copies=self.algo_cfg.n_envs)
         if mapping.loads and not self.resuming:
             for name, source in mapping.loads.items():
-                load_policy_weights(policies.algos[name], source, name, self.cfg.algo)
+                env = (self.cfg.env, self.cfg.env_kwargs)
+                load_policy_weights(policies.algos[name], source, name, self.cfg.algo, env)
             self.cfg.load_policy = ",".join(f"{n}={absolute_source(source)}" for n, source in mapping.loads.items())
         return policies
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -299,3 +300,16 @@ def test_every_rollout_and_replay_algorithm_learns_each_policy(tmp_path: Path, a
     assert result["trained_policies"] == ["red", "blue"] and result["updates"] > 0
     keys = _metrics(result.run_dir)
     assert any(k.startswith("losses/red/") for k in keys) and any(k.startswith("losses/blue/") for k in keys)
+
+
+def test_a_policy_loaded_from_a_run_on_another_env_says_so(tmp_path: Path, caplog):
+    """Networks that fit loaded without a word from a run on another env (here other keyword arguments)."""
+    opts = {"logdir": str(tmp_path), "progress": False, "eval_episodes": 1, "steps": 100}
+    train("ppo", SPREAD, name="src", env_kwargs={"max_cycles": 10}, **opts)
+    with caplog.at_level(logging.INFO, logger="rlfleet"):
+        train("ppo", SPREAD, name="same", env_kwargs={"max_cycles": 10}, load_policy=f"shared={tmp_path / 'src'}",
+              **opts)  # fmt: skip
+        assert "trained on" not in caplog.text
+        train("ppo", SPREAD, name="other", load_policy=f"shared={tmp_path / 'src'}", **opts)
+    said = f"--load-policy shared={tmp_path / 'src'}: trained on {SPREAD} {{'max_cycles': 10}}, loaded into this run on"
+    assert said in caplog.text and caplog.text.count("trained on") == 1
