@@ -61,6 +61,7 @@ from rlfleet.envs.wrappers import (
     FlatDictObservation,
     LiftEpisodeStatistics,
     SeedOnFirstReset,
+    StickyActions,
     TerminalOnLifeLoss,
     ZeroBasedActions,
     has_action_start,
@@ -248,6 +249,14 @@ def _quiet_ale() -> None:
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 
+def sticky_probability(spec: EnvSpec, options: AtariOptions) -> float:
+    """The probability of a sticky action: `repeat_action_probability` given, else the id's own (0 for -v4 ids,
+    0.25 for ALE/*-v5 ones, the ALE's default where an id names none)."""
+    if options.repeat_action_probability is not None:
+        return float(options.repeat_action_probability)
+    return float(spec.kwargs.get("repeat_action_probability", 0.25))
+
+
 def _make_atari(spec: EnvSpec, options: AtariOptions, *, training: bool, render_mode: str | None) -> gym.Env:
     """Build the DQN-preprocessed Atari env from Gymnasium's wrappers (see :func:`make_env`)."""
     _quiet_ale()
@@ -256,11 +265,13 @@ def _make_atari(spec: EnvSpec, options: AtariOptions, *, training: bool, render_
         "full_action_space": options.full_action_space,
         "render_mode": render_mode,
     }
-    if options.repeat_action_probability is not None:
-        ale_kwargs["repeat_action_probability"] = options.repeat_action_probability
+    sticky = sticky_probability(spec, options)
+    ale_kwargs["repeat_action_probability"] = 0.0  # sticky actions of its own, whose state a snapshot keeps
     if options.max_episode_steps is not None:  # the TimeLimit below ends episodes: the ALE's own cap (0: none) would
         ale_kwargs["max_num_frames_per_episode"] = 0  # cut a longer bound at 108k frames, unlike EnvPool's adapter
     env = gym.make(spec.id, **ale_kwargs)
+    if sticky > 0:
+        env = StickyActions(env, sticky)
     env = AtariPreprocessing(
         env,
         noop_max=options.noop_max,
@@ -339,7 +350,10 @@ def make_env(
             ``max_episode_steps`` (None: the ALE's 108k-frame cap, i.e. 27k agent steps; counted in agent
             steps). For other ids they go to ``gymnasium.make`` (e.g. ``max_episode_steps``).
 
-    Atari pipeline (Gymnasium wrappers, innermost first): ALE env with ``frameskip=1`` ->
+    Atari pipeline (Gymnasium wrappers, innermost first): ALE env with ``frameskip=1`` (the id's own frame skip,
+    ``Pong-v4``'s random 2-4 included, is replaced by the fixed 4 below) ->
+    :class:`~rlfleet.envs.wrappers.StickyActions` at every frame (the ALE's own are off: the action they repeat is
+    not in its saved state; this wrapper's is) ->
     ``AtariPreprocessing`` (up to ``noop_max`` no-ops on reset, frame skip 4 with a max-pool over the last
     two frames, 84x84 grayscale, uint8) -> optional ``TimeLimit`` -> ``RecordEpisodeStatistics`` ->
     ``FrameStackObservation`` (observation ``(frame_stack, 84, 84)`` uint8) -> optional
@@ -544,9 +558,7 @@ def _make_envpool_vector_env(
     if _is_atari_spec(spec):
         options = _atari_options(env, env_kwargs)
         task_id = _envpool_atari_task(env, available)
-        repeat_action_probability = options.repeat_action_probability
-        if repeat_action_probability is None:
-            repeat_action_probability = float(spec.kwargs.get("repeat_action_probability", 0.0))
+        repeat_action_probability = sticky_probability(spec, options)
         max_frames = int(spec.kwargs.get("max_num_frames_per_episode", 108_000))
         pool_kwargs: dict[str, Any] = {
             "stack_num": options.frame_stack,

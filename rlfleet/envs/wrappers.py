@@ -243,6 +243,32 @@ class TerminalOnLifeLoss(gym.Wrapper):
         return obs, info
 
 
+class StickyActions(gym.Wrapper):
+    """Sticky actions (Machado et al. 2018) at every emulator frame: with probability `p` a frame repeats the action
+    the frame before took, else it takes the one given (NOOP before the first). The ALE's own do the same, but keep
+    the action they repeat where the emulator's saved state (`cloneState`) does not: a restored env repeated NOOP at
+    its first sticky frame, and its game went another way. Here it is plain data with its own RNG (seeded by the
+    env's seed), which a snapshot records (`rlfleet.envs.snapshot`). Under `AtariPreprocessing`, which steps the
+    env once per frame."""
+
+    def __init__(self, env: gym.Env, p: float):
+        super().__init__(env)
+        self.p = float(p)
+        self.last_action = 0
+        self.rng = np.random.default_rng()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.last_action = 0  # the ALE's reset: NOOP
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        if self.rng.random() >= self.p:
+            self.last_action = int(action)
+        return self.env.step(self.last_action)
+
+
 class SeedOnFirstReset(gym.Wrapper):
     """Seed the env's first ``reset()`` (when called without a seed) and its action/observation spaces.
 

@@ -16,6 +16,7 @@ import torch
 
 from rlfleet.envs import make_vector_env
 from rlfleet.envs import snapshot as env_state
+from rlfleet.envs.wrappers import StickyActions
 from rlfleet.run.checkpoint import from_safe, to_safe
 
 
@@ -71,6 +72,59 @@ def test_an_atari_emulator_goes_on_exactly():
     pytest.importorskip("ale_py", reason='needs ALE: pip install "rlfleet[atari]"')
     make = functools.partial(make_vector_env, "ALE/Breakout-v5", 1, mode="sync", terminal_on_life_loss=True)
     assert _steps_alike(lambda seed: make(seed=seed), warm=40, steps=400) > 0
+
+
+def test_an_atari_env_cut_after_an_action_repeats_that_action_at_its_first_sticky_frame():
+    """The ALE's saved state leaves out the action its sticky actions repeat: a fresh env given the snapshot of one
+    cut after an action other than NOOP repeated NOOP at its first sticky frame, and its game went another way (46
+    of the next 300 frames differed here). rlfleet's own sticky actions keep it with their RNG."""
+    pytest.importorskip("ale_py", reason='needs ALE: pip install "rlfleet[atari]"')
+    actions = np.random.default_rng(0).integers(0, 4, size=600)[:, None]
+    envs, fresh = (make_vector_env("ALE/Breakout-v5", 1, seed=2, mode="sync") for _ in range(2))
+    envs.reset()
+    fresh.reset()
+    for action in actions[:300]:
+        envs.step(action)
+    assert env_state.restore(fresh, _through_a_checkpoint(env_state.snapshot(envs)))
+    for action in actions[300:]:
+        np.testing.assert_array_equal(envs.step(action)[0], fresh.step(action)[0])
+    envs.close()
+    fresh.close()
+
+
+class Recorder(gym.Env[np.ndarray, int]):
+    """Keeps the actions it is stepped with."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.taken.append(int(action))
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_sticky_actions_repeat_the_last_frame_s_action_with_their_probability():
+    env = StickyActions(Recorder(), 0.25)
+    env.reset(seed=0)
+    given = np.arange(20_000) % 2  # every frame asks for another action than the last one took
+    for action in given:
+        env.step(int(action))
+    taken = np.array(env.unwrapped.taken)
+    assert taken[0] in (0, given[0])  # NOOP (0) before the first frame
+    # a frame takes another action than asked where it sticks to the last frame's, and that frame took the one it
+    # was asked for (it did not stick itself): m = p (1 - m), m = p / (1 + p) = 0.2
+    assert abs((taken != given).mean() - 0.2) < 0.015  # about 5 standard deviations
+    again = StickyActions(Recorder(), 0.25)
+    again.reset(seed=0)
+    for action in given[:100]:
+        again.step(int(action))
+    assert again.unwrapped.taken == list(taken[:100])  # seeded by the env's seed
 
 
 class CBufferEnv(gym.Env[np.ndarray, int]):
