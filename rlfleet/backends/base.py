@@ -119,7 +119,7 @@ class RestartBudget:
         self.spent += 1
         if self.spent <= self.limit:
             return
-        counted = f"{own} times"
+        counted = "once" if own == 1 else f"{own} times"
         if own != self.spent:
             counted += f", {self.spent} restarts in all with the run's other roles and services"
         self.failure = WorkerFailure(f"{what} crashed {counted} (limit {self.limit}); last: {crash.describe()}")
@@ -140,7 +140,11 @@ class Crash:
             with contextlib.suppress(ValueError):
                 how = f" (killed by {signal.Signals(-self.exitcode).name})"
         text = f"{self.role} {self.worker} died{how}"
-        return text + (f":\n{self.traceback.rstrip()}" if self.traceback else "")
+        traceback = (self.traceback or "").strip()
+        lines = traceback.splitlines()
+        if len(lines) <= 1:  # none, or one line that says why (a hung process killed)
+            return text + (f": {lines[0].strip()}" if lines else "")
+        return f"{text}: {lines[-1].strip()}\n{traceback}"  # what it raised first (the run's one line), the traceback
 
 
 class RoleGroup(ABC):

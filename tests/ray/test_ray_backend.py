@@ -625,7 +625,7 @@ def test_a_hung_service_actor_is_killed_for_want_of_an_answer_and_restarted(tmp_
             time.sleep(0.05)
         assert time.monotonic() - stopped_at >= 2.0 and services.unwell_at > stopped_at
         text = crashes[0].describe()
-        assert text.startswith("replay shard 1 died:\nno answer for ") and "(hung), so it was killed" in text
+        assert text.startswith("replay shard 1 died: no answer for ") and "(hung), so it was killed" in text
         assert services.incarnations == [0, 1] and services.restarts == 1
         index, incarnation, new_pid = held.result(timeout=60)
         assert (index, incarnation) == (1, 1) and new_pid != pid
@@ -689,7 +689,7 @@ def test_a_sigstopped_service_actor_is_killed_as_hung_and_its_callers_survive(
                 os.kill(pid, signal.SIGCONT)
     assert stopped, "the service was not stopped before the run ended"
     log = (run / "workers.log").read_text()
-    assert re.search(rf"{name} 1 died:\nno answer for \d+ s \(hung\), so it was killed\nrestarting it", log), log
+    assert re.search(rf"{name} 1 died: no answer for \d+ s \(hung\), so it was killed\nrestarting it", log), log
     assert "worker" not in log, log  # no role was killed as hung (nor died)
     assert result["stopped_by"] == "steps" and result["env_steps"] >= options["steps"], result.result
 

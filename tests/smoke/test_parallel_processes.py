@@ -97,8 +97,9 @@ def test_the_restart_limit_ends_the_run_cleanly_with_a_checkpoint_and_one_line(t
     run = tmp_path / "r"
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("rlfleet: error: the run stopped: workers crashed 1 times (limit 0)"), proc.stderr
+    assert last.startswith("rlfleet: error: the run stopped: workers crashed once (limit 0)"), proc.stderr
     assert f"rlfleet train --resume {run} goes on" in last and "Traceback" not in proc.stderr
+    assert re.search(r"worker \d died \(exit code 1\): RuntimeError: deliberate crash in CrashingCartPole", last)
     result = json.loads((run / "result.json").read_text())
     assert result["stopped_by"] == "failure" and "deliberate crash" in result["failure"], result
     assert load_checkpoint(run)["env_steps"] == result["env_steps"] > 0
@@ -423,7 +424,7 @@ def test_a_sigstopped_service_is_killed_as_hung_and_restarted_and_its_callers_su
     sid = proc.pid
     try:
         stop_process(services["1"])
-        wait_for_log(proc, run, f"{name} 1 died (killed by SIGKILL):\nno answer for ", timeout=60)
+        wait_for_log(proc, run, f"{name} 1 died (killed by SIGKILL): no answer for ", timeout=60)
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         assert not wait_until_gone(sid, timeout=10), session_processes(sid)
@@ -433,7 +434,7 @@ def test_a_sigstopped_service_is_killed_as_hung_and_restarted_and_its_callers_su
             proc.communicate()
         kill_session(sid)
     log = (run / "workers.log").read_text()
-    assert re.search(rf"{name} 1 died \(killed by SIGKILL\):\nno answer for \d+ s \(hung\), so it was killed\n"
+    assert re.search(rf"{name} 1 died \(killed by SIGKILL\): no answer for \d+ s \(hung\), so it was killed\n"
                      rf"{restart}", log), log  # fmt: skip
     assert "worker" not in log, log  # no role was killed as hung (nor died)
     result = json.loads((run / "result.json").read_text())

@@ -139,7 +139,9 @@ def test_a_service_that_raises_while_it_starts_is_reported_with_its_traceback():
         answer, crashes = wait_for(group.handles[0].submit("whoami"), group)
         assert answer[:2] == (0, 1)
         assert len(crashes) == 1 and crashes[0].exitcode == 1
-        assert "server 0 died (exit code 1)" in crashes[0].describe()
+        first, *rest = crashes[0].describe().splitlines()  # the first line names what it raised: a run's one line
+        assert first.startswith("server 0 died (exit code 1): ") and "service 0 fails to start on purpose" in first
+        assert "Traceback" in rest[0]
         assert "service 0 fails to start on purpose" in crashes[0].traceback
     finally:
         group.stop()
@@ -176,7 +178,7 @@ def test_a_hung_service_is_killed_for_want_of_an_answer_reported_and_restarted(h
                 time.sleep(0.05)
         assert [(c.worker, c.exitcode) for c in crashes] == [(1, -signal.SIGKILL)]
         text = crashes[0].describe()
-        assert text.startswith("replay shard 1 died (killed by SIGKILL):\nno answer for ") and "(hung)" in text
+        assert text.startswith("replay shard 1 died (killed by SIGKILL): no answer for ") and "(hung)" in text
         assert time.monotonic() - stuck_at >= 1.5 and group.unwell_at > stuck_at
         assert group.incarnations == [0, 1] and group.restarts == 1
         if how == "stopped":
