@@ -481,13 +481,13 @@ class ParamServerRunner(ParallelRunner):
             states = [self.wait(p) for p in [h.submit("state") for h in self.services.handles]]
         except ServiceWaitStopped:  # Ctrl-C while a server does not answer: the run ends with the last snapshot
             self.unanswered = True
-            self.version = self.servers.states[0].version  # the snapshot's, which the checkpoint holds
+            self.back_to(self.servers.states[0].version)  # the snapshot's, which the checkpoint holds
             self._report(f"a server did not answer after the stop request: the run ends with the snapshot of step "
                          f"{self.pulled_at} (version {self.version})")  # fmt: skip
             return
         except FAILURES:  # a failure of the run: its checkpoint holds the last snapshot
             self.unanswered = True
-            self.version = self.servers.states[0].version
+            self.back_to(self.servers.states[0].version)
             raise
         if len({s.version for s in states}) != 1:  # a server restarted meanwhile, not rolled back yet
             self.roll_back()
@@ -522,12 +522,10 @@ class ParamServerRunner(ParallelRunner):
             ]
         finally:
             self.pushing = False
-        if any(version is None for version in applied):  # a restarted server, at its snapshot's version
-            self.rollback_due = True
+        if any(version is None for version in applied):  # a restarted server, at its snapshot's version: rolled
+            self.rollback_due = True  # back by the loop's next `restart_crashed`
         else:
             self.version += 1
-        if self.rollback_due:
-            self.roll_back()
         return max(0, expected - item.version)  # a gradient from before a roll-back: 0
 
     def roll_back(self) -> None:
@@ -544,8 +542,17 @@ class ParamServerRunner(ParallelRunner):
                 self.pushing = False
             if not self.rollback_due:
                 break
-        self.version = loaded[0]
-        self._report(f"every server rolled back to the snapshot of step {self.pulled_at} (version {self.version})")
+        lost = self.back_to(loaded[0])
+        self._report(f"every server rolled back to the snapshot of step {self.pulled_at} (version {self.version}): "
+                     f"its {lost} updates since are undone")  # fmt: skip
+
+    def back_to(self, version: int) -> int:
+        """The servers' weights are the snapshot's, of `version`: the updates pushed since are undone, and no longer
+        counted (`updates` in result.json is the optimizer steps the weights carry). How many they were."""
+        lost = max(0, self.version - version)
+        self.version = version
+        self.state["updates"] -= lost
+        return lost
 
     def restart_crashed_servers(self) -> None:
         """Report the servers that crashed since the last check (the backend has restarted them from the last
@@ -595,8 +602,9 @@ class ParamServerRunner(ParallelRunner):
         metrics: dict[str, float] = {}
         updates = 0
         if item.grad is not None:
+            before = self.version
             self.lags.append(self.push(item))
-            metrics, updates = item.metrics, 1
+            metrics, updates = item.metrics, self.version - before  # 0 where a restarted server took none
         self.counter.add(item.steps)
         self.count_returns(item.returns)
         pool.release(item.worker, item.incarnation)

@@ -557,7 +557,8 @@ def test_a_restarted_param_server_and_the_others_go_on_from_one_snapshot(run_opt
     assert seen["before"] == [12, 12, 12] and seen["snapshot"] == 8  # the crash came 4 pushes after the snapshot
     assert seen["versions"] == [8, 8, 8] and seen["same"]  # every shard back at the snapshot
     assert result["env_steps"] >= 2_048
-    assert load_checkpoint(result["checkpoint"])["param_server"]["version"] == result["updates"] - 4
+    # the 4 pushes undone are not counted: updates are the optimizer steps the weights carry (they were 4 more)
+    assert load_checkpoint(result["checkpoint"])["param_server"]["version"] == result["updates"]
 
 
 @pytest.mark.parametrize(
