@@ -244,8 +244,10 @@ class Topology:
             if peers > max(hops, 1):
                 if n == 1:
                     raise ConfigError(f"--peers {peers}: one learner has no peers; use --learners {peers + 1} or more")
+                steps = ", ".join(str(2**e) for e in range(hops))
+                use = "--peers 1" if hops == 1 else f"--peers 1 to {hops}"
                 raise ConfigError(f"--peers {peers} is more than the exponential graph of {n} learners has ({hops} "
-                                  f"hops: 1, 2, ..., {2 ** (hops - 1)}); use --peers 1 to {hops}")  # fmt: skip
+                                  f"hop{'s' * (hops > 1)}: {steps}); use {use}")  # fmt: skip
             matrices = exponential_matrices(n, peers)
             where = "the exponential graph's mixing matrix"
         else:
@@ -272,6 +274,11 @@ class Topology:
         """The learners that read learner i's round-`round_` message."""
         col = self.matrix(round_)[:, i]
         return [j for j in range(self.n) if j != i and col[j] > 0]
+
+    def any_round_readers(self, i: int) -> list[int]:
+        """The learners that read learner i's messages in some round of the period: in GALA's order, a learner may
+        wait at round t for i's message of an earlier round, which i posted to that round's out-peers alone."""
+        return sorted({j for t in range(len(self.matrices)) for j in self.out_peers(i, t)})
 
     def rate(self) -> float:
         """The rate per round at which gossip alone (no learning) shrinks the distance to consensus: the
@@ -462,8 +469,8 @@ class GossipLearner(WorkerActor):
         start = time.perf_counter()
         me, t, mb, topo = self.worker_id, self.round, self.mailboxes, self.topology
         done = False
-        if self.phase == "post":
-            mb.post(me, t, self.flat, topo.out_peers(me, t))
+        if self.phase == "post":  # GALA's waits are on a round's in-peers' older posts: every reader is woken
+            mb.post(me, t, self.flat, topo.any_round_readers(me) if self.gala else topo.out_peers(me, t))
             self.phase = "gather"
         elif self.phase == "gather":
             if self.gala:

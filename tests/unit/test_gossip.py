@@ -5,9 +5,11 @@ timeout; a resumed run goes on from every learner's state."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
+import threading
 import time
 
 import gymnasium as gym
@@ -272,6 +274,36 @@ def make_spec(learners: int, **options) -> GossipSpec:
     return GossipSpec("a2c", cfg, "CartPole-v1", env.observation_space, env.action_space, seed=0,
                       total_steps=10**6, topology=Topology.make("ring", learners),
                       initial_states=[pack_state(algo)] * learners, **options)  # fmt: skip
+
+
+def test_a_gala_learner_waiting_on_an_older_post_is_woken_by_it_on_a_time_varying_graph():
+    """GALA order on the exponential graph of 4: learner 1 at round 1 waits for its round-1 in-peer to post round 0,
+    which that peer posted to its round-0 out-peers alone: learner 1 slept out its whole wait slice (here 30 s)."""
+    topology = Topology.make("exp", 4)
+    spec = dataclasses.replace(make_spec(4, order="gala", max_staleness=1, wait_slice_s=30.0, gossip_timeout_s=120),
+                               topology=topology)  # fmt: skip
+    size = sum(p.numel() for p in trainable_params(algo_modules(A2C(spec.algo_cfg, spec.observation_space,
+                                                                         spec.action_space))))  # fmt: skip
+    mailboxes = SharedMailboxes(SPAWN, 4, size, 0)
+    learners = {i: GossipLearner(spec, mailboxes, worker_id=i) for i in range(4)}
+    assert learners[1].produce(0).round == 0
+    (peer,) = topology.in_peers(1, 1)
+    assert 1 not in topology.out_peers(peer, 0)  # its post of round 0 is not for learner 1
+    took: dict[str, float] = {}
+
+    def second_round() -> None:
+        start = time.monotonic()
+        learners[1].produce(0)
+        took["s"] = time.monotonic() - start
+
+    waiting = threading.Thread(target=second_round)
+    waiting.start()
+    time.sleep(0.5)  # learner 1 waits
+    assert learners[peer].produce(0).round == 0
+    waiting.join(timeout=60)
+    for learner in learners.values():
+        learner.close()
+    assert took["s"] < 15, took  # woken by the post (about 0.5 s here), not by the end of its 30-s slice
 
 
 def test_a_missing_peer_is_named_within_the_timeout():
