@@ -245,9 +245,9 @@ class HogwildRunner(ParallelRunner):
             for key, seconds in report[3].items():
                 self.timing[key] += seconds
 
-    def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
+    def finish(self, logger: RunLogger, start: float, stopped_by: str) -> str:
         """The timing of the segments since the last log row, then the usual final evaluation and checkpoint (so a
         run shorter than a log row says where its time went too)."""
         if self.timing["segments"] > 0:
             logger.log(self.env_steps, self.log_row(), time.perf_counter() - start)
-        super().finish(logger, start, stopped_by)
+        return super().finish(logger, start, stopped_by)

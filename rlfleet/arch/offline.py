@@ -306,7 +306,7 @@ class OfflineRunner(RunBase):
                             break
                 except FAILURES as exc:  # an evaluation env process that died or hung
                     failure, stopped_by = as_failure(exc), "failure"
-            self.finish(logger, start, stopped_by)
+            stopped_by = self.finish(logger, start, stopped_by)
         finally:
             logger.close()
             self.eval_envs.close()

@@ -665,7 +665,7 @@ class ParallelRunner(RunBase):
             if pool is not None:
                 self.wind_down(stop_flag, pool)
             try:
-                self.finish(logger, start, stopped_by)
+                stopped_by = self.finish(logger, start, stopped_by)
             except FAILURES as exc:  # a service call of the final evaluation or checkpoint (param_server's pull)
                 if failure is not exc:  # not the failure that ended the loop, met again (a spent restart budget)
                     self._report(f"the run stops: {exc}", show=False)

@@ -189,7 +189,7 @@ class SingleRunner(RunBase):
                             break
                 except FAILURES as exc:  # an env process that died or hung: a clean stop, then the run says why
                     failure, stopped_by = as_failure(exc), "failure"
-            self.finish(logger, start, stopped_by)
+            stopped_by = self.finish(logger, start, stopped_by)
         finally:
             logger.close()
             self.envs.close()
@@ -272,7 +272,7 @@ class MultiAgentSingleRunner(MultiAgentRunBase):
                     if reason is not None:
                         stopped_by = reason
                         break
-            self.finish(logger, start, stopped_by)
+            stopped_by = self.finish(logger, start, stopped_by)
         finally:
             logger.close()
             self.envs.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
@@ -86,6 +87,10 @@ class RunResult(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.result)
+
+
+class EvaluationAbandoned(Exception):
+    """A stop request during a run's final evaluation (`RunBase.finish`)."""
 
 
 class StopRequest:
@@ -724,16 +729,39 @@ class RunBase(abc.ABC):
                        f"{self.state['best_eval']:g}")  # fmt: skip
             self.state["best_eval"] = float(best)
 
-    def finish(self, logger: RunLogger, start: float, stopped_by: str) -> None:
+    def finish(self, logger: RunLogger, start: float, stopped_by: str) -> str:
         """A final evaluation if the last one is not at this step (none when interrupted, and none once solved:
         the solving evaluation is the result, even if parallel workers stepped on), then the final checkpoint,
         which holds that evaluation (a resumed run neither repeats nor forgets it). A run stopped by a failure
-        (`RunFailure`) is not evaluated again: its checkpoint is what `--resume` goes on from."""
+        (`RunFailure`) is not evaluated again: its checkpoint is what `--resume` goes on from.
+
+        A first Ctrl-C or SIGTERM meanwhile stops the run as politely as during training: it abandons the final
+        evaluation (which a long episode bound can make long, and which a `--time-limit` stop starts just as a
+        scheduler's SIGTERM comes), and the checkpoint is saved all the same; during the save it is held until the
+        save is done (a second one interrupts, as always). Returns how the run stopped ("interrupted" then)."""
         last = self.state["last_eval"]
-        if stopped_by not in ("interrupted", "solved", "failure") and (last is None or last["step"] != self.env_steps):
-            self._evaluate(logger, start)
-        self.state["elapsed"] = time.perf_counter() - start
-        self.save_logged(logger)
+        abandoning = True
+
+        def abandon() -> None:
+            if abandoning:
+                raise EvaluationAbandoned
+
+        with StopRequest(on_request=abandon):
+            if stopped_by not in ("interrupted", "solved", "failure") and (
+                last is None or last["step"] != self.env_steps
+            ):
+                before = copy.deepcopy(self.state)  # small: counters and the last evaluation's figures
+                try:
+                    self._evaluate(logger, start)
+                except EvaluationAbandoned:  # the counters as they were: the checkpoint holds no half evaluation
+                    self.state.clear()
+                    self.state.update(before)
+                    stopped_by = "interrupted"
+                    logger.note("a stop was requested: the final evaluation is abandoned, the checkpoint saved")
+            abandoning = False
+            self.state["elapsed"] = time.perf_counter() - start
+            self.save_logged(logger)
+        return stopped_by
 
     def write_result(self, stopped_by: str, wall: float, failure: Exception | None = None) -> RunResult:
         """`result.json` (with `failure`: why a run stopped by one did, else None) and `curves.png`."""

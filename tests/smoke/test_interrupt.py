@@ -107,3 +107,36 @@ def test_ctrl_c_stops_politely_and_resumes(tmp_path: Path, mode: str):
     assert after[: len(logged)] == logged  # the first part's log is kept, the rest appended
     assert len(after) > len(logged) and min(after[len(logged) :]) > steps
     assert load_checkpoint(run)["env_steps"] == result["env_steps"]
+
+
+def test_a_stop_during_the_final_evaluation_abandons_it_and_saves_the_checkpoint(tmp_path: Path):
+    """The time limit ends training after 1 s and starts the final evaluation, long here (a greedy policy that walks
+    in circles, up to 200,000 steps an episode): a SIGTERM then, as a scheduler sends it at a time limit, killed the
+    run with exit 130 and left neither a checkpoint nor result.json (the stop handler had ended with the loop)."""
+    run = tmp_path / "r"
+    cmd = ["train", "ppo", "--env", "CliffWalking-v1", "--steps", "1e6", "--time-limit", "1", "--eval-every", "1e9",
+           "--checkpoint-every", "1e9", "--eval-max-steps", "200000", "--set", "lr=0", "--torch-threads", "1",
+           "--logdir", tmp_path, "--name", "r", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen([*RLFLEET, *map(str, cmd)], cwd=tmp_path, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    sid = proc.pid
+    try:
+        deadline = time.monotonic() + 90
+        while not (run / "metrics.csv").exists():
+            assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no metrics.csv after 90 s"
+            time.sleep(0.2)
+        time.sleep(4)  # 1 s of training, then the final evaluation
+        assert proc.poll() is None and not (run / "result.json").exists(), "the final evaluation ended early"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+            proc.communicate()
+        kill_session(sid)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{err}"
+    assert "the final evaluation is abandoned, the checkpoint saved" in out + err
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_by"] == "interrupted" and result["env_steps"] > 0
+    assert load_checkpoint(run)["env_steps"] == result["env_steps"]
