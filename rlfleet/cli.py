@@ -301,8 +301,8 @@ def _field_help(cls: type, name: str, with_default: bool = True) -> str:
     """The help of the dataclass field `name` of `cls`: its docstring on one line, and its default."""
     doc = " ".join(field_docs(cls).get(name, "").split())
     default = _field_default(cls, name)
-    if with_default and default not in (None, False, "", dataclasses.MISSING):
-        doc += f" (default: {default})"
+    if with_default and not (default is None or default is False or default == "" or default is dataclasses.MISSING):
+        doc += f" (default: {default})"  # 0 and 0.0 shown too (`0 in (False,)` is true)
     return doc
 
 
@@ -396,23 +396,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "checkpoint", help="checkpoint file, or run folder (its checkpoints/latest.pt; checkpoints/best.pt: the best)"
     )
-    e.add_argument("--episodes", type=_count, default=10)
-    e.add_argument("--seed", type=_count, default=12345)
+    e.add_argument("--episodes", type=_count, default=10, help="greedy episodes, side by side (default: 10)")
+    e.add_argument("--seed", type=_count, default=12345, help="episode i's env seed is SEED + i (default: 12345)")
     e.add_argument("--video", metavar="DIR", help="record videos of the episodes into DIR")
     e.add_argument("--max-steps", type=_count, metavar="N", help=MAX_STEPS_HELP)
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("collect", help="record a checkpoint's greedy episodes as demonstrations for bc")
     c.add_argument("checkpoint", help="checkpoint file, or run folder (its checkpoints/latest.pt)")
-    c.add_argument("--episodes", type=_count, default=20)
-    c.add_argument("--seed", type=_count, default=0)
+    c.add_argument("--episodes", type=_count, default=20, help="greedy episodes to record (default: 20)")
+    c.add_argument("--seed", type=_count, default=0, help="episode i's env seed is SEED + i (default: 0)")
     c.add_argument("-o", "--output", required=True, metavar="FILE", help="the .npz to write")
     c.add_argument("--max-steps", type=_count, metavar="N", help=MAX_STEPS_HELP)
     c.set_defaults(func=_collect)
 
     p = sub.add_parser("plot", help="plot learning curves of run folders")
     p.add_argument("runs", nargs="+", help="run folders")
-    p.add_argument("-o", "--output", default="curves.png")
+    p.add_argument("-o", "--output", default="curves.png", help="the image to write (default: curves.png)")
     p.set_defaults(func=_plot)
 
     ls = sub.add_parser("list", help="list algorithms, presets and architectures")

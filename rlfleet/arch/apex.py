@@ -342,7 +342,7 @@ class ApexOptions(RoleOptions):
     unpaced: bool = False
     """The paper's learner: it updates as fast as it can once the replay holds learning_starts transitions, and
     actors never wait for it. Without it the learner keeps the algorithm's replay ratio (gradient_steps updates per
-    train_freq × n_envs env steps) and an actor waits when it runs AHEAD blocks ahead of it."""
+    train_freq × n_envs env steps) and an actor waits when it runs 2 blocks (`AHEAD`) ahead of it."""
 
     @property
     def workers(self) -> int:

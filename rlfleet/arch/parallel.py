@@ -120,7 +120,7 @@ class RoleOptions:
     """ray: custom resources that place the workers (and services), comma-separated: worker i goes to a node
     offering names[i mod n] (nodes started with --resources '{"name": 8}')."""
     oversubscribe: bool = False
-    """Start the roles even where they ask for more than OVERSUBSCRIBE_LIMIT times the CPUs this machine has (each
+    """Start the roles even where they ask for more than 8 times the CPUs this machine has (`OVERSUBSCRIBE_LIMIT`; each
     role is a process of its own; refused without this flag, since a machine that far oversubscribed thrashes or
     runs out of memory). Not checked on a Ray cluster (--address, or a connection the process made with ray.init
     before the run), whose own scheduler places the roles."""

@@ -132,19 +132,19 @@ class RunConfig:
     """Keyword arguments of the env (`--env-kwargs is_slippery=false`): they go to `gymnasium.make` (for Atari ids:
     the preprocessing options, `rlfleet.envs.ATARI_OPTIONS`) wherever the run builds its env."""
     arch: str | None = None
-    """Architecture; None takes the algorithm's default (`single`; `hogwild` for a3c, `offline` for bc);
+    """Architecture; not given: the algorithm's default (`single`; `hogwild` for a3c, `offline` for bc);
     `rlfleet list` describes each."""
     options: dict[str, Any] = field(default_factory=dict, metadata={"option": "the architecture's options"})
     """The architecture's own options (the fields of its `Options` dataclass: `workers`, `grad_sets`, ...)."""
     steps: int | None = bounded(None, ge=1)
-    """Env steps to train for; None takes the algorithm's `total_steps`."""
+    """Env steps to train for (rounded up to whole iterations); not given: the algorithm's `total_steps`."""
     seed: int = bounded(0, ge=0, le=MAX_SEED)
     """Seed for envs, networks and sampling."""
     n_envs: int | None = bounded(None, ge=1, le=MAX_ENVS)
-    """Parallel training envs; None takes the algorithm's `n_envs`."""
+    """Parallel training envs; not given: the algorithm's `n_envs`."""
     preset: str | None = None
     """Named set of defaults from the algorithm's PRESETS (or an env id with a per-env preset, or `default`: none);
-    None picks the env's per-env preset (`rlfleet/algos/env_presets.toml`) if it has one, else the preset named
+    not given: the env's per-env preset (`rlfleet/algos/env_presets.toml`) if it has one, else the preset named
     after the env's family (`atari` for Atari envs, `mujoco` for MuJoCo envs, `continuous` for other envs with
     Box actions) where the algorithm has one."""
     overrides: dict[str, Any] = field(default_factory=dict, metadata={"option": "--set"})
@@ -155,7 +155,8 @@ class RunConfig:
     """Run folder name, one path component (the run stays inside `logdir`); default
     `<algo>-<env>-s<seed>-<timestamp>`."""
     eval_every: int | None = bounded(None, ge=0)
-    """Env steps between greedy evaluations; None or 0: max(2,000, steps / 50)."""
+    """Env steps between greedy evaluations; 0 or not given: max(2,000, steps / 50) (bc on offline: max(500, gradient
+    steps / 50))."""
     eval_episodes: int = bounded(10, ge=1, le=MAX_ENVS)
     """Episodes per evaluation (run side by side on separate envs)."""
     eval_max_steps: int = bounded(EVAL_MAX_STEPS, ge=1)
@@ -170,7 +171,7 @@ class RunConfig:
     """Wall-clock seconds this invocation trains at most (checkpoint saved); a resumed run gets them again (inf: no
     limit, which is how a resume drops the one its run had)."""
     checkpoint_every: int | None = bounded(None, ge=0)
-    """Env steps between checkpoints; None or 0: 10 evaluations' worth."""
+    """Env steps between checkpoints; 0 or not given: 10 evaluations' worth."""
     vector_mode: str = checked("auto", one_of(VECTOR_MODES))
     """The training envs of `single`: auto, sync, async (a process per env) or envpool; auto takes async for Atari and
     MuJoCo ids with more than one env. Evaluation envs on Atari follow it on every architecture."""

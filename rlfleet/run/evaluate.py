@@ -30,8 +30,9 @@ from rlfleet.run.config import EVAL_MAX_STEPS, MAX_SEED, saved_run_config
 from rlfleet.run.multi_agent import AgentEvaluation, Policies, checkpoint_policies, evaluate_agents
 from rlfleet.run.paths import check_output_folder
 
-EPISODES = Bounds(ge=1)
-"""Episodes `rlfleet collect` runs (`--episodes`; `MAX_ENVS` at a time, so as many as wanted)."""
+EPISODES = Bounds(ge=1, le=1_000_000)
+"""Episodes `rlfleet collect` runs (`--episodes`; `MAX_ENVS` at a time): up to a million, whose transitions a
+machine's memory can hold for short episodes (`1e30` ran until killed, its dataset growing)."""
 EVAL_EPISODES = Bounds(ge=1, le=MAX_ENVS)
 """Episodes `rlfleet eval` runs (`--episodes`): one env each, all at once, as a run's evaluation (`--eval-episodes`)."""
 SEED = Bounds(ge=0, le=MAX_SEED)

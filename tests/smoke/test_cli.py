@@ -308,6 +308,7 @@ RUN_OPTIONS = {
     "eval-episodes-huge": (("eval", "runs/old", "--episodes", "1e9"), ["--episodes=1000000000", "in [1, 4096]"]),
     "eval-seed-negative": (("eval", "runs/old", "--seed", "-1"), ["--seed=-1 is negative"]),
     "collect-episodes-0": (("collect", "runs/old", "-o", "d.npz", "--episodes", "0"), ["--episodes=0"]),
+    "collect-episodes-huge": (("collect", "runs/old", "-o", "d.npz", "--episodes", "1e30"), ["in [1, 1000000]"]),
     "collect-seed-negative": (("collect", "runs/old", "-o", "d.npz", "--seed", "-1"), ["--seed=-1"]),
     "eval-max-steps-zero": ((*TRAIN, "--eval-max-steps", "0"), ["--eval-max-steps=0", "must be >= 1"]),
     "eval-max-steps-0": (("eval", "runs/old", "--max-steps", "0"), ["--max-steps=0 is out of range", ">= 1"]),
@@ -924,6 +925,18 @@ def test_train_help_says_what_each_optimizer_is_and_each_architectures_default(c
     for choice in ("shared_rmsprop (", "rmsprop (", "momentum_sgd (", "shared_adam."):
         assert choice in text
     assert "(default: hogwild: shared_rmsprop; grad_parallel, async_grad, param_server: algo)" in text
+
+
+def test_help_shows_a_default_of_0_and_names_no_internal_constant(capsys):
+    """A default of 0 or 0.0 (`--seed`, `--grad-sets`, `--gpus-per-role`) was left out, as equal to False."""
+    assert run_main(("train", "--help")) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Seed for envs, networks and sampling. (default: 0)" in text
+    assert "OVERSUBSCRIBE_LIMIT times" not in text and "None or 0" not in text and "None takes" not in text
+    shown = {"eval": "(default: 12345)", "collect": "(default: 20)", "plot": "(default: curves.png)"}
+    for command, said in shown.items():
+        assert run_main((command, "--help")) == 0
+        assert said in " ".join(capsys.readouterr().out.split()), command
 
 
 @pytest.fixture(scope="module")
