@@ -21,6 +21,15 @@ def metric_steps(run_dir: Path) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(f)]
 
 
+def wait_for_metrics(proc: subprocess.Popen, run: Path, timeout: float = 90) -> None:
+    """Until the run has started logging (its metrics.csv exists)."""
+    deadline = time.monotonic() + timeout
+    while not (run / "metrics.csv").exists():
+        assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"no metrics.csv after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
 # sync: SIGINT to the trainer alone (`kill -INT`); async: to its whole process group, env workers included,
 # as a terminal's Ctrl-C does: the workers must not die of it, the trainer stops them; sigterm: SIGTERM to the
 # trainer alone, as `kill`, `timeout` or a scheduler's preemption sends it
@@ -47,11 +56,7 @@ def test_ctrl_c_stops_politely_and_resumes(tmp_path: Path, mode: str):
     )
     sid = proc.pid  # start_new_session: the child leads its own session and process group
     try:
-        deadline = time.monotonic() + 90
-        while not (run / "metrics.csv").exists():
-            assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
-            assert time.monotonic() < deadline, "no metrics.csv after 90 s"
-            time.sleep(0.2)
+        wait_for_metrics(proc, run)
         time.sleep(3)
         running = session_processes(sid)
         assert proc.pid in running
@@ -121,11 +126,7 @@ def test_a_stop_during_the_final_evaluation_abandons_it_and_saves_the_checkpoint
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     sid = proc.pid
     try:
-        deadline = time.monotonic() + 90
-        while not (run / "metrics.csv").exists():
-            assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{proc.stderr.read()}"
-            assert time.monotonic() < deadline, "no metrics.csv after 90 s"
-            time.sleep(0.2)
+        wait_for_metrics(proc, run)
         time.sleep(4)  # 1 s of training, then the final evaluation
         assert proc.poll() is None and not (run / "result.json").exists(), "the final evaluation ended early"
         os.kill(proc.pid, signal.SIGTERM)
