@@ -250,7 +250,8 @@ def resumed_config(
             if key == "steps" and isinstance(value, int) and isinstance(budget, int) and value != budget:
                 notes.warning(
                     f"--steps {value} (the run's: {budget}): what the run schedules over its budget (a learning "
-                    "rate annealed to 0, ε, β) and its default evaluation and checkpoint intervals follow the new one"
+                    "rate annealed to 0, ε, prioritized replay's β, DAgger's rounds) and its default evaluation and "
+                    "checkpoint intervals follow the new one"
                 )
             if key in RUN_FIELDS:
                 setattr(cfg, key, value)

@@ -135,6 +135,11 @@ class OfflineRunner(RunBase):
         dagger = [key for key in ("dagger_iterations", "dagger_episodes") if key in cfg.overrides]
         if dagger and self.opts.expert is None and not self.resuming:
             raise ConfigError(f"--set {dagger[0]}={cfg.overrides[dagger[0]]} has no effect without --expert (DAgger's)")
+        if self.opts.expert is not None and self.algo_cfg.dagger_iterations == 0 and not self.resuming:
+            raise ConfigError(
+                "--expert has no effect with dagger_iterations=0 (no DAgger round asks it for labels): leave --expert "
+                "out for plain bc, or give rounds"
+            )
         info = self.env_info
         self.demos = load_demonstrations(self.opts.dataset)
         if len(self.demos) == 0:  # before the checks of its arrays, which have nothing to look at

@@ -30,6 +30,7 @@ import numpy as np
 
 from rlfleet.data.batch import obs_len
 from rlfleet.fields import MAX_NESTING, nesting_depth
+from rlfleet.nets.heads import ACTION_MASK
 
 FORMAT = "rlfleet-demos-v1"
 
@@ -145,6 +146,9 @@ class Demonstrations:
                 f"{observation_shapes(observation_space)}: record it again"
             )
         problem = observations_problem(self.obs, observation_space) or actions_problem(self.act, action_space)
+        mask = self.obs.get(ACTION_MASK) if isinstance(self.obs, dict) else None
+        if problem is None and mask is not None and isinstance(action_space, gym.spaces.Discrete):
+            problem = illegal_actions_problem(self.act, mask, action_space)
         if problem is not None:
             raise DatasetError(f"dataset does not fit {env}: {problem}: record it again")
 
@@ -180,6 +184,22 @@ def actions_problem(act: np.ndarray, space: gym.Space) -> str | None:
     if not isinstance(space, WHOLE_NUMBER_SPACES):
         return f"{space} is not an action space of demonstrations"
     return _whole_numbers_problem(act, space, "action")
+
+
+def illegal_actions_problem(act: np.ndarray, mask: np.ndarray, space: gym.spaces.Discrete) -> str | None:
+    """The first action its observation's `action_mask` makes illegal, named (a row of zeros leaves every action
+    legal, as the policies read it); None when there is none. The policies give an illegal action a logit of -1e8:
+    bc trained on one with a loss of 1e8 that nothing moved, and said nothing."""
+    index = act.astype(np.int64).reshape(-1) - int(space.start)
+    legal = mask[np.arange(len(index)), index] != 0
+    bad = np.flatnonzero(~legal & mask.any(axis=1))
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    return (
+        f"action {i} is {int(act[i])}, illegal under its observation's {ACTION_MASK} ({int(bad.size)} of {len(act)} "
+        "actions are)"
+    )
 
 
 def _whole_numbers_problem(values: np.ndarray, space: gym.Space, noun: str, where: str = "") -> str | None:

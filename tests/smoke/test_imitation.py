@@ -99,6 +99,14 @@ def test_dagger_with_an_expert(work: Path):
     assert options["expert"] == str((work / "runs" / "expert").resolve())
 
 
+def test_an_expert_without_dagger_rounds_is_refused(work: Path):
+    """With dagger_iterations=0 no round asks the expert for labels: the run was plain bc, without a word."""
+    args = ("train", "bc", "--env", "CartPole-v1", "--dataset", "data.npz", "--expert", "runs/expert")
+    proc = rlfleet(*args, "--set", "dagger_iterations=0", "--name", "no-rounds", "--no-progress", cwd=work)
+    check_one_error_line(proc.returncode, proc.stdout, proc.stderr, ["--expert has no effect with dagger_iterations=0"])
+    assert not (work / "runs" / "no-rounds").exists()
+
+
 def test_a_bc_run_resumes_from_another_folder_and_takes_its_dataset_spelled_otherwise(
     work: Path, tmp_path: Path, monkeypatch, capsys
 ):

@@ -339,3 +339,16 @@ def test_obs_norm_leaves_a_float_mask_as_it_is():
     np.testing.assert_array_equal(seen["action_mask"], masks)
     assert abs(float(seen["obs"].mean())) < 0.1  # the observations themselves are normalised
     assert (action_mask_of(seen).sum(axis=1) == 1).all()
+
+
+def test_a_dataset_action_its_observation_s_mask_forbids_is_named():
+    """bc trained on it with a loss of 1e8 (the masked logit) that nothing moved, and said nothing."""
+    from rlfleet.data.demos import illegal_actions_problem
+
+    space = gym.spaces.Discrete(3)
+    mask = np.array([[1, 1, 0], [0, 1, 1], [0, 0, 0], [1, 0, 0]], np.int8)  # row 2: no legal action, so all are
+    assert illegal_actions_problem(np.array([0, 2, 2, 0]), mask, space) is None
+    said = illegal_actions_problem(np.array([0, 0, 2, 1]), mask, space)
+    assert said == "action 1 is 0, illegal under its observation's action_mask (2 of 4 actions are)"
+    started = gym.spaces.Discrete(3, start=1)  # actions 1..3: mask column 0 is action 1
+    assert illegal_actions_problem(np.array([1, 3, 2, 1]), mask, started) is None
