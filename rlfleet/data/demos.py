@@ -13,7 +13,7 @@ The file holds plain arrays only (read with `allow_pickle=False`):
 | `env_kwargs` | `[]` str | the env's keyword arguments (`--env-kwargs`) as JSON (older files: none) |
 | `action_kind` | `[]` str | `discrete` or `box` |
 | `action_n` / `action_low`, `action_high` | `[]` int / `[A]` float32 | the action space |
-| `source` | `[]` str | what produced the data (a checkpoint path), may be empty |
+| `source` | `[]` str | what produced the data (`rlfleet collect`: the checkpoint file's absolute path), may be empty |
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from rlfleet.data.demos import Demonstrations, action_space_kind, is_dataset_fil
 from rlfleet.envs import env_spec_info, make_vector_env
 from rlfleet.envs.pettingzoo import is_pettingzoo_id
 from rlfleet.fields import ConfigError, check_value
-from rlfleet.run.checkpoint import load_checkpoint
+from rlfleet.run.checkpoint import checkpoint_file, load_checkpoint
 from rlfleet.run.config import EVAL_MAX_STEPS, saved_run_config
 from rlfleet.run.evaluate import (
     EPISODES,
@@ -139,9 +139,8 @@ def collect_demonstrations(
     bound = checkpoint_bound(run, max_steps)
     evaluation = record_episodes(algo, run["env"], episodes, seed, recorder, run["env_kwargs"], bound)
     obs, act, rew, starts = recorder.arrays()
-    demos = Demonstrations(
-        obs, act, rew, starts, run["env"], action_space, source=str(checkpoint), env_kwargs=run["env_kwargs"]
-    )
+    source = str(checkpoint_file(checkpoint).resolve())  # the file itself, absolute: a run folder's latest.pt moves on
+    demos = Demonstrations(obs, act, rew, starts, run["env"], action_space, source=source, env_kwargs=run["env_kwargs"])
     if output is not None:
         demos.save(output)
     return demos, evaluation

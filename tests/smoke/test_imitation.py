@@ -40,6 +40,7 @@ def test_collect_writes_demonstrations(work: Path):
     assert demos.env == "CartPole-v1" and demos.action_kind == "discrete"
     assert demos.starts.sum() == 3 and len(demos) == len(demos.act) == len(demos.obs)
     assert demos.obs.shape[1:] == (4,) and set(np.unique(demos.act)) <= {0, 1}
+    assert demos.source == str((work / "runs" / "expert" / "checkpoints" / "latest.pt").resolve())  # not "runs/expert"
     out = (work / "collect.out").read_text()
     mean = demos.episode_returns.mean()
     assert f"3 episodes, {len(demos)} (obs, act) pairs, return {mean:.1f}" in out, out
