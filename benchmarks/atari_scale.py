@@ -46,6 +46,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from harness import counts
+
 EXPERIMENTS = ("ppo", "a3c", "apex", "gala")
 PHASES = ("pull", "act", "loss", "backward", "apply")  # a hogwild worker's segment (rlfleet.arch.hogwild.PHASES)
 REFERENCE = {"ALE/Pong-v5": -15.0, "PongNoFrameskip-v4": -15.0, "MinAtar/Breakout-v1": 3.0}
@@ -296,16 +298,6 @@ def plot(experiment: str, runs: list[dict[str, Any]], args: argparse.Namespace, 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def counts(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        parser.error(f"{flag} takes comma-separated counts, got {text!r}")
-    if not values or min(values) < 1:
-        parser.error(f"{flag} takes counts >= 1, got {text!r}")
-    return values
 
 
 def main() -> None:

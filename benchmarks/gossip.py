@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, cpu_model
+from harness import RESULTS, counts, cpu_model
 
 RLFLEET = [sys.executable, "-m", "rlfleet.cli"]
 SHARES = ("compute", "wait", "average")
@@ -125,12 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--configs", default=None, help="only these runs, comma-separated (e.g. gala-4,local-pala-4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gossip.json")
     args = parser.parse_args(argv)
-    try:
-        ks = [int(k) for k in args.learners.split(",")]
-    except ValueError:
-        parser.error(f"--learners takes comma-separated counts, got {args.learners!r}")
-    if any(k < 2 for k in ks):
-        parser.error(f"--learners takes counts >= 2 (a gossip needs peers), got {args.learners!r}")
+    ks = counts(parser, "--learners", args.learners, least=2)  # a gossip needs peers
     configs = ["a2c", "a3c", *(f"gala-{k}" for k in ks), *(f"local-pala-{k}" for k in ks),
                *([] if args.no_pala else [f"pala-{k}" for k in ks])]  # fmt: skip
     if args.configs:

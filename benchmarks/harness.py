@@ -53,6 +53,17 @@ def split_choices(parser: argparse.ArgumentParser, flag: str, value: str, choice
     return items
 
 
+def counts(parser: argparse.ArgumentParser, flag: str, text: str, least: int = 1) -> list[int]:
+    """`--flag 1,2,4` as its counts, each at least `least`; else the parser's one error line."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} takes comma-separated counts, got {text!r}")
+    if not values or min(values) < least:
+        parser.error(f"{flag} takes counts >= {least}, got {text!r}")
+    return values
+
+
 def add_peer_options(parser: argparse.ArgumentParser) -> None:
     """``--peers-venv`` and ``--setup-only``, the same in every driver."""
     parser.add_argument("--peers-venv", type=Path, default=PEERS_VENV)

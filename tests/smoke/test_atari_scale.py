@@ -62,6 +62,8 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
 
 
 def script_module():
+    if str(SCRIPT.parent) not in sys.path:  # its `harness`, as when the script is run
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("atari_scale", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
