@@ -90,8 +90,13 @@ class ServiceError(RuntimeError):
     @classmethod
     def of(cls, index: int, method: str, traceback: str) -> ServiceError:
         """The error of service `index`'s `method`, which raised with `traceback` (as its process wrote it)."""
-        last = (traceback.strip().splitlines() or ["an exception"])[-1].strip()
-        return cls(f"service {index}'s {method} raised {last}\n{traceback.rstrip()}")
+        raised = raised_line(traceback) or "an exception"
+        return cls(f"service {index}'s {method} raised {raised}\n{traceback.rstrip()}")
+
+
+def raised_line(traceback: str) -> str:
+    """What a traceback says was raised: its last line ("ValueError: boom"); "" for none."""
+    return (traceback.strip().splitlines() or [""])[-1].strip()
 
 
 class ServiceUnavailable(ConnectionError):
@@ -141,10 +146,10 @@ class Crash:
                 how = f" (killed by {signal.Signals(-self.exitcode).name})"
         text = f"{self.role} {self.worker} died{how}"
         traceback = (self.traceback or "").strip()
-        lines = traceback.splitlines()
-        if len(lines) <= 1:  # none, or one line that says why (a hung process killed)
-            return text + (f": {lines[0].strip()}" if lines else "")
-        return f"{text}: {lines[-1].strip()}\n{traceback}"  # what it raised first (the run's one line), the traceback
+        if not traceback:
+            return text
+        text = f"{text}: {raised_line(traceback)}"  # what it raised, or why (a hung process killed): the run's one line
+        return text if "\n" not in traceback else f"{text}\n{traceback}"
 
 
 class RoleGroup(ABC):

@@ -30,7 +30,7 @@ import numpy as np
 
 from rlfleet.data.batch import obs_len
 from rlfleet.fields import MAX_NESTING, nesting_depth
-from rlfleet.nets.heads import ACTION_MASK
+from rlfleet.nets.heads import ACTION_MASK, action_mask_of
 
 FORMAT = "rlfleet-demos-v1"
 
@@ -191,8 +191,9 @@ def illegal_actions_problem(act: np.ndarray, mask: np.ndarray, space: gym.spaces
     legal, as the policies read it); None when there is none. The policies give an illegal action a logit of -1e8:
     bc trained on one with a loss of 1e8 that nothing moved, and said nothing."""
     index = act.astype(np.int64).reshape(-1) - int(space.start)
-    legal = mask[np.arange(len(index)), index] != 0
-    bad = np.flatnonzero(~legal & mask.any(axis=1))
+    legal = action_mask_of({ACTION_MASK: mask})  # the policies' own reading of a mask
+    assert legal is not None  # given a mask
+    bad = np.flatnonzero(~legal[np.arange(len(index)), index])
     if bad.size == 0:
         return None
     i = int(bad[0])

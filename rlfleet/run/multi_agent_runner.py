@@ -138,8 +138,8 @@ class MultiAgentRunBase(RunBase):
 
         policies = Policies(spaces, mapping, build, seed, copies=self.algo_cfg.n_envs)
         if mapping.loads and not self.resuming:
+            env = (self.cfg.env, self.cfg.env_kwargs)
             for name, source in mapping.loads.items():
-                env = (self.cfg.env, self.cfg.env_kwargs)
                 load_policy_weights(policies.algos[name], source, name, self.cfg.algo, env)
             self.cfg.load_policy = ",".join(f"{n}={absolute_source(source)}" for n, source in mapping.loads.items())
         return policies
